@@ -1,0 +1,69 @@
+/* nabla — devices and placement.
+ *
+ * Devices are named as in TensorFlow: "/cpu:0", "/gpu:0", "/gpu:1" (also
+ * "/device:GPU:1", "cpu:0", "gpu" meaning index 0). Each thread has a device stack:
+ * with nothing pushed an op runs where its inputs are, and inputs on two devices
+ * are an error (NB_ERR_DEVICE); with a device pushed, ops run there and inputs on
+ * other devices are copied there (the copy is recorded, so gradients flow back).
+ *
+ * Soft placement (the default): pushing "/gpu:N" where there is no such GPU
+ * falls back to the CPU with a one-line warning through the log callback. With
+ * strict placement it is an error. NB_LOG_DEVICE_PLACEMENT=1 in the environment
+ * (or nb_set_log_device_placement) logs each op with its device. */
+#ifndef NABLA_DEVICE_H
+#define NABLA_DEVICE_H
+
+#include <nabla/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum nb_device_kind { NB_DEVICE_CPU = 0, NB_DEVICE_GPU = 1 } nb_device_kind;
+
+/* Splits the CPU into n logical devices /cpu:0 .. /cpu:n-1 (each with its own
+ * worker, so a mirrored strategy can be tested without GPUs), or each physical GPU
+ * into n logical GPUs. Must be called before the first use of any device:
+ * returns NB_ERR_INVALID_ARGUMENT afterwards or for n < 1 or n > 64. */
+nb_status nb_set_logical_cpu_devices(int n);
+nb_status nb_set_logical_gpu_devices(int n_per_gpu);
+
+/* Number of devices of a kind (GPUs: 0 when none is found or CUDA is off). */
+int nb_device_count(nb_device_kind kind);
+
+/* Name of the i-th device of a kind ("/gpu:1"); NULL when out of range. Static. */
+const char *nb_device_name(nb_device_kind kind, int index);
+
+/* Whether this build has the CUDA backend compiled in. */
+bool nb_cuda_built(void);
+
+/* Pushes a device onto the calling thread's stack. Returns NB_ERR_DEVICE for a
+ * malformed name, or for a missing device under strict placement; under soft
+ * placement a missing GPU pushes /cpu:0 and logs one warning. */
+nb_status nb_device_push(const char *name);
+
+/* Pops the top device; NB_ERR_INVALID_ARGUMENT when the stack is empty. */
+nb_status nb_device_pop(void);
+
+/* The device that creation functions use now: the top of the stack, "/cpu:0" when
+ * it is empty. A static string. */
+const char *nb_device_current(void);
+
+/* Soft placement on (default) or off. Process-wide; returns the old setting. */
+bool nb_set_soft_placement(bool on);
+
+/* Log every op with its device through the log callback. Returns the old setting. */
+bool nb_set_log_device_placement(bool on);
+
+/* Waits until every device has finished the work queued so far. */
+nb_status nb_synchronize(void);
+
+/* Copies t to the named device (a differentiable op; the gradient is copied
+ * back). Returns a new tensor, or t itself with a new reference when it is
+ * already there. NULL and NB_ERR_DEVICE for an unknown device. */
+nb_tensor *nb_to_device(nb_tensor *t, const char *device);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,28 @@
+/* nabla — eager-mode automatic differentiation in C. One header for the whole API. */
+#ifndef NABLA_H
+#define NABLA_H
+
+#include <nabla/types.h>
+#include <nabla/error.h>
+#include <nabla/tensor.h>
+#include <nabla/device.h>
+#include <nabla/ops.h>
+#include <nabla/tape.h>
+#include <nabla/variable.h>
+#include <nabla/optimizer.h>
+#include <nabla/data.h>
+
+#define NB_VERSION_MAJOR 0
+#define NB_VERSION_MINOR 1
+#define NB_VERSION_PATCH 0
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* Returns the library version as "major.minor.patch"; a static string. */
+const char *nb_version(void);
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,144 @@
+/* nabla — ops. Each runs now, on the device chosen by the placement rules (see
+ * device.h), and returns a new tensor owned by the current scope (see tensor.h).
+ * While a tape watches one of its inputs, the op is recorded and is
+ * differentiable (except where noted).
+ *
+ * Every op fails the same way: it returns NULL and records an error that names the
+ * op and the offending shapes, dtypes or devices: NB_ERR_SHAPE for shapes that do
+ * not fit, NB_ERR_DTYPE for a dtype the op does not take or two inputs that differ
+ * (nothing is promoted; use nb_cast), NB_ERR_DEVICE for inputs on two devices,
+ * NB_ERR_INVALID_ARGUMENT for a bad axis or value. Given a NULL input an op
+ * returns NULL and keeps the earlier error, so a chain is checked once at its end.
+ * Binary elementwise ops broadcast by NumPy's rules. */
+#ifndef NABLA_OPS_H
+#define NABLA_OPS_H
+
+#include <nabla/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A set of axes; negative axes count from the end. NB_ALL_AXES means every axis. */
+typedef struct nb_axes {
+    int n;
+    int axes[NB_MAX_DIMS];
+} nb_axes;
+#define NB_AXES(...) ((nb_axes){NB_NARGS(__VA_ARGS__), {__VA_ARGS__}})
+#define NB_ALL_AXES ((nb_axes){0, {0}})
+
+/* ---- elementwise, two inputs (floating and integer dtypes) ------------------ */
+nb_tensor *nb_add(const nb_tensor *a, const nb_tensor *b);
+nb_tensor *nb_sub(const nb_tensor *a, const nb_tensor *b);
+nb_tensor *nb_mul(const nb_tensor *a, const nb_tensor *b);
+nb_tensor *nb_div(const nb_tensor *a, const nb_tensor *b);
+nb_tensor *nb_pow(const nb_tensor *a, const nb_tensor *b);     /* floating only */
+nb_tensor *nb_maximum(const nb_tensor *a, const nb_tensor *b); /* ties: gradient to a */
+nb_tensor *nb_minimum(const nb_tensor *a, const nb_tensor *b);
+/* The same with a scalar of a's dtype as the second operand. */
+nb_tensor *nb_add_scalar(const nb_tensor *a, double b);
+nb_tensor *nb_mul_scalar(const nb_tensor *a, double b);
+nb_tensor *nb_pow_scalar(const nb_tensor *a, double b);
+
+/* ---- elementwise, one input (floating dtypes; neg, abs, square, relu, sign
+ * also take integers) --------------------------------------------------------- */
+nb_tensor *nb_neg(const nb_tensor *x);
+nb_tensor *nb_abs(const nb_tensor *x);
+nb_tensor *nb_sign(const nb_tensor *x); /* gradient zero */
+nb_tensor *nb_exp(const nb_tensor *x);
+nb_tensor *nb_log(const nb_tensor *x);
+nb_tensor *nb_sqrt(const nb_tensor *x);
+nb_tensor *nb_rsqrt(const nb_tensor *x);
+nb_tensor *nb_square(const nb_tensor *x);
+nb_tensor *nb_sin(const nb_tensor *x);
+nb_tensor *nb_cos(const nb_tensor *x);
+nb_tensor *nb_tanh(const nb_tensor *x);
+nb_tensor *nb_erf(const nb_tensor *x);
+nb_tensor *nb_sigmoid(const nb_tensor *x);
+nb_tensor *nb_relu(const nb_tensor *x);
+nb_tensor *nb_leaky_relu(const nb_tensor *x, double alpha);
+nb_tensor *nb_gelu(const nb_tensor *x); /* exact: x * Phi(x) */
+nb_tensor *nb_softplus(const nb_tensor *x);
+
+/* ---- comparisons (result NB_BOOL, not differentiable) and selection --------- */
+nb_tensor *nb_equal(const nb_tensor *a, const nb_tensor *b);
+nb_tensor *nb_not_equal(const nb_tensor *a, const nb_tensor *b);
+nb_tensor *nb_less(const nb_tensor *a, const nb_tensor *b);
+nb_tensor *nb_less_equal(const nb_tensor *a, const nb_tensor *b);
+nb_tensor *nb_greater(const nb_tensor *a, const nb_tensor *b);
+nb_tensor *nb_greater_equal(const nb_tensor *a, const nb_tensor *b);
+/* cond ? a : b elementwise, all three broadcast; cond is NB_BOOL. No gradient
+ * flows to cond. */
+nb_tensor *nb_where(const nb_tensor *cond, const nb_tensor *a, const nb_tensor *b);
+
+/* ---- reductions -------------------------------------------------------------- */
+nb_tensor *nb_sum(const nb_tensor *x, nb_axes axes, bool keepdims);
+nb_tensor *nb_mean(const nb_tensor *x, nb_axes axes, bool keepdims);
+nb_tensor *nb_max(const nb_tensor *x, nb_axes axes, bool keepdims); /* ties share the gradient */
+nb_tensor *nb_min(const nb_tensor *x, nb_axes axes, bool keepdims);
+nb_tensor *nb_prod(const nb_tensor *x, nb_axes axes, bool keepdims);
+nb_tensor *nb_logsumexp(const nb_tensor *x, nb_axes axes, bool keepdims);
+/* Over every element, to a 0-d tensor. */
+nb_tensor *nb_sum_all(const nb_tensor *x);
+nb_tensor *nb_mean_all(const nb_tensor *x);
+/* Index of the first largest (smallest) element along axis, as NB_I64. */
+nb_tensor *nb_argmax(const nb_tensor *x, int axis, bool keepdims);
+nb_tensor *nb_argmin(const nb_tensor *x, int axis, bool keepdims);
+
+/* ---- linear algebra ---------------------------------------------------------- */
+/* a[..., M, K] x b[..., K, N] -> [..., M, N]; batch dims broadcast; a 1-d operand
+ * is a row (a) or a column (b) vector that is dropped from the result. Transposed
+ * views (nb_transpose) are used in place, without a copy. */
+nb_tensor *nb_matmul(const nb_tensor *a, const nb_tensor *b);
+
+/* ---- softmax and losses ------------------------------------------------------ */
+nb_tensor *nb_softmax(const nb_tensor *x, int axis);
+nb_tensor *nb_log_softmax(const nb_tensor *x, int axis);
+/* Per-example loss [N] from logits [N, C] and dense probabilities labels [N, C].
+ * Labels get a gradient too. */
+nb_tensor *nb_softmax_cross_entropy(const nb_tensor *logits, const nb_tensor *labels);
+/* Per-example loss [N] from logits [N, C] and class indices labels [N] (NB_I32
+ * or NB_I64). An index outside [0, C) is NB_ERR_INVALID_ARGUMENT. */
+nb_tensor *nb_sparse_softmax_cross_entropy(const nb_tensor *logits, const nb_tensor *labels);
+/* Elementwise max(x,0) - x*z + log(1 + exp(-|x|)), stable for any logit. */
+nb_tensor *nb_sigmoid_cross_entropy(const nb_tensor *logits, const nb_tensor *labels);
+/* mean((pred - target)^2) over every element: a 0-d tensor. */
+nb_tensor *nb_mean_squared_error(const nb_tensor *pred, const nb_tensor *target);
+
+/* ---- shapes, views and copies ------------------------------------------------ */
+/* A view when x is contiguous, else a copy. One dim may be -1 (inferred). */
+nb_tensor *nb_reshape(const nb_tensor *x, nb_shape shape);
+/* Swaps two dims (a view). */
+nb_tensor *nb_transpose(const nb_tensor *x, int dim0, int dim1);
+/* Reorders dims: result dim i is x's dim perm[i] (a view). */
+nb_tensor *nb_permute(const nb_tensor *x, nb_axes perm);
+/* Inserts a size-1 dim at axis / removes size-1 dim axis (views). */
+nb_tensor *nb_expand_dims(const nb_tensor *x, int axis);
+nb_tensor *nb_squeeze(const nb_tensor *x, int axis);
+/* begin[i] .. begin[i]+size[i] on each dim; size -1 runs to the end (a view). */
+nb_tensor *nb_slice(const nb_tensor *x, nb_shape begin, nb_shape size);
+/* A view with stride 0 on broadcast dims (read-only use). */
+nb_tensor *nb_broadcast_to(const nb_tensor *x, nb_shape shape);
+/* A row-major copy (x itself, with a new reference, when already contiguous). */
+nb_tensor *nb_contiguous(const nb_tensor *x);
+nb_tensor *nb_concat(int n, nb_tensor *const *xs, int axis);
+nb_tensor *nb_stack(int n, nb_tensor *const *xs, int axis);
+/* Splits x along axis into n pieces of sizes[i] (sizes NULL: equal pieces, NB_ERR_SHAPE
+ * when the dim does not divide). Writes n new tensors to out (views). */
+nb_status nb_split(const nb_tensor *x, int n, const int64_t *sizes, int axis, nb_tensor **out);
+/* Rows of params (axis 0) picked by integer indices: result shape is
+ * indices.shape + params.shape[1:]. Out-of-range indices are an error. */
+nb_tensor *nb_gather(const nb_tensor *params, const nb_tensor *indices);
+/* indices (integer) -> indices.shape + [depth] with 1 at the index, 0 elsewhere. */
+nb_tensor *nb_one_hot(const nb_tensor *indices, int64_t depth, nb_dtype dtype);
+/* Converts to dtype (a copy; differentiable between floating dtypes). */
+nb_tensor *nb_cast(const nb_tensor *x, nb_dtype dtype);
+/* Pads dim i with before[i] and after[i] elements of value. */
+nb_tensor *nb_pad(const nb_tensor *x, nb_shape before, nb_shape after, double value);
+/* The same values with no gradient flowing back. */
+nb_tensor *nb_stop_gradient(const nb_tensor *x);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,150 @@
+/* nabla internal — the runtime core: tensors, storage, devices, errors, scopes.
+ * Included by lib/, ops/, tape/ and gpu/; never installed. */
+#ifndef NB_CORE_H
+#define NB_CORE_H
+
+#include <nabla/nabla.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+
+typedef struct nb_device nb_device;
+typedef struct nb_backend nb_backend;
+
+/* ---- storage and tensors --------------------------------------------------- */
+
+/* A reference-counted block of device memory; views share one. */
+typedef struct nb_storage {
+    atomic_int refs;
+    void *data;
+    size_t nbytes;
+    nb_device *device;
+    struct nb_storage *next_free; /* free-list link while pooled */
+} nb_storage;
+
+struct nb_tensor {
+    atomic_int refs;
+    nb_dtype dtype;
+    int ndim;
+    bool contiguous;     /* row-major with no gaps, from element 0 */
+    int64_t numel;
+    int64_t shape[NB_MAX_DIMS];
+    int64_t strides[NB_MAX_DIMS]; /* in bytes; 0 on broadcast dims */
+    int64_t offset;      /* byte offset of element 0 in storage */
+    nb_storage *storage;
+    nb_device *device;
+    uint64_t id;         /* unique for the process's lifetime; tapes key on it */
+    struct nb_tensor *next_free;
+};
+
+/* Pointer to element 0. */
+static inline void *nb__data(const nb_tensor *t) { return (char *)t->storage->data + t->offset; }
+
+/* A plain description of a strided array for kernels: no ownership, no device. */
+typedef struct nb_view {
+    void *data;
+    nb_dtype dtype;
+    int ndim;
+    bool contiguous;
+    int64_t numel;
+    int64_t shape[NB_MAX_DIMS];
+    int64_t strides[NB_MAX_DIMS]; /* bytes */
+} nb_view;
+
+/* The kernel view of a tensor, as it is. */
+nb_view nb__view(const nb_tensor *t);
+/* The kernel view of t broadcast to shape (ndim >= t's; stride 0 on new dims). */
+nb_view nb__view_broadcast(const nb_tensor *t, int ndim, const int64_t *shape);
+
+/* A new contiguous tensor with uninitialised storage on dev, not owned by any
+ * scope (refs = 1). NULL and an error on failure. */
+nb_tensor *nb__tensor_new(nb_device *dev, nb_dtype dtype, int ndim, const int64_t *shape);
+/* A view of base's storage with the given geometry (refs = 1, not scoped). */
+nb_tensor *nb__tensor_view(const nb_tensor *base, int ndim, const int64_t *shape,
+                           const int64_t *strides, int64_t offset);
+/* Reference counting without scopes. */
+void nb__retain(nb_tensor *t);
+void nb__release(nb_tensor *t);
+/* Hands a fresh reference to the current scope (or the caller) and returns t. */
+nb_tensor *nb__own(nb_tensor *t);
+
+/* Recomputes numel and the contiguous flag from shape and strides. */
+void nb__tensor_finish_geometry(nb_tensor *t);
+/* Row-major byte strides for a shape. */
+void nb__contiguous_strides(int ndim, const int64_t *shape, size_t elem, int64_t *strides);
+int64_t nb__shape_numel(int ndim, const int64_t *shape);
+/* "[2, 3]" of a tensor or shape into buf; returns buf. */
+char *nb__shape_str(int ndim, const int64_t *shape, char *buf, size_t size);
+#define NB_SHAPE_STR_MAX 128
+
+static inline bool nb__is_floating(nb_dtype d) {
+    return d == NB_F32 || d == NB_F64 || d == NB_F16 || d == NB_BF16;
+}
+static inline bool nb__is_integer(nb_dtype d) {
+    return d == NB_I32 || d == NB_I64 || d == NB_U8 || d == NB_BOOL;
+}
+
+/* ---- errors and logging ---------------------------------------------------- */
+
+/* Records an error (kept only when none is pending), calls the handler, returns
+ * code. The message should start with the op or function name. */
+nb_status nb__fail(nb_status code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The same, returning NULL, for pointer-returning functions. */
+void *nb__fail_null(nb_status code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* For an op given a NULL input: keeps a pending error, or records
+ * NB_ERR_INVALID_ARGUMENT "<op>: input <i> is NULL". Returns NULL. */
+void *nb__null_input(const char *op, int index);
+void nb__log(nb_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- devices --------------------------------------------------------------- */
+
+struct nb_device {
+    nb_device_kind kind;
+    int index;        /* among devices of its kind: /gpu:<index> */
+    int physical;     /* the physical GPU ordinal (logical GPUs share one) */
+    char name[24];    /* "/gpu:1" */
+    const nb_backend *backend;
+    void *ctx;        /* the backend's own state: streams, handles, allocator */
+};
+
+/* The device ops run on now: the top of the thread's stack, or NULL when empty. */
+nb_device *nb__device_pushed(void);
+/* The device creation functions use: pushed or /cpu:0. */
+nb_device *nb__device_default(void);
+nb_device *nb__device_cpu0(void);
+/* Finds a device by name; NULL and NB_ERR_DEVICE when unknown or malformed. */
+nb_device *nb__device_find(const char *name, const char *who);
+bool nb__log_placement_enabled(void);
+
+/* ---- storage allocation ------------------------------------------------------ */
+
+/* Storage of nbytes on dev (refs = 1); NULL and NB_ERR_OUT_OF_MEMORY. */
+nb_storage *nb__storage_new(nb_device *dev, size_t nbytes);
+void nb__storage_release(nb_storage *s);
+
+/* Filled tensors on a given device, owned by the current scope (lib/core/create.c). */
+nb_tensor *nb__full_on(nb_device *dev, nb_dtype dtype, int ndim, const int64_t *shape, double value);
+nb_tensor *nb__scalar_on(nb_device *dev, nb_dtype dtype, double value);
+
+/* ---- scopes ------------------------------------------------------------------ */
+
+/* Registers a tape with the current scope so that the scope frees it; returns
+ * the owning scope or NULL when none is open. */
+nb_scope *nb__scope_adopt_tape(nb_tape *tape);
+/* Forgets a tape the scope owned (it was freed early). */
+void nb__scope_forget_tape(nb_scope *s, nb_tape *tape);
+
+/* Logs "op on device" when device placement logging is on. */
+void nb__log_op(const char *op, const nb_device *dev);
+
+uint64_t nb__next_tensor_id(void);
+
+/* ---- threads ---------------------------------------------------------------- */
+
+/* Runs fn(ctx, begin, end) over [0, n) in chunks of at least grain, on the pool's
+ * threads and the caller; returns when all are done. Runs inline when n < 2*grain
+ * or the pool has one thread. */
+typedef void (*nb_range_fn)(void *ctx, int64_t begin, int64_t end);
+void nb__parallel_for(int64_t n, int64_t grain, nb_range_fn fn, void *ctx);
+int nb__thread_count(void);
+
+#endif

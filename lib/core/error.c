@@ -1,0 +1,129 @@
+/* The thread's first error, the error handler and the log callback. */
+#include "core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NB_ERROR_MESSAGE_MAX 1024
+
+static _Thread_local nb_status tl_code;
+static _Thread_local char tl_message[NB_ERROR_MESSAGE_MAX];
+
+static nb_error_handler g_handler;
+static void *g_handler_user;
+
+static void default_log(nb_log_level level, const char *message, void *user);
+static nb_log_callback g_log = default_log;
+static void *g_log_user;
+
+nb_status nb_error(void) { return tl_code; }
+
+const char *nb_error_message(void) { return tl_code ? tl_message : ""; }
+
+nb_status nb_error_clear(void)
+{
+    nb_status code = tl_code;
+    tl_code = NB_OK;
+    tl_message[0] = '\0';
+    return code;
+}
+
+const char *nb_status_name(nb_status code)
+{
+    switch (code) {
+    case NB_OK: return "NB_OK";
+    case NB_ERR_INVALID_ARGUMENT: return "NB_ERR_INVALID_ARGUMENT";
+    case NB_ERR_SHAPE: return "NB_ERR_SHAPE";
+    case NB_ERR_DTYPE: return "NB_ERR_DTYPE";
+    case NB_ERR_DEVICE: return "NB_ERR_DEVICE";
+    case NB_ERR_OUT_OF_MEMORY: return "NB_ERR_OUT_OF_MEMORY";
+    case NB_ERR_TAPE: return "NB_ERR_TAPE";
+    case NB_ERR_IO: return "NB_ERR_IO";
+    case NB_ERR_BACKEND: return "NB_ERR_BACKEND";
+    case NB_ERR_UNSUPPORTED: return "NB_ERR_UNSUPPORTED";
+    case NB_ERR_INTERNAL: return "NB_ERR_INTERNAL";
+    }
+    return "NB_ERR_UNKNOWN";
+}
+
+nb_error_handler nb_set_error_handler(nb_error_handler handler, void *user)
+{
+    nb_error_handler old = g_handler;
+    g_handler = handler;
+    g_handler_user = user;
+    return old;
+}
+
+void nb_error_handler_exit(nb_status code, const char *message, void *user)
+{
+    (void)user;
+    fprintf(stderr, "nabla: %s: %s\n", nb_status_name(code), message);
+    exit(1);
+}
+
+static nb_status vfail(nb_status code, const char *fmt, va_list ap)
+{
+    /* The first error wins: later ones are usually consequences of it. */
+    if (tl_code == NB_OK) {
+        tl_code = code;
+        vsnprintf(tl_message, sizeof tl_message, fmt, ap);
+    }
+    if (g_handler)
+        g_handler(code, tl_message, g_handler_user);
+    return code;
+}
+
+nb_status nb__fail(nb_status code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(code, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+void *nb__fail_null(nb_status code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(code, fmt, ap);
+    va_end(ap);
+    return NULL;
+}
+
+void *nb__null_input(const char *op, int index)
+{
+    if (tl_code == NB_OK)
+        nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: input %d is NULL", op, index);
+    return NULL;
+}
+
+static void default_log(nb_log_level level, const char *message, void *user)
+{
+    (void)user;
+    if (level >= NB_LOG_INFO)
+        fprintf(stderr, "nabla: %s%s\n", level == NB_LOG_WARNING ? "warning: " : "", message);
+}
+
+nb_log_callback nb_set_log_callback(nb_log_callback callback, void *user)
+{
+    nb_log_callback old = g_log;
+    g_log = callback;
+    g_log_user = user;
+    return old;
+}
+
+void nb__log(nb_log_level level, const char *fmt, ...)
+{
+    if (!g_log)
+        return;
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    g_log(level, buf, g_log_user);
+}
+
+const char *nb_version(void) { return "0.1.0"; }

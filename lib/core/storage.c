@@ -1,0 +1,46 @@
+/* Storage blocks: pooled headers around memory from the device's allocator. */
+#include "core.h"
+#include "backend.h"
+
+#include <stdlib.h>
+
+#define NB_STORAGE_POOL_MAX 4096
+static _Thread_local nb_storage *tl_pool;
+static _Thread_local int tl_pool_n;
+
+nb_storage *nb__storage_new(nb_device *dev, size_t nbytes)
+{
+    nb_storage *s = tl_pool;
+    if (s) {
+        tl_pool = s->next_free;
+        tl_pool_n--;
+    } else {
+        s = malloc(sizeof *s);
+        if (!s)
+            return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "storage: out of host memory");
+    }
+    s->data = dev->backend->alloc(dev, nbytes);
+    if (!s->data) {
+        free(s);
+        return NULL; /* the allocator recorded the error */
+    }
+    atomic_init(&s->refs, 1);
+    s->nbytes = nbytes;
+    s->device = dev;
+    s->next_free = NULL;
+    return s;
+}
+
+void nb__storage_release(nb_storage *s)
+{
+    if (!s || atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    s->device->backend->free(s->device, s->data, s->nbytes);
+    if (tl_pool_n < NB_STORAGE_POOL_MAX) {
+        s->next_free = tl_pool;
+        tl_pool = s;
+        tl_pool_n++;
+    } else {
+        free(s);
+    }
+}

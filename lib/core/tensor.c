@@ -1,0 +1,341 @@
+/* Tensor objects: pooled structs, reference counts, geometry, views, reading back. */
+#include "core.h"
+#include "backend.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static atomic_int_fast64_t g_live;
+static atomic_uint_fast64_t g_next_id = 1;
+
+/* A small per-thread free list keeps malloc off the hot path. Structs freed on
+ * another thread simply join that thread's list. */
+#define NB_TENSOR_POOL_MAX 4096
+static _Thread_local nb_tensor *tl_pool;
+static _Thread_local int tl_pool_n;
+
+uint64_t nb__next_tensor_id(void) { return atomic_fetch_add_explicit(&g_next_id, 1, memory_order_relaxed); }
+
+int64_t nb_live_tensors(void) { return (int64_t)atomic_load(&g_live); }
+
+static nb_tensor *tensor_alloc(void)
+{
+    nb_tensor *t = tl_pool;
+    if (t) {
+        tl_pool = t->next_free;
+        tl_pool_n--;
+    } else {
+        t = malloc(sizeof *t);
+        if (!t)
+            return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "tensor: out of host memory");
+    }
+    atomic_init(&t->refs, 1);
+    t->id = nb__next_tensor_id();
+    t->next_free = NULL;
+    atomic_fetch_add_explicit(&g_live, 1, memory_order_relaxed);
+    return t;
+}
+
+static void tensor_free(nb_tensor *t)
+{
+    nb__storage_release(t->storage);
+    atomic_fetch_sub_explicit(&g_live, 1, memory_order_relaxed);
+    if (tl_pool_n < NB_TENSOR_POOL_MAX) {
+        t->next_free = tl_pool;
+        tl_pool = t;
+        tl_pool_n++;
+    } else {
+        free(t);
+    }
+}
+
+void nb__retain(nb_tensor *t)
+{
+    if (t)
+        atomic_fetch_add_explicit(&t->refs, 1, memory_order_relaxed);
+}
+
+void nb__release(nb_tensor *t)
+{
+    if (t && atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) == 1)
+        tensor_free(t);
+}
+
+void nb_release(nb_tensor *t) { nb__release(t); }
+
+int64_t nb__shape_numel(int ndim, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
+    return n;
+}
+
+void nb__contiguous_strides(int ndim, const int64_t *shape, size_t elem, int64_t *strides)
+{
+    int64_t s = (int64_t)elem;
+    for (int i = ndim - 1; i >= 0; i--) {
+        strides[i] = s;
+        s *= shape[i] > 0 ? shape[i] : 1;
+    }
+}
+
+void nb__tensor_finish_geometry(nb_tensor *t)
+{
+    t->numel = nb__shape_numel(t->ndim, t->shape);
+    int64_t expect = (int64_t)nb_dtype_size(t->dtype);
+    bool contiguous = true;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->strides[i] != expect) {
+            contiguous = false;
+            break;
+        }
+        expect *= t->shape[i];
+    }
+    t->contiguous = contiguous || t->numel == 0;
+}
+
+nb_tensor *nb__tensor_new(nb_device *dev, nb_dtype dtype, int ndim, const int64_t *shape)
+{
+    size_t elem = nb_dtype_size(dtype);
+    int64_t numel = nb__shape_numel(ndim, shape);
+    nb_storage *s = nb__storage_new(dev, (size_t)numel * elem);
+    if (!s)
+        return NULL;
+    nb_tensor *t = tensor_alloc();
+    if (!t) {
+        nb__storage_release(s);
+        return NULL;
+    }
+    t->dtype = dtype;
+    t->ndim = ndim;
+    t->numel = numel;
+    t->contiguous = true;
+    t->offset = 0;
+    t->storage = s;
+    t->device = dev;
+    int64_t stride = (int64_t)elem;
+    for (int i = ndim - 1; i >= 0; i--) {
+        t->shape[i] = shape[i];
+        t->strides[i] = stride;
+        stride *= shape[i] > 0 ? shape[i] : 1;
+    }
+    return t;
+}
+
+nb_tensor *nb__tensor_view(const nb_tensor *base, int ndim, const int64_t *shape,
+                           const int64_t *strides, int64_t offset)
+{
+    nb_tensor *t = tensor_alloc();
+    if (!t)
+        return NULL;
+    t->dtype = base->dtype;
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = shape[i];
+        t->strides[i] = strides[i];
+    }
+    t->offset = offset;
+    t->storage = base->storage;
+    atomic_fetch_add_explicit(&base->storage->refs, 1, memory_order_relaxed);
+    t->device = base->device;
+    nb__tensor_finish_geometry(t);
+    return t;
+}
+
+nb_view nb__view(const nb_tensor *t)
+{
+    nb_view v;
+    v.data = nb__data(t);
+    v.dtype = t->dtype;
+    v.ndim = t->ndim;
+    v.contiguous = t->contiguous;
+    v.numel = t->numel;
+    memcpy(v.shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+    memcpy(v.strides, t->strides, sizeof(int64_t) * (size_t)t->ndim);
+    return v;
+}
+
+nb_view nb__view_broadcast(const nb_tensor *t, int ndim, const int64_t *shape)
+{
+    nb_view v;
+    v.data = nb__data(t);
+    v.dtype = t->dtype;
+    v.ndim = ndim;
+    int lead = ndim - t->ndim;
+    bool same = lead == 0;
+    for (int i = 0; i < ndim; i++) {
+        v.shape[i] = shape[i];
+        if (i < lead) {
+            v.strides[i] = 0;
+        } else {
+            int j = i - lead;
+            bool bcast = t->shape[j] == 1 && shape[i] != 1;
+            v.strides[i] = bcast ? 0 : t->strides[j];
+            same = same && !bcast;
+        }
+    }
+    v.numel = nb__shape_numel(ndim, shape);
+    v.contiguous = same && t->contiguous;
+    return v;
+}
+
+/* ---- properties ---------------------------------------------------------- */
+
+size_t nb_dtype_size(nb_dtype d)
+{
+    static const size_t sizes[NB_DTYPE_COUNT] = {4, 8, 2, 2, 4, 8, 1, 1};
+    return (unsigned)d < NB_DTYPE_COUNT ? sizes[d] : 0;
+}
+
+const char *nb_dtype_name(nb_dtype d)
+{
+    static const char *names[NB_DTYPE_COUNT] = {"f32", "f64", "f16", "bf16", "i32", "i64", "bool", "u8"};
+    return (unsigned)d < NB_DTYPE_COUNT ? names[d] : "invalid";
+}
+
+nb_dtype nb_tensor_dtype(const nb_tensor *t) { return t ? t->dtype : NB_F32; }
+int nb_tensor_ndim(const nb_tensor *t) { return t ? t->ndim : -1; }
+int64_t nb_tensor_numel(const nb_tensor *t) { return t ? t->numel : -1; }
+bool nb_tensor_is_contiguous(const nb_tensor *t) { return t && t->contiguous; }
+const char *nb_tensor_device(const nb_tensor *t) { return t ? t->device->name : ""; }
+
+int64_t nb_tensor_dim(const nb_tensor *t, int i)
+{
+    if (!t)
+        return -1;
+    if (i < 0)
+        i += t->ndim;
+    return i >= 0 && i < t->ndim ? t->shape[i] : -1;
+}
+
+int64_t nb_tensor_stride(const nb_tensor *t, int i)
+{
+    if (!t)
+        return 0;
+    if (i < 0)
+        i += t->ndim;
+    return i >= 0 && i < t->ndim ? t->strides[i] : 0;
+}
+
+nb_shape nb_tensor_shape(const nb_tensor *t)
+{
+    nb_shape s = {0, {0}};
+    if (t) {
+        s.ndim = t->ndim;
+        memcpy(s.dims, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+    }
+    return s;
+}
+
+char *nb__shape_str(int ndim, const int64_t *shape, char *buf, size_t size)
+{
+    size_t n = 0;
+    if (size == 0)
+        return buf;
+    buf[0] = '\0';
+    n += (size_t)snprintf(buf + n, size - n, "[");
+    for (int i = 0; i < ndim && n < size; i++)
+        n += (size_t)snprintf(buf + n, size - n, i ? ", %lld" : "%lld", (long long)shape[i]);
+    if (n < size)
+        snprintf(buf + n, size - n, "]");
+    return buf;
+}
+
+char *nb_shape_format(nb_shape shape, char *buf, size_t size)
+{
+    return nb__shape_str(shape.ndim, shape.dims, buf, size);
+}
+
+/* ---- reading back --------------------------------------------------------- */
+
+nb_status nb_tensor_read(const nb_tensor *t, void *dst, size_t size)
+{
+    if (!t)
+        return nb_error() ? nb_error() : nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_tensor_read: tensor is NULL");
+    size_t need = (size_t)t->numel * nb_dtype_size(t->dtype);
+    if (!dst || size < need)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT,
+                        "nb_tensor_read: buffer of %zu bytes is too small for %lld %s elements (%zu bytes)",
+                        size, (long long)t->numel, nb_dtype_name(t->dtype), need);
+    if (need == 0)
+        return NB_OK;
+    const nb_backend *be = t->device->backend;
+    if (t->contiguous)
+        return be->copy_to_host(t->device, dst, nb__data(t), need);
+    /* Gather the strided view into a contiguous temporary on its device first. */
+    nb_tensor *tmp = nb__tensor_new(t->device, t->dtype, t->ndim, t->shape);
+    if (!tmp)
+        return nb_error();
+    nb_view out = nb__view(tmp), in = nb__view(t);
+    nb_status st = be->copy(t->device, &out, &in);
+    if (st == NB_OK)
+        st = be->copy_to_host(t->device, dst, nb__data(tmp), need);
+    nb__release(tmp);
+    return st;
+}
+
+static double element_as_double(nb_dtype d, const void *p)
+{
+    switch (d) {
+    case NB_F32: return *(const float *)p;
+    case NB_F64: return *(const double *)p;
+    case NB_I32: return *(const int32_t *)p;
+    case NB_I64: return (double)*(const int64_t *)p;
+    case NB_BOOL:
+    case NB_U8: return *(const uint8_t *)p;
+    case NB_F16: {
+        uint16_t h = *(const uint16_t *)p;
+        int e = (h >> 10) & 31, m = h & 1023;
+        double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(m + 1024, e - 25);
+        return (h & 0x8000) ? -v : v;
+    }
+    case NB_BF16: {
+        uint32_t bits = (uint32_t)*(const uint16_t *)p << 16;
+        float f;
+        memcpy(&f, &bits, 4);
+        return f;
+    }
+    default: return NAN;
+    }
+}
+
+double nb_tensor_get(const nb_tensor *t, int64_t flat)
+{
+    if (!t) {
+        nb__null_input("nb_tensor_get", 0);
+        return NAN;
+    }
+    if (flat < 0 || flat >= t->numel) {
+        nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_tensor_get: index %lld out of range for %lld elements",
+                 (long long)flat, (long long)t->numel);
+        return NAN;
+    }
+    int64_t off = 0, rem = flat;
+    for (int i = t->ndim - 1; i >= 0; i--) {
+        off += (rem % t->shape[i]) * t->strides[i];
+        rem /= t->shape[i];
+    }
+    unsigned char buf[8];
+    size_t es = nb_dtype_size(t->dtype);
+    if (t->device->backend->copy_to_host(t->device, buf, (char *)nb__data(t) + off, es) != NB_OK)
+        return NAN;
+    return element_as_double(t->dtype, buf);
+}
+
+double nb_tensor_item(const nb_tensor *t)
+{
+    if (!t) {
+        nb__null_input("nb_tensor_item", 0);
+        return NAN;
+    }
+    if (t->numel != 1) {
+        char s[NB_SHAPE_STR_MAX];
+        nb__fail(NB_ERR_SHAPE, "nb_tensor_item: tensor of shape %s has %lld elements, not 1",
+                 nb__shape_str(t->ndim, t->shape, s, sizeof s), (long long)t->numel);
+        return NAN;
+    }
+    return nb_tensor_get(t, 0);
+}

@@ -1,0 +1,118 @@
+/* A small fixed thread pool for splitting large kernels across cores. */
+#include "core.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define NB_MAX_THREADS 64
+
+typedef struct pool {
+    pthread_mutex_t lock;
+    pthread_cond_t work_cv, done_cv;
+    int n_threads;          /* workers, not counting the caller */
+    uint64_t generation;    /* bumped for each job */
+    nb_range_fn fn;
+    void *ctx;
+    int64_t n, chunk;
+    atomic_int_fast64_t next; /* next chunk start */
+    int busy;               /* workers still on the current job */
+    pthread_mutex_t job_lock; /* one job at a time */
+} pool;
+
+static pool g_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
+                      0, 0, NULL, NULL, 0, 0, 0, 0, PTHREAD_MUTEX_INITIALIZER};
+static pthread_once_t g_pool_once = PTHREAD_ONCE_INIT;
+
+static void run_chunks(pool *p)
+{
+    for (;;) {
+        int64_t b = atomic_fetch_add(&p->next, p->chunk);
+        if (b >= p->n)
+            break;
+        int64_t e = b + p->chunk < p->n ? b + p->chunk : p->n;
+        p->fn(p->ctx, b, e);
+    }
+}
+
+static void *worker(void *arg)
+{
+    pool *p = arg;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&p->lock);
+    for (;;) {
+        while (p->generation == seen)
+            pthread_cond_wait(&p->work_cv, &p->lock);
+        seen = p->generation;
+        pthread_mutex_unlock(&p->lock);
+        run_chunks(p);
+        pthread_mutex_lock(&p->lock);
+        if (--p->busy == 0)
+            pthread_cond_signal(&p->done_cv);
+    }
+    return NULL;
+}
+
+static void pool_init(void)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    const char *env = getenv("NB_NUM_THREADS");
+    if (env && atoi(env) > 0)
+        cores = atoi(env);
+    if (cores < 1)
+        cores = 1;
+    if (cores > NB_MAX_THREADS)
+        cores = NB_MAX_THREADS;
+    int started = 0;
+    for (int i = 0; i < cores - 1; i++) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&t, &attr, worker, &g_pool) == 0)
+            started++;
+        pthread_attr_destroy(&attr);
+    }
+    g_pool.n_threads = started;
+}
+
+int nb__thread_count(void)
+{
+    pthread_once(&g_pool_once, pool_init);
+    return g_pool.n_threads + 1;
+}
+
+void nb__parallel_for(int64_t n, int64_t grain, nb_range_fn fn, void *ctx)
+{
+    if (n <= 0)
+        return;
+    if (grain < 1)
+        grain = 1;
+    pthread_once(&g_pool_once, pool_init);
+    pool *p = &g_pool;
+    /* Small jobs, single-core machines, and nested calls run inline. */
+    if (n < 2 * grain || p->n_threads == 0 || pthread_mutex_trylock(&p->job_lock) != 0) {
+        fn(ctx, 0, n);
+        return;
+    }
+    int64_t parts = (int64_t)p->n_threads + 1;
+    int64_t chunk = (n + parts - 1) / parts;
+    if (chunk < grain)
+        chunk = grain;
+    pthread_mutex_lock(&p->lock);
+    p->fn = fn;
+    p->ctx = ctx;
+    p->n = n;
+    p->chunk = chunk;
+    atomic_store(&p->next, 0);
+    p->busy = p->n_threads;
+    p->generation++;
+    pthread_cond_broadcast(&p->work_cv);
+    pthread_mutex_unlock(&p->lock);
+    run_chunks(p);
+    pthread_mutex_lock(&p->lock);
+    while (p->busy > 0)
+        pthread_cond_wait(&p->done_cv, &p->lock);
+    pthread_mutex_unlock(&p->lock);
+    pthread_mutex_unlock(&p->job_lock);
+}

@@ -1,0 +1,280 @@
+/* Elementwise ops of one and two inputs, with their gradients. */
+#include "op.h"
+
+#include <math.h>
+
+/* ---- two inputs ------------------------------------------------------------ */
+
+static nb_tensor *binary(const nb_op_def *def, nb_binary_op kop, unsigned mask, const nb_tensor *a,
+                         const nb_tensor *b)
+{
+    const char *op = def->name;
+    if (!a)
+        return nb__null_input(op, 0);
+    if (!b)
+        return nb__null_input(op, 1);
+    if (nb__check_same_dtype(op, a, b) || nb__check_dtype(op, "input", a, mask))
+        return NULL;
+    const nb_tensor *in[2] = {a, b};
+    nb_device *dev = nb__op_place(op, 2, in);
+    int nd;
+    int64_t shape[NB_MAX_DIMS];
+    if (!dev || !nb__broadcast(op, in[0], in[1], &nd, shape))
+        return NULL;
+    bool cmp = kop >= NB_BIN_EQ;
+    nb_tensor *out = nb__out(dev, cmp ? NB_BOOL : a->dtype, nd, shape);
+    if (!out)
+        return NULL;
+    nb_view vo = nb__view(out), va = nb__view_broadcast(in[0], nd, shape), vb = nb__view_broadcast(in[1], nd, shape);
+    out = nb__kernel_done(dev->backend->binary(dev, kop, &vo, &va, &vb), out);
+    return cmp ? nb__own(out) : nb__finish(def, 2, in, out, NULL);
+}
+
+#define SHAPE_OF(t) (t)->ndim, (t)->shape
+
+static nb_status add_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
+{
+    gi[0] = nb__sum_to(g[0], SHAPE_OF(n->in[0]));
+    gi[1] = nb__sum_to(g[0], SHAPE_OF(n->in[1]));
+    return nb__ok2(gi[0], gi[1]);
+}
+
+static nb_status sub_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
+{
+    gi[0] = nb__sum_to(g[0], SHAPE_OF(n->in[0]));
+    gi[1] = nb__sum_to(nb_neg(g[0]), SHAPE_OF(n->in[1]));
+    return nb__ok2(gi[0], gi[1]);
+}
+
+static nb_status mul_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
+{
+    gi[0] = nb__sum_to(nb_mul(g[0], n->in[1]), SHAPE_OF(n->in[0]));
+    gi[1] = nb__sum_to(nb_mul(g[0], n->in[0]), SHAPE_OF(n->in[1]));
+    return nb__ok2(gi[0], gi[1]);
+}
+
+static nb_status div_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
+{
+    nb_tensor *ga = nb_div(g[0], n->in[1]);
+    gi[0] = nb__sum_to(ga, SHAPE_OF(n->in[0]));
+    /* d(a/b)/db = -(a/b)/b */
+    gi[1] = nb__sum_to(nb_neg(nb_mul(ga, nb_div(n->in[0], n->in[1]))), SHAPE_OF(n->in[1]));
+    return nb__ok2(gi[0], gi[1]);
+}
+
+static nb_status pow_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
+{
+    nb_tensor *a = n->in[0], *b = n->in[1];
+    /* a^b * b / a would divide by zero at a = 0; b * a^(b-1) does not. */
+    nb_tensor *one = nb__scalar_on(a->device, a->dtype, 1.0);
+    gi[0] = nb__sum_to(nb_mul(g[0], nb_mul(b, nb_pow(a, nb_sub(b, one)))), SHAPE_OF(a));
+    /* d/db = a^b log a, taken as 0 where a <= 0 (where it is undefined). */
+    nb_tensor *zero = nb__scalar_on(a->device, a->dtype, 0.0);
+    nb_tensor *pos = nb_greater(a, zero);
+    nb_tensor *loga = nb_where(pos, nb_log(nb_where(pos, a, one)), zero);
+    gi[1] = nb__sum_to(nb_mul(g[0], nb_mul(nb_pow(a, b), loga)), SHAPE_OF(b));
+    return nb__ok2(gi[0], gi[1]);
+}
+
+static nb_status select_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi, bool is_max)
+{
+    nb_tensor *a = n->in[0], *b = n->in[1];
+    /* Ties send the gradient to a. */
+    nb_tensor *mask = is_max ? nb_greater_equal(a, b) : nb_less_equal(a, b);
+    nb_tensor *zero = nb__scalar_on(a->device, a->dtype, 0.0);
+    gi[0] = nb__sum_to(nb_where(mask, g[0], zero), SHAPE_OF(a));
+    gi[1] = nb__sum_to(nb_where(mask, zero, g[0]), SHAPE_OF(b));
+    return nb__ok2(gi[0], gi[1]);
+}
+
+static nb_status max_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi) { return select_grad(n, g, gi, true); }
+static nb_status min_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi) { return select_grad(n, g, gi, false); }
+
+static const nb_op_def add_def = {"add", add_grad};
+static const nb_op_def sub_def = {"sub", sub_grad};
+static const nb_op_def mul_def = {"mul", mul_grad};
+static const nb_op_def div_def = {"div", div_grad};
+static const nb_op_def pow_def = {"pow", pow_grad};
+static const nb_op_def max_def = {"maximum", max_grad};
+static const nb_op_def min_def = {"minimum", min_grad};
+
+nb_tensor *nb_add(const nb_tensor *a, const nb_tensor *b) { return binary(&add_def, NB_BIN_ADD, NB_NUMERIC, a, b); }
+nb_tensor *nb_sub(const nb_tensor *a, const nb_tensor *b) { return binary(&sub_def, NB_BIN_SUB, NB_NUMERIC, a, b); }
+nb_tensor *nb_mul(const nb_tensor *a, const nb_tensor *b) { return binary(&mul_def, NB_BIN_MUL, NB_NUMERIC, a, b); }
+nb_tensor *nb_div(const nb_tensor *a, const nb_tensor *b) { return binary(&div_def, NB_BIN_DIV, NB_NUMERIC, a, b); }
+nb_tensor *nb_pow(const nb_tensor *a, const nb_tensor *b) { return binary(&pow_def, NB_BIN_POW, NB_FLOATS, a, b); }
+nb_tensor *nb_maximum(const nb_tensor *a, const nb_tensor *b) { return binary(&max_def, NB_BIN_MAX, NB_NUMERIC, a, b); }
+nb_tensor *nb_minimum(const nb_tensor *a, const nb_tensor *b) { return binary(&min_def, NB_BIN_MIN, NB_NUMERIC, a, b); }
+
+/* Comparisons: NB_BOOL results, never recorded. */
+static const nb_op_def eq_def = {"equal", NULL}, ne_def = {"not_equal", NULL}, lt_def = {"less", NULL},
+                       le_def = {"less_equal", NULL}, gt_def = {"greater", NULL}, ge_def = {"greater_equal", NULL};
+nb_tensor *nb_equal(const nb_tensor *a, const nb_tensor *b) { return binary(&eq_def, NB_BIN_EQ, NB_ALL_DTYPES, a, b); }
+nb_tensor *nb_not_equal(const nb_tensor *a, const nb_tensor *b) { return binary(&ne_def, NB_BIN_NE, NB_ALL_DTYPES, a, b); }
+nb_tensor *nb_less(const nb_tensor *a, const nb_tensor *b) { return binary(&lt_def, NB_BIN_LT, NB_ALL_DTYPES, a, b); }
+nb_tensor *nb_less_equal(const nb_tensor *a, const nb_tensor *b) { return binary(&le_def, NB_BIN_LE, NB_ALL_DTYPES, a, b); }
+nb_tensor *nb_greater(const nb_tensor *a, const nb_tensor *b) { return binary(&gt_def, NB_BIN_GT, NB_ALL_DTYPES, a, b); }
+nb_tensor *nb_greater_equal(const nb_tensor *a, const nb_tensor *b) { return binary(&ge_def, NB_BIN_GE, NB_ALL_DTYPES, a, b); }
+
+/* ---- where ------------------------------------------------------------------ */
+
+static nb_status where_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
+{
+    nb_tensor *c = n->in[0], *a = n->in[1], *b = n->in[2];
+    nb_tensor *zero = nb__scalar_on(a->device, a->dtype, 0.0);
+    gi[0] = NULL; /* no gradient to the condition */
+    gi[1] = nb__sum_to(nb_where(c, g[0], zero), SHAPE_OF(a));
+    gi[2] = nb__sum_to(nb_where(c, zero, g[0]), SHAPE_OF(b));
+    return nb__ok2(gi[0], gi[1]);
+}
+
+static const nb_op_def where_def = {"where", where_grad};
+
+nb_tensor *nb_where(const nb_tensor *cond, const nb_tensor *a, const nb_tensor *b)
+{
+    const char *op = "where";
+    if (!cond)
+        return nb__null_input(op, 0);
+    if (!a)
+        return nb__null_input(op, 1);
+    if (!b)
+        return nb__null_input(op, 2);
+    if (nb__check_dtype(op, "condition", cond, NB_MASK(NB_BOOL)) || nb__check_same_dtype(op, a, b))
+        return NULL;
+    const nb_tensor *in[3] = {cond, a, b};
+    nb_device *dev = nb__op_place(op, 3, in);
+    int nd, nd2;
+    int64_t ab[NB_MAX_DIMS], shape[NB_MAX_DIMS];
+    if (!dev || !nb__broadcast(op, in[1], in[2], &nd, ab))
+        return NULL;
+    /* Broadcast the condition against the result of a and b. */
+    nb_tensor probe = *in[1];
+    probe.ndim = nd;
+    for (int i = 0; i < nd; i++)
+        probe.shape[i] = ab[i];
+    if (!nb__broadcast(op, in[0], &probe, &nd2, shape))
+        return NULL;
+    nb_tensor *out = nb__out(dev, a->dtype, nd2, shape);
+    if (!out)
+        return NULL;
+    nb_view vo = nb__view(out), vc = nb__view_broadcast(in[0], nd2, shape),
+            va = nb__view_broadcast(in[1], nd2, shape), vb = nb__view_broadcast(in[2], nd2, shape);
+    out = nb__kernel_done(dev->backend->where(dev, &vo, &vc, &va, &vb), out);
+    return nb__finish(&where_def, 3, in, out, NULL);
+}
+
+/* ---- one input -------------------------------------------------------------- */
+
+static const nb_op_def unary_defs[NB_UN_COUNT];
+
+nb_tensor *nb__unary(nb_unary_op kop, const nb_tensor *x, double alpha)
+{
+    const nb_op_def *def = &unary_defs[kop];
+    const char *op = def->name;
+    if (!x)
+        return nb__null_input(op, 0);
+    unsigned mask = NB_FLOATS;
+    if (kop == NB_UN_NEG || kop == NB_UN_ABS || kop == NB_UN_SIGN || kop == NB_UN_SQUARE || kop == NB_UN_RELU ||
+        kop == NB_UN_ADD_SCALAR || kop == NB_UN_MUL_SCALAR)
+        mask |= NB_INTS;
+    if (nb__check_dtype(op, "input", x, mask))
+        return NULL;
+    const nb_tensor *in[1] = {x};
+    nb_device *dev = nb__op_place(op, 1, in);
+    if (!dev)
+        return NULL;
+    nb_tensor *out = nb__out(dev, x->dtype, x->ndim, x->shape);
+    if (!out)
+        return NULL;
+    nb_view vo = nb__view(out), vx = nb__view(in[0]);
+    out = nb__kernel_done(dev->backend->unary(dev, kop, &vo, &vx, alpha), out);
+    nb_op_attrs attrs = {0};
+    attrs.d[0] = alpha;
+    return nb__finish(def, 1, in, out, &attrs);
+}
+
+nb_tensor *nb__step(const nb_tensor *x) { return nb__unary(NB_UN_STEP, x, 0.0); }
+
+#define X (n->in[0])
+#define Y (n->out[0])
+#define G (g[0])
+#define ALPHA (n->attrs.d[0])
+#define GRAD(name, expr)                                                           \
+    static nb_status name##_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi) \
+    {                                                                              \
+        (void)n, (void)g;                                                          \
+        gi[0] = (expr);                                                            \
+        return nb__ok(gi[0]);                                                      \
+    }
+
+GRAD(neg, nb_neg(G))
+GRAD(abs, nb_mul(G, nb_sign(X)))
+GRAD(zero, nb_zeros_like(X))
+GRAD(exp, nb_mul(G, Y))
+GRAD(log, nb_div(G, X))
+GRAD(sqrt, nb_div(nb_mul_scalar(G, 0.5), Y))
+GRAD(rsqrt, nb_mul(G, nb_mul_scalar(nb_div(Y, X), -0.5)))
+GRAD(square, nb_mul(G, nb_mul_scalar(X, 2.0)))
+GRAD(sin, nb_mul(G, nb_cos(X)))
+GRAD(cos, nb_neg(nb_mul(G, nb_sin(X))))
+GRAD(tanh, nb_mul(G, nb_add_scalar(nb_neg(nb_square(Y)), 1.0)))
+GRAD(erf, nb_mul(G, nb_mul_scalar(nb_exp(nb_neg(nb_square(X))), 1.1283791670955126)))
+GRAD(sigmoid, nb_mul(G, nb_mul(Y, nb_add_scalar(nb_neg(Y), 1.0))))
+GRAD(relu, nb_mul(G, nb__step(X)))
+GRAD(leaky_relu, nb_mul(G, nb_add_scalar(nb_mul_scalar(nb__step(X), 1.0 - ALPHA), ALPHA)))
+/* gelu'(x) = Phi(x) + x phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2 */
+GRAD(gelu, nb_mul(G, nb_add(nb_mul_scalar(nb_add_scalar(nb_erf(nb_mul_scalar(X, 0.7071067811865476)), 1.0), 0.5),
+                            nb_mul(X, nb__unary(NB_UN_NORMAL_PDF, X, 0.0)))))
+GRAD(softplus, nb_mul(G, nb_sigmoid(X)))
+GRAD(reciprocal, nb_neg(nb_mul(G, nb_square(Y))))
+GRAD(normal_pdf, nb_mul(G, nb_neg(nb_mul(X, Y))))
+GRAD(add_scalar, G)
+GRAD(mul_scalar, nb_mul_scalar(G, ALPHA))
+GRAD(pow_scalar, nb_mul(G, nb_mul_scalar(nb_pow_scalar(X, ALPHA - 1.0), ALPHA)))
+
+static const nb_op_def unary_defs[NB_UN_COUNT] = {
+    [NB_UN_NEG] = {"neg", neg_grad},
+    [NB_UN_ABS] = {"abs", abs_grad},
+    [NB_UN_SIGN] = {"sign", zero_grad},
+    [NB_UN_EXP] = {"exp", exp_grad},
+    [NB_UN_LOG] = {"log", log_grad},
+    [NB_UN_SQRT] = {"sqrt", sqrt_grad},
+    [NB_UN_RSQRT] = {"rsqrt", rsqrt_grad},
+    [NB_UN_SQUARE] = {"square", square_grad},
+    [NB_UN_SIN] = {"sin", sin_grad},
+    [NB_UN_COS] = {"cos", cos_grad},
+    [NB_UN_TANH] = {"tanh", tanh_grad},
+    [NB_UN_ERF] = {"erf", erf_grad},
+    [NB_UN_SIGMOID] = {"sigmoid", sigmoid_grad},
+    [NB_UN_RELU] = {"relu", relu_grad},
+    [NB_UN_LEAKY_RELU] = {"leaky_relu", leaky_relu_grad},
+    [NB_UN_GELU] = {"gelu", gelu_grad},
+    [NB_UN_SOFTPLUS] = {"softplus", softplus_grad},
+    [NB_UN_RECIPROCAL] = {"reciprocal", reciprocal_grad},
+    [NB_UN_STEP] = {"step", zero_grad},
+    [NB_UN_NORMAL_PDF] = {"normal_pdf", normal_pdf_grad},
+    [NB_UN_ADD_SCALAR] = {"add_scalar", add_scalar_grad},
+    [NB_UN_MUL_SCALAR] = {"mul_scalar", mul_scalar_grad},
+    [NB_UN_POW_SCALAR] = {"pow_scalar", pow_scalar_grad},
+};
+
+nb_tensor *nb_neg(const nb_tensor *x) { return nb__unary(NB_UN_NEG, x, 0.0); }
+nb_tensor *nb_abs(const nb_tensor *x) { return nb__unary(NB_UN_ABS, x, 0.0); }
+nb_tensor *nb_sign(const nb_tensor *x) { return nb__unary(NB_UN_SIGN, x, 0.0); }
+nb_tensor *nb_exp(const nb_tensor *x) { return nb__unary(NB_UN_EXP, x, 0.0); }
+nb_tensor *nb_log(const nb_tensor *x) { return nb__unary(NB_UN_LOG, x, 0.0); }
+nb_tensor *nb_sqrt(const nb_tensor *x) { return nb__unary(NB_UN_SQRT, x, 0.0); }
+nb_tensor *nb_rsqrt(const nb_tensor *x) { return nb__unary(NB_UN_RSQRT, x, 0.0); }
+nb_tensor *nb_square(const nb_tensor *x) { return nb__unary(NB_UN_SQUARE, x, 0.0); }
+nb_tensor *nb_sin(const nb_tensor *x) { return nb__unary(NB_UN_SIN, x, 0.0); }
+nb_tensor *nb_cos(const nb_tensor *x) { return nb__unary(NB_UN_COS, x, 0.0); }
+nb_tensor *nb_tanh(const nb_tensor *x) { return nb__unary(NB_UN_TANH, x, 0.0); }
+nb_tensor *nb_erf(const nb_tensor *x) { return nb__unary(NB_UN_ERF, x, 0.0); }
+nb_tensor *nb_sigmoid(const nb_tensor *x) { return nb__unary(NB_UN_SIGMOID, x, 0.0); }
+nb_tensor *nb_relu(const nb_tensor *x) { return nb__unary(NB_UN_RELU, x, 0.0); }
+nb_tensor *nb_leaky_relu(const nb_tensor *x, double alpha) { return nb__unary(NB_UN_LEAKY_RELU, x, alpha); }
+nb_tensor *nb_gelu(const nb_tensor *x) { return nb__unary(NB_UN_GELU, x, 0.0); }
+nb_tensor *nb_softplus(const nb_tensor *x) { return nb__unary(NB_UN_SOFTPLUS, x, 0.0); }
+nb_tensor *nb_add_scalar(const nb_tensor *a, double b) { return nb__unary(NB_UN_ADD_SCALAR, a, b); }
+nb_tensor *nb_mul_scalar(const nb_tensor *a, double b) { return nb__unary(NB_UN_MUL_SCALAR, a, b); }
+nb_tensor *nb_pow_scalar(const nb_tensor *a, double b) { return nb__unary(NB_UN_POW_SCALAR, a, b); }

@@ -1,0 +1,102 @@
+/* Losses, composed from differentiable ops so that every order of gradient works. */
+#include "op.h"
+
+#include <string.h>
+
+static bool check_logits_2d(const char *op, const nb_tensor *logits)
+{
+    if (nb__check_dtype(op, "logits", logits, NB_FLOATS))
+        return false;
+    if (logits->ndim != 2) {
+        char s[NB_SHAPE_STR_MAX];
+        nb__fail(NB_ERR_SHAPE, "%s: logits must be [N, C], got %s", op,
+                 nb__shape_str(logits->ndim, logits->shape, s, sizeof s));
+        return false;
+    }
+    return true;
+}
+
+static bool same_shape(const char *op, const nb_tensor *a, const char *an, const nb_tensor *b, const char *bn)
+{
+    bool same = a->ndim == b->ndim;
+    for (int i = 0; same && i < a->ndim; i++)
+        same = a->shape[i] == b->shape[i];
+    if (!same) {
+        char sa[NB_SHAPE_STR_MAX], sb[NB_SHAPE_STR_MAX];
+        nb__fail(NB_ERR_SHAPE, "%s: %s %s and %s %s must have the same shape", op, an,
+                 nb__shape_str(a->ndim, a->shape, sa, sizeof sa), bn, nb__shape_str(b->ndim, b->shape, sb, sizeof sb));
+    }
+    return same;
+}
+
+nb_tensor *nb_softmax_cross_entropy(const nb_tensor *logits, const nb_tensor *labels)
+{
+    const char *op = "softmax_cross_entropy";
+    if (!logits)
+        return nb__null_input(op, 0);
+    if (!labels)
+        return nb__null_input(op, 1);
+    if (!check_logits_2d(op, logits) || nb__check_same_dtype(op, logits, labels) ||
+        !same_shape(op, logits, "logits", labels, "labels"))
+        return NULL;
+    return nb_neg(nb_sum(nb_mul(labels, nb_log_softmax(logits, -1)), NB_AXES(-1), false));
+}
+
+nb_tensor *nb_sparse_softmax_cross_entropy(const nb_tensor *logits, const nb_tensor *labels)
+{
+    const char *op = "sparse_softmax_cross_entropy";
+    if (!logits)
+        return nb__null_input(op, 0);
+    if (!labels)
+        return nb__null_input(op, 1);
+    if (!check_logits_2d(op, logits) || nb__check_dtype(op, "labels", labels, NB_INTS))
+        return NULL;
+    char sa[NB_SHAPE_STR_MAX], sb[NB_SHAPE_STR_MAX];
+    if (labels->ndim != 1 || labels->shape[0] != logits->shape[0])
+        return nb__fail_null(NB_ERR_SHAPE, "%s: labels %s must be [N] for logits %s", op,
+                             nb__shape_str(labels->ndim, labels->shape, sa, sizeof sa),
+                             nb__shape_str(logits->ndim, logits->shape, sb, sizeof sb));
+    int64_t C = logits->shape[1];
+    if (labels->numel > 0) {
+        /* A label outside [0, C) would silently give a zero row: refuse it. */
+        double lo = nb_tensor_item(nb_min(labels, NB_ALL_AXES, false));
+        double hi = nb_tensor_item(nb_max(labels, NB_ALL_AXES, false));
+        if (nb_error())
+            return NULL;
+        if (lo < 0 || hi >= (double)C)
+            return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: label %lld is outside [0, %lld)", op,
+                                 (long long)(lo < 0 ? lo : hi), (long long)C);
+    }
+    nb_tensor *target = nb_one_hot(labels, C, logits->dtype);
+    if (target && target->device != logits->device && !nb__device_pushed())
+        return nb__fail_null(NB_ERR_DEVICE, "%s: logits on %s and labels on %s", op, logits->device->name,
+                             labels->device->name);
+    return nb_neg(nb_sum(nb_mul(target, nb_log_softmax(logits, -1)), NB_AXES(-1), false));
+}
+
+nb_tensor *nb_sigmoid_cross_entropy(const nb_tensor *logits, const nb_tensor *labels)
+{
+    const char *op = "sigmoid_cross_entropy";
+    if (!logits)
+        return nb__null_input(op, 0);
+    if (!labels)
+        return nb__null_input(op, 1);
+    if (nb__check_dtype(op, "logits", logits, NB_FLOATS) || nb__check_same_dtype(op, logits, labels) ||
+        !same_shape(op, logits, "logits", labels, "labels"))
+        return NULL;
+    /* max(x, 0) - x z + log(1 + exp(-|x|)) */
+    return nb_add(nb_sub(nb_relu(logits), nb_mul(logits, labels)), nb_softplus(nb_neg(nb_abs(logits))));
+}
+
+nb_tensor *nb_mean_squared_error(const nb_tensor *pred, const nb_tensor *target)
+{
+    const char *op = "mean_squared_error";
+    if (!pred)
+        return nb__null_input(op, 0);
+    if (!target)
+        return nb__null_input(op, 1);
+    if (nb__check_dtype(op, "pred", pred, NB_FLOATS) || nb__check_same_dtype(op, pred, target) ||
+        !same_shape(op, pred, "pred", target, "target"))
+        return NULL;
+    return nb_mean_all(nb_square(nb_sub(pred, target)));
+}

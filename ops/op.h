@@ -1,0 +1,86 @@
+/* nabla internal — what every op's front end uses: input checks, placement,
+ * output allocation, recording, and gradient helpers. */
+#ifndef NB_OPS_OP_H
+#define NB_OPS_OP_H
+
+#include "lib/core/backend.h"
+#include "lib/core/core.h"
+#include "tape/record.h"
+
+/* Bit masks of dtypes an op accepts. */
+#define NB_MASK(d) (1u << (d))
+#define NB_FLOATS (NB_MASK(NB_F32) | NB_MASK(NB_F64) | NB_MASK(NB_F16) | NB_MASK(NB_BF16))
+#define NB_INTS (NB_MASK(NB_I32) | NB_MASK(NB_I64))
+#define NB_NUMERIC (NB_FLOATS | NB_INTS)
+#define NB_ALL_DTYPES (NB_NUMERIC | NB_MASK(NB_BOOL) | NB_MASK(NB_U8))
+
+/* NB_ERR_DTYPE "<op>: <what> has dtype X; expected one of ..." unless t's dtype is
+ * in mask. Returns NB_OK or the error. */
+nb_status nb__check_dtype(const char *op, const char *what, const nb_tensor *t, unsigned mask);
+/* NB_ERR_DTYPE "<op>: dtypes differ: f32 and f64 (use nb_cast)" unless equal. */
+nb_status nb__check_same_dtype(const char *op, const nb_tensor *a, const nb_tensor *b);
+/* Normalises a possibly negative axis into [0, ndim); -1 and NB_ERR_INVALID_ARGUMENT
+ * "<op>: axis 5 is out of range for a 2-d tensor" otherwise. */
+int nb__axis(const char *op, int axis, int ndim);
+/* Turns a set of axes into a bit mask of dims (NB_ALL_AXES: every dim); -1 on a
+ * bad or repeated axis (with the error recorded). */
+int nb__axes_mask(const char *op, nb_axes axes, int ndim);
+
+/* Chooses the device for an op with n inputs by the placement rules: the pushed
+ * device, else the inputs' own. With a device pushed, an input elsewhere is
+ * replaced in inputs[] by a recorded copy (owned by the current scope). NULL and
+ * NB_ERR_DEVICE for inputs on two devices with nothing pushed. */
+nb_device *nb__op_place(const char *op, int n, const nb_tensor **inputs);
+
+/* NumPy broadcasting of two shapes into out (ndim in *ndim); false and
+ * NB_ERR_SHAPE naming both shapes when they do not broadcast. */
+bool nb__broadcast(const char *op, const nb_tensor *a, const nb_tensor *b, int *ndim, int64_t *out);
+
+/* Allocates an output on dev (an error is recorded on failure). */
+static inline nb_tensor *nb__out(nb_device *dev, nb_dtype dtype, int ndim, const int64_t *shape)
+{
+    return nb__tensor_new(dev, dtype, ndim, shape);
+}
+
+/* Finishes an op with one output: records it when a tape is recording, logs its
+ * placement, and hands out to the current scope. attrs may be NULL. */
+nb_tensor *nb__finish(const nb_op_def *def, int n_in, const nb_tensor *const *inputs, nb_tensor *out,
+                      const nb_op_attrs *attrs);
+
+/* For gradient functions: NB_OK when every given result is non-NULL, else the
+ * pending error (a failed op inside recorded one). */
+static inline nb_status nb__ok(const void *p)
+{
+    return p ? NB_OK : nb_error() ? nb_error() : NB_ERR_INTERNAL;
+}
+static inline nb_status nb__ok2(const void *a, const void *b)
+{
+    nb_status st = nb__ok(a);
+    return st ? st : nb__ok(b);
+}
+
+/* Calls a kernel's status; on failure releases out and returns NULL. */
+static inline nb_tensor *nb__kernel_done(nb_status st, nb_tensor *out)
+{
+    if (st) {
+        nb__release(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* Sums g over the dims that broadcasting added or stretched, giving shape (ndim,
+ * shape): the gradient of a broadcast input. Returns g itself when shapes match. */
+nb_tensor *nb__sum_to(nb_tensor *g, int ndim, const int64_t *shape);
+/* Reshapes a reduced gradient back to keepdims form and broadcasts it to x's shape. */
+nb_tensor *nb__expand_reduced(nb_tensor *g, const nb_tensor *x, int mask);
+
+/* Internal ops shared between files. */
+nb_tensor *nb__unary(nb_unary_op kop, const nb_tensor *x, double alpha);
+nb_tensor *nb__copy_to_device(const nb_tensor *t, nb_device *dev);
+/* A zero-gradient step mask x > 0 (as x's dtype). */
+nb_tensor *nb__step(const nb_tensor *x);
+/* Scatter-add of updates rows into zeros of shape (rows, ...): gather's gradient. */
+nb_tensor *nb__scatter_add(const nb_tensor *indices, const nb_tensor *updates, int ndim, const int64_t *shape);
+
+#endif

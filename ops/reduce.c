@@ -1,0 +1,169 @@
+/* Reductions over axes and arg reductions, with their gradients. */
+#include "op.h"
+
+/* attrs: i[0] = mask of reduced dims, i[1] = keepdims. */
+static nb_tensor *reduce(const nb_op_def *def, nb_reduce_op kop, const nb_tensor *x, nb_axes axes, bool keepdims)
+{
+    const char *op = def->name;
+    if (!x)
+        return nb__null_input(op, 0);
+    unsigned mask_dt = kop == NB_RED_MEAN ? NB_FLOATS : NB_NUMERIC;
+    if (nb__check_dtype(op, "input", x, mask_dt))
+        return NULL;
+    int mask = nb__axes_mask(op, axes, x->ndim);
+    if (mask < 0)
+        return NULL;
+    const nb_tensor *in[1] = {x};
+    nb_device *dev = nb__op_place(op, 1, in);
+    if (!dev)
+        return NULL;
+    int64_t keep[NB_MAX_DIMS], shape[NB_MAX_DIMS];
+    int nd = 0;
+    for (int i = 0; i < x->ndim; i++) {
+        bool r = mask & (1 << i);
+        if ((kop == NB_RED_MAX || kop == NB_RED_MIN) && r && x->shape[i] == 0) {
+            char s[NB_SHAPE_STR_MAX];
+            return nb__fail_null(NB_ERR_SHAPE, "%s: cannot reduce the empty dim %d of %s", op, i,
+                                 nb__shape_str(x->ndim, x->shape, s, sizeof s));
+        }
+        keep[i] = r ? 1 : x->shape[i];
+        if (!r || keepdims)
+            shape[nd++] = keep[i];
+    }
+    nb_tensor *out = nb__out(dev, x->dtype, x->ndim, keep);
+    if (!out)
+        return NULL;
+    nb_view vo = nb__view(out), vx = nb__view(in[0]);
+    if (!nb__kernel_done(dev->backend->reduce(dev, kop, &vo, &vx), out))
+        return NULL;
+    if (!keepdims) {
+        /* A contiguous result is reshaped in place. */
+        out->ndim = nd;
+        for (int i = 0; i < nd; i++)
+            out->shape[i] = shape[i];
+        nb__contiguous_strides(nd, shape, nb_dtype_size(out->dtype), out->strides);
+    }
+    nb_op_attrs attrs = {0};
+    attrs.i[0] = mask;
+    attrs.i[1] = keepdims;
+    return nb__finish(def, 1, in, out, &attrs);
+}
+
+#define MASK ((int)n->attrs.i[0])
+
+static nb_status sum_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
+{
+    gi[0] = nb__expand_reduced(g[0], n->in[0], MASK);
+    return nb__ok(gi[0]);
+}
+
+static double reduced_count(const nb_tensor *x, int mask)
+{
+    double c = 1;
+    for (int i = 0; i < x->ndim; i++)
+        if (mask & (1 << i))
+            c *= (double)x->shape[i];
+    return c;
+}
+
+static nb_status mean_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
+{
+    double c = reduced_count(n->in[0], MASK);
+    gi[0] = nb__expand_reduced(nb_mul_scalar(g[0], c > 0 ? 1.0 / c : 0.0), n->in[0], MASK);
+    return nb__ok(gi[0]);
+}
+
+/* Max and min: the gradient is shared equally among tied extremes. */
+static nb_status extreme_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
+{
+    nb_tensor *x = n->in[0];
+    nb_tensor *y = nb__expand_reduced(n->out[0], x, MASK);
+    nb_tensor *hit = nb_cast(nb_equal(x, y), x->dtype);
+    nb_axes all = {0, {0}};
+    for (int i = 0; i < x->ndim; i++)
+        if (MASK & (1 << i))
+            all.axes[all.n++] = i;
+    nb_tensor *count = nb_sum(hit, all, true);
+    nb_tensor *share = nb_div(nb__expand_reduced(g[0], x, MASK), nb_broadcast_to(count, nb_tensor_shape(x)));
+    gi[0] = nb_mul(hit, share);
+    return nb__ok(gi[0]);
+}
+
+static nb_status prod_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
+{
+    /* prod / x: exact for inputs without zeros. */
+    nb_tensor *x = n->in[0];
+    nb_tensor *y = nb__expand_reduced(n->out[0], x, MASK);
+    gi[0] = nb_mul(nb__expand_reduced(g[0], x, MASK), nb_div(y, x));
+    return nb__ok(gi[0]);
+}
+
+static const nb_op_def sum_def = {"sum", sum_grad};
+static const nb_op_def mean_def = {"mean", mean_grad};
+static const nb_op_def max_def = {"max", extreme_grad};
+static const nb_op_def min_def = {"min", extreme_grad};
+static const nb_op_def prod_def = {"prod", prod_grad};
+
+nb_tensor *nb_sum(const nb_tensor *x, nb_axes axes, bool keepdims) { return reduce(&sum_def, NB_RED_SUM, x, axes, keepdims); }
+nb_tensor *nb_mean(const nb_tensor *x, nb_axes axes, bool keepdims) { return reduce(&mean_def, NB_RED_MEAN, x, axes, keepdims); }
+nb_tensor *nb_max(const nb_tensor *x, nb_axes axes, bool keepdims) { return reduce(&max_def, NB_RED_MAX, x, axes, keepdims); }
+nb_tensor *nb_min(const nb_tensor *x, nb_axes axes, bool keepdims) { return reduce(&min_def, NB_RED_MIN, x, axes, keepdims); }
+nb_tensor *nb_prod(const nb_tensor *x, nb_axes axes, bool keepdims) { return reduce(&prod_def, NB_RED_PROD, x, axes, keepdims); }
+nb_tensor *nb_sum_all(const nb_tensor *x) { return nb_sum(x, NB_ALL_AXES, false); }
+nb_tensor *nb_mean_all(const nb_tensor *x) { return nb_mean(x, NB_ALL_AXES, false); }
+
+nb_tensor *nb_logsumexp(const nb_tensor *x, nb_axes axes, bool keepdims)
+{
+    if (!x)
+        return nb__null_input("logsumexp", 0);
+    if (nb__check_dtype("logsumexp", "input", x, NB_FLOATS))
+        return NULL;
+    /* Shifting by the (constant) max keeps exp in range; the shift cancels exactly
+     * in the gradient, so it is cut from the tape. */
+    nb_tensor *m = nb_stop_gradient(nb_max(x, axes, true));
+    nb_tensor *s = nb_add(nb_log(nb_sum(nb_exp(nb_sub(x, m)), axes, true)), m);
+    if (!s || keepdims)
+        return s;
+    int mask = nb__axes_mask("logsumexp", axes, x->ndim);
+    nb_shape shape = {0, {0}};
+    for (int i = 0; i < x->ndim; i++)
+        if (!(mask & (1 << i)))
+            shape.dims[shape.ndim++] = x->shape[i];
+    return nb_reshape(s, shape);
+}
+
+static nb_tensor *arg_reduce(const char *op, bool is_max, const nb_tensor *x, int axis, bool keepdims)
+{
+    if (!x)
+        return nb__null_input(op, 0);
+    if (nb__check_dtype(op, "input", x, NB_NUMERIC | NB_MASK(NB_U8)))
+        return NULL;
+    int a = nb__axis(op, axis, x->ndim);
+    if (a < 0)
+        return NULL;
+    if (x->shape[a] == 0)
+        return nb__fail_null(NB_ERR_SHAPE, "%s: axis %d is empty", op, axis);
+    const nb_tensor *in[1] = {x};
+    nb_device *dev = nb__op_place(op, 1, in);
+    if (!dev)
+        return NULL;
+    int64_t keep[NB_MAX_DIMS];
+    for (int i = 0; i < x->ndim; i++)
+        keep[i] = i == a ? 1 : x->shape[i];
+    nb_tensor *out = nb__out(dev, NB_I64, x->ndim, keep);
+    if (!out)
+        return NULL;
+    nb_view vo = nb__view(out), vx = nb__view(in[0]);
+    if (!nb__kernel_done(dev->backend->arg_reduce(dev, is_max, &vo, &vx, a), out))
+        return NULL;
+    if (!keepdims) {
+        for (int i = a; i < x->ndim - 1; i++)
+            out->shape[i] = out->shape[i + 1];
+        out->ndim--;
+        nb__contiguous_strides(out->ndim, out->shape, 8, out->strides);
+    }
+    return nb__own(out);
+}
+
+nb_tensor *nb_argmax(const nb_tensor *x, int axis, bool keepdims) { return arg_reduce("argmax", true, x, axis, keepdims); }
+nb_tensor *nb_argmin(const nb_tensor *x, int axis, bool keepdims) { return arg_reduce("argmin", false, x, axis, keepdims); }

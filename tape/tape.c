@@ -1,0 +1,272 @@
+/* Tapes: the per-thread stack, watching, and recording ops. */
+#include "tape_impl.h"
+
+#include <string.h>
+
+#define NB_TAPE_STACK_MAX 32
+
+static _Thread_local nb_tape *tl_stack[NB_TAPE_STACK_MAX];
+static _Thread_local int tl_depth;
+static _Thread_local int tl_active;      /* tapes on the stack that are not paused */
+static _Thread_local int tl_pause_depth; /* nb__tapes_pause nesting */
+
+static void recount_active(void)
+{
+    int n = 0;
+    for (int i = 0; i < tl_depth; i++)
+        n += !tl_stack[i]->paused;
+    tl_active = n;
+}
+
+bool nb__tape_recording(void) { return tl_active > 0 && tl_pause_depth == 0; }
+
+int nb__tapes_pause(void) { return tl_pause_depth++; }
+
+void nb__tapes_resume(int token) { tl_pause_depth = token; }
+
+static nb_tape *tape_begin(bool persistent, const char *who)
+{
+    if (tl_depth == NB_TAPE_STACK_MAX)
+        return nb__fail_null(NB_ERR_TAPE, "%s: more than %d tapes are open", who, NB_TAPE_STACK_MAX);
+    nb_tape *t = calloc(1, sizeof *t);
+    if (!t)
+        return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+    t->persistent = persistent;
+    t->on_stack = true;
+    t->owner = nb__scope_adopt_tape(t);
+    tl_stack[tl_depth++] = t;
+    recount_active();
+    return t;
+}
+
+nb_tape *nb_tape_begin(void) { return tape_begin(false, "nb_tape_begin"); }
+nb_tape *nb_tape_begin_persistent(void) { return tape_begin(true, "nb_tape_begin_persistent"); }
+
+void nb__tape_unlink(nb_tape *tape)
+{
+    for (int i = 0; i < tl_depth; i++) {
+        if (tl_stack[i] == tape) {
+            memmove(tl_stack + i, tl_stack + i + 1, sizeof *tl_stack * (size_t)(tl_depth - i - 1));
+            tl_depth--;
+            break;
+        }
+    }
+    tape->on_stack = false;
+    recount_active();
+}
+
+nb_status nb_tape_stop(nb_tape *tape)
+{
+    if (!tape)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_tape_stop: tape is NULL");
+    nb__tape_unlink(tape);
+    return NB_OK;
+}
+
+nb_status nb_tape_pause(nb_tape *tape)
+{
+    if (!tape)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_tape_pause: tape is NULL");
+    tape->paused = true;
+    recount_active();
+    return NB_OK;
+}
+
+nb_status nb_tape_resume(nb_tape *tape)
+{
+    if (!tape)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_tape_resume: tape is NULL");
+    tape->paused = false;
+    recount_active();
+    return NB_OK;
+}
+
+void nb__tape_clear_nodes(nb_tape *tape)
+{
+    for (size_t i = 0; i < tape->n_nodes; i++) {
+        nb_node *n = &tape->nodes[i];
+        for (int k = 0; k < n->n_in; k++) {
+            nb__release(n->in[k]);
+            n->in[k] = NULL;
+        }
+        for (int k = 0; k < n->n_out; k++) {
+            nb__release(n->out[k]);
+            n->out[k] = NULL;
+        }
+    }
+    tape->n_nodes = 0;
+    for (nb_arena_chunk *c = tape->arena; c; c = c->next)
+        c->used = 0;
+}
+
+static void tape_destroy(nb_tape *tape)
+{
+    nb__tape_unlink(tape);
+    nb__tape_clear_nodes(tape);
+    free(tape->nodes);
+    nb_arena_chunk *c = tape->arena;
+    while (c) {
+        nb_arena_chunk *next = c->next;
+        free(c);
+        c = next;
+    }
+    nb__idmap_free(&tape->watched);
+    free(tape->reads);
+    free(tape);
+}
+
+void nb_tape_free(nb_tape *tape)
+{
+    if (!tape)
+        return;
+    nb__scope_forget_tape(tape->owner, tape);
+    tape_destroy(tape);
+}
+
+/* Called by the owning scope as it ends. */
+void nb__tape_free_from_scope(nb_tape *tape) { tape_destroy(tape); }
+
+static nb_status watch_id(nb_tape *tape, uint64_t id, const char *who)
+{
+    if (!nb__idmap_put(&tape->watched, id, tape))
+        return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+    return NB_OK;
+}
+
+nb_status nb_tape_watch(nb_tape *tape, const nb_tensor *t)
+{
+    if (!tape)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_tape_watch: tape is NULL");
+    if (!t)
+        return nb_error() ? nb_error() : nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_tape_watch: tensor is NULL");
+    if (!nb__is_floating(t->dtype))
+        return nb__fail(NB_ERR_DTYPE, "nb_tape_watch: cannot watch a %s tensor: only floating dtypes have gradients",
+                        nb_dtype_name(t->dtype));
+    return watch_id(tape, t->id, "nb_tape_watch");
+}
+
+static nb_status note_read(nb_tape *tape, nb_variable *v, uint64_t id)
+{
+    if (tape->n_reads == tape->cap_reads) {
+        size_t cap = tape->cap_reads ? tape->cap_reads * 2 : 16;
+        nb_var_read *r = realloc(tape->reads, sizeof *r * cap);
+        if (!r)
+            return nb__fail(NB_ERR_OUT_OF_MEMORY, "nb_read: out of host memory");
+        tape->reads = r;
+        tape->cap_reads = cap;
+    }
+    tape->reads[tape->n_reads++] = (nb_var_read){v, id};
+    return watch_id(tape, id, "nb_read");
+}
+
+void nb__tape_watch_variable_read(nb_variable *v, const nb_tensor *t)
+{
+    if (!nb__tape_recording() || !nb__is_floating(t->dtype))
+        return;
+    for (int i = 0; i < tl_depth; i++)
+        if (!tl_stack[i]->paused)
+            note_read(tl_stack[i], v, t->id);
+}
+
+nb_status nb_tape_watch_variable(nb_tape *tape, nb_variable *v)
+{
+    if (!tape || !v)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_tape_watch_variable: %s is NULL", tape ? "variable" : "tape");
+    nb_tensor *t = nb_read(v);
+    if (!t)
+        return nb_error();
+    if (!nb__is_floating(t->dtype))
+        return nb__fail(NB_ERR_DTYPE, "nb_tape_watch_variable: variable '%s' is %s: only floating dtypes have gradients",
+                        nb_variable_name(v), nb_dtype_name(t->dtype));
+    return note_read(tape, v, t->id);
+}
+
+static void *arena_alloc(nb_tape *tape, size_t bytes)
+{
+    bytes = (bytes + 15) & ~(size_t)15;
+    nb_arena_chunk *c = tape->arena;
+    for (; c; c = c->next)
+        if (c->size - c->used >= bytes)
+            break;
+    if (!c) {
+        size_t size = bytes > 65536 ? bytes : 65536;
+        c = malloc(sizeof *c + size);
+        if (!c)
+            return NULL;
+        c->size = size;
+        c->used = 0;
+        c->next = tape->arena;
+        tape->arena = c;
+    }
+    void *p = c->data + c->used;
+    c->used += bytes;
+    return p;
+}
+
+static nb_status record_on(nb_tape *tape, const nb_op_def *op, int n_in, const nb_tensor *const *inputs,
+                           int n_out, nb_tensor *const *outputs, const nb_op_attrs *attrs)
+{
+    if (tape->n_nodes == tape->cap_nodes) {
+        size_t cap = tape->cap_nodes ? tape->cap_nodes * 2 : 64;
+        nb_node *nodes = realloc(tape->nodes, sizeof *nodes * cap);
+        if (!nodes)
+            return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory while recording", op->name);
+        tape->nodes = nodes;
+        tape->cap_nodes = cap;
+    }
+    size_t k = (size_t)(n_in + n_out);
+    nb_tensor **ptrs = arena_alloc(tape, k * sizeof(nb_tensor *));
+    uint64_t *ids = arena_alloc(tape, k * sizeof(uint64_t));
+    if (!ptrs || !ids)
+        return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory while recording", op->name);
+    nb_node *n = &tape->nodes[tape->n_nodes];
+    n->op = op;
+    n->n_in = n_in;
+    n->n_out = n_out;
+    n->in = ptrs;
+    n->out = ptrs + n_in;
+    n->in_ids = ids;
+    n->out_ids = ids + n_in;
+    if (attrs)
+        n->attrs = *attrs;
+    for (int i = 0; i < n_in; i++) {
+        n->in[i] = (nb_tensor *)inputs[i];
+        nb__retain(n->in[i]);
+        n->in_ids[i] = inputs[i] ? inputs[i]->id : 0;
+    }
+    for (int i = 0; i < n_out; i++) {
+        n->out[i] = outputs[i];
+        nb__retain(outputs[i]);
+        n->out_ids[i] = outputs[i]->id;
+        if (nb__is_floating(outputs[i]->dtype) && !nb__idmap_put(&tape->watched, outputs[i]->id, tape))
+            return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory while recording", op->name);
+    }
+    tape->n_nodes++;
+    return NB_OK;
+}
+
+nb_status nb__record(const nb_op_def *op, int n_in, const nb_tensor *const *inputs, int n_out,
+                     nb_tensor *const *outputs, const nb_op_attrs *attrs)
+{
+    if (!nb__tape_recording())
+        return NB_OK;
+    bool any_float = false;
+    for (int i = 0; i < n_out; i++)
+        any_float |= nb__is_floating(outputs[i]->dtype);
+    if (!any_float)
+        return NB_OK;
+    for (int d = 0; d < tl_depth; d++) {
+        nb_tape *tape = tl_stack[d];
+        if (tape->paused)
+            continue;
+        bool watched = false;
+        for (int i = 0; i < n_in && !watched; i++)
+            watched = inputs[i] && nb__idmap_has(&tape->watched, inputs[i]->id);
+        if (watched) {
+            nb_status st = record_on(tape, op, n_in, inputs, n_out, outputs, attrs);
+            if (st)
+                return st;
+        }
+    }
+    return NB_OK;
+}

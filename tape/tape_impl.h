@@ -1,0 +1,38 @@
+/* nabla internal — the tape object, shared by the files of tape/. */
+#ifndef NB_TAPE_IMPL_H
+#define NB_TAPE_IMPL_H
+
+#include "record.h"
+#include "idmap.h"
+
+typedef struct nb_arena_chunk {
+    struct nb_arena_chunk *next;
+    size_t used, size;
+    _Alignas(16) unsigned char data[];
+} nb_arena_chunk;
+
+typedef struct nb_var_read {
+    nb_variable *var;
+    uint64_t id;
+} nb_var_read;
+
+struct nb_tape {
+    bool persistent;
+    bool on_stack;   /* recording unless paused */
+    bool paused;
+    bool used;       /* a one-shot tape whose gradient was taken */
+    nb_scope *owner; /* the scope that frees it, or NULL */
+    nb_idmap watched;
+    nb_node *nodes;
+    size_t n_nodes, cap_nodes;
+    nb_arena_chunk *arena;
+    nb_var_read *reads;
+    size_t n_reads, cap_reads;
+};
+
+/* Releases every tensor the nodes hold and empties the record. */
+void nb__tape_clear_nodes(nb_tape *tape);
+/* Takes the tape off the thread's stack if it is there. */
+void nb__tape_unlink(nb_tape *tape);
+
+#endif

@@ -1,0 +1,128 @@
+/* A tiny test harness: CHECK macros, random inputs, reference comparisons. Each
+ * test file is one executable; main() calls RUN(fn) for each case and returns
+ * check_finish(). A test fails when any CHECK fails or tensors are left alive. */
+#ifndef NB_TEST_CHECK_H
+#define NB_TEST_CHECK_H
+
+#include <nabla/nabla.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int check_failures;
+static const char *check_current = "";
+
+#define CHECK(cond)                                                                          \
+    do {                                                                                     \
+        if (!(cond)) {                                                                       \
+            fprintf(stderr, "%s:%d: [%s] CHECK failed: %s (pending error: %s)\n", __FILE__, \
+                    __LINE__, check_current, #cond, nb_error_message());                     \
+            check_failures++;                                                                \
+        }                                                                                    \
+    } while (0)
+
+#define CHECK_OK(expr)                                                                       \
+    do {                                                                                     \
+        nb_status st_ = (expr);                                                              \
+        if (st_ != NB_OK) {                                                                  \
+            fprintf(stderr, "%s:%d: [%s] %s returned %s: %s\n", __FILE__, __LINE__,          \
+                    check_current, #expr, nb_status_name(st_), nb_error_message());          \
+            check_failures++;                                                                \
+            nb_error_clear();                                                                \
+        }                                                                                    \
+    } while (0)
+
+#define CHECK_NEAR(a, b, tol)                                                                \
+    do {                                                                                     \
+        double a_ = (a), b_ = (b);                                                           \
+        if (!(fabs(a_ - b_) <= (tol) * (1.0 + fabs(b_)))) {                                  \
+            fprintf(stderr, "%s:%d: [%s] CHECK_NEAR failed: %s = %.9g, %s = %.9g\n",         \
+                    __FILE__, __LINE__, check_current, #a, a_, #b, b_);                      \
+            check_failures++;                                                                \
+        }                                                                                    \
+    } while (0)
+
+/* Checks that the pending error has code and a message containing each of the
+ * given substrings, then clears it. */
+#define CHECK_ERROR(code, ...)                                                               \
+    do {                                                                                     \
+        const char *subs_[] = {__VA_ARGS__};                                                 \
+        check_error_(__FILE__, __LINE__, (code), subs_, sizeof subs_ / sizeof *subs_);       \
+    } while (0)
+
+static inline void check_error_(const char *file, int line, nb_status code, const char **subs, size_t n)
+{
+    if (nb_error() != code) {
+        fprintf(stderr, "%s:%d: [%s] expected %s, got %s: %s\n", file, line, check_current,
+                nb_status_name(code), nb_status_name(nb_error()), nb_error_message());
+        check_failures++;
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            if (!strstr(nb_error_message(), subs[i])) {
+                fprintf(stderr, "%s:%d: [%s] message '%s' lacks '%s'\n", file, line, check_current,
+                        nb_error_message(), subs[i]);
+                check_failures++;
+            }
+        }
+    }
+    nb_error_clear();
+}
+
+/* Runs one case inside a scope and checks it leaves no error and no live tensors. */
+#define RUN(fn)                                                                              \
+    do {                                                                                     \
+        check_current = #fn;                                                                 \
+        int64_t live_ = nb_live_tensors();                                                   \
+        nb_scope *s_ = nb_scope_begin();                                                     \
+        fn();                                                                                \
+        nb_scope_end(s_);                                                                    \
+        if (nb_error()) {                                                                    \
+            fprintf(stderr, "[%s] left a pending error: %s\n", #fn, nb_error_message());     \
+            check_failures++;                                                                \
+            nb_error_clear();                                                                \
+        }                                                                                    \
+        if (nb_live_tensors() != live_) {                                                    \
+            fprintf(stderr, "[%s] leaked %lld tensors\n", #fn,                               \
+                    (long long)(nb_live_tensors() - live_));                                 \
+            check_failures++;                                                                \
+        }                                                                                    \
+    } while (0)
+
+static inline int check_finish(void)
+{
+    if (nb_live_tensors() != 0) {
+        fprintf(stderr, "%lld tensors alive at exit\n", (long long)nb_live_tensors());
+        check_failures++;
+    }
+    if (check_failures)
+        fprintf(stderr, "%d check(s) failed\n", check_failures);
+    return check_failures ? 1 : 0;
+}
+
+/* Reads a tensor into a malloc'd double array (caller frees). */
+static inline double *check_values(const nb_tensor *t)
+{
+    int64_t n = nb_tensor_numel(t);
+    double *v = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    for (int64_t i = 0; i < n; i++)
+        v[i] = nb_tensor_get(t, i);
+    return v;
+}
+
+/* Largest |a - ref| / (1 + |ref|) between a tensor and a reference array. */
+static inline double check_max_error(const nb_tensor *t, const double *ref, int64_t n)
+{
+    if (!t || nb_tensor_numel(t) != n)
+        return INFINITY;
+    double *v = check_values(t), worst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs(v[i] - ref[i]) / (1.0 + fabs(ref[i]));
+        if (!(e <= worst))
+            worst = isnan(e) ? INFINITY : e;
+    }
+    free(v);
+    return worst;
+}
+
+#endif

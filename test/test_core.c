@@ -1,0 +1,204 @@
+/* Tensors, views, creation, reading back, scopes, errors and devices. */
+#include "check.h"
+
+static void test_creation_and_readback(void)
+{
+    nb_tensor *z = nb_zeros(NB_F32, NB_SHAPE(2, 3));
+    nb_tensor *o = nb_ones(NB_F64, NB_SHAPE(4));
+    nb_tensor *f = nb_full(NB_I32, NB_SHAPE(2, 2), 7);
+    nb_tensor *s = nb_scalar(NB_F32, 2.5);
+    CHECK(nb_tensor_ndim(z) == 2 && nb_tensor_dim(z, 0) == 2 && nb_tensor_dim(z, -1) == 3);
+    CHECK(nb_tensor_numel(z) == 6 && nb_tensor_dtype(o) == NB_F64);
+    CHECK(nb_tensor_get(z, 5) == 0 && nb_tensor_get(o, 3) == 1 && nb_tensor_get(f, 2) == 7);
+    CHECK(nb_tensor_ndim(s) == 0 && nb_tensor_item(s) == 2.5);
+    CHECK(strcmp(nb_tensor_device(z), "/cpu:0") == 0);
+
+    float buf[6] = {1, -2, 3.5f, 4, 5, -6}, back[6];
+    nb_tensor *b = nb_from_buffer(NB_F32, NB_SHAPE(3, 2), buf);
+    CHECK_OK(nb_tensor_read(b, back, sizeof back));
+    CHECK(memcmp(buf, back, sizeof buf) == 0);
+    CHECK(nb_tensor_read(b, back, 8) == NB_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "too small");
+
+    nb_tensor *r = nb_arange(NB_I64, 2, 11, 3); /* 2 5 8 */
+    CHECK(nb_tensor_numel(r) == 3 && nb_tensor_get(r, 2) == 8);
+    nb_tensor *rd = nb_arange(NB_F32, 1, 0, -0.25); /* 1 .75 .5 .25 */
+    CHECK(nb_tensor_numel(rd) == 4 && nb_tensor_get(rd, 3) == 0.25);
+    CHECK(nb_arange(NB_F32, 0, 1, 0) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_arange");
+    CHECK(nb_zeros(NB_F32, NB_SHAPE(2, -1)) == NULL);
+    CHECK_ERROR(NB_ERR_SHAPE, "nb_full", "negative");
+    CHECK(nb_tensor_item(z) != nb_tensor_item(z)); /* NaN for 6 elements */
+    CHECK_ERROR(NB_ERR_SHAPE, "nb_tensor_item", "[2, 3]");
+}
+
+static void test_random_reproducible(void)
+{
+    nb_tensor *a = nb_random_normal(NB_F64, NB_SHAPE(20000), 1.0, 2.0, 42);
+    nb_tensor *b = nb_random_normal(NB_F64, NB_SHAPE(20000), 1.0, 2.0, 42);
+    nb_tensor *c = nb_random_normal(NB_F64, NB_SHAPE(20000), 1.0, 2.0, 43);
+    double *va = check_values(a), *vb = check_values(b), *vc = check_values(c);
+    double mean = 0, var = 0;
+    int same_c = 0;
+    for (int i = 0; i < 20000; i++) {
+        CHECK(va[i] == vb[i]);
+        same_c += va[i] == vc[i];
+        mean += va[i];
+    }
+    mean /= 20000;
+    for (int i = 0; i < 20000; i++)
+        var += (va[i] - mean) * (va[i] - mean);
+    var /= 20000;
+    CHECK(same_c < 10);
+    CHECK_NEAR(mean, 1.0, 0.05);
+    CHECK_NEAR(sqrt(var), 2.0, 0.05);
+    free(va), free(vb), free(vc);
+
+    nb_tensor *u = nb_random_uniform(NB_F32, NB_SHAPE(1000), -1, 3, 7);
+    nb_tensor *t = nb_truncated_normal(NB_F32, NB_SHAPE(1000), 0, 1, 7);
+    double *vu = check_values(u), *vt = check_values(t);
+    for (int i = 0; i < 1000; i++) {
+        CHECK(vu[i] >= -1 && vu[i] < 3);
+        CHECK(fabs(vt[i]) <= 2.0);
+    }
+    free(vu), free(vt);
+    CHECK(nb_random_normal(NB_I32, NB_SHAPE(3), 0, 1, 1) == NULL);
+    CHECK_ERROR(NB_ERR_DTYPE, "nb_random_normal", "i32");
+}
+
+static void test_scopes(void)
+{
+    int64_t live = nb_live_tensors();
+    nb_scope *outer = nb_scope_begin();
+    nb_tensor *kept = NULL;
+    nb_scope *inner = nb_scope_begin();
+    for (int i = 0; i < 100; i++)
+        nb_add(nb_ones(NB_F32, NB_SHAPE(4)), nb_ones(NB_F32, NB_SHAPE(4)));
+    kept = nb_keep(nb_full(NB_F32, NB_SHAPE(2), 3));
+    CHECK(nb_live_tensors() == live + 301);
+    CHECK_OK(nb_scope_end(inner));
+    CHECK(nb_live_tensors() == live + 1);
+    CHECK(nb_tensor_get(kept, 1) == 3);
+    CHECK_OK(nb_scope_end(outer));
+    CHECK(nb_live_tensors() == live);
+    CHECK(nb_scope_end(outer) == NB_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_scope_end", "not open");
+
+    /* Ending an outer scope ends the ones inside it. */
+    nb_scope *a = nb_scope_begin();
+    nb_scope_begin();
+    nb_ones(NB_F32, NB_SHAPE(3));
+    CHECK_OK(nb_scope_end(a));
+    CHECK(nb_live_tensors() == live);
+
+    /* Kept out of the last scope: the caller owns it. */
+    nb_scope *only = nb_scope_begin();
+    nb_tensor *mine = nb_keep(nb_ones(NB_F32, NB_SHAPE(3)));
+    nb_scope_end(only);
+    CHECK(nb_tensor_get(mine, 0) == 1);
+    nb_release(mine);
+    CHECK(nb_live_tensors() == live);
+}
+
+static void test_views(void)
+{
+    nb_tensor *x = nb_arange(NB_F32, 0, 24, 1);
+    nb_tensor *r = nb_reshape(x, NB_SHAPE(2, 3, 4));
+    CHECK(nb_tensor_is_contiguous(r) && nb_tensor_get(r, 23) == 23);
+    nb_tensor *t = nb_transpose(r, 0, 2); /* [4, 3, 2] */
+    CHECK(!nb_tensor_is_contiguous(t) && nb_tensor_dim(t, 0) == 4);
+    /* t[i][j][k] = r[k][j][i] = k*12 + j*4 + i */
+    CHECK(nb_tensor_get(t, 1 * 6 + 2 * 2 + 1) == 1 * 12 + 2 * 4 + 1);
+    float out[24];
+    CHECK_OK(nb_tensor_read(t, out, sizeof out));
+    CHECK(out[1] == 12 && out[2] == 4);
+    nb_tensor *s = nb_slice(r, NB_SHAPE(1, 1, 0), NB_SHAPE(1, 2, -1));
+    CHECK(nb_tensor_numel(s) == 8 && nb_tensor_get(s, 0) == 16);
+    nb_tensor *b = nb_broadcast_to(nb_reshape(nb_arange(NB_F32, 0, 3, 1), NB_SHAPE(3, 1)), NB_SHAPE(3, 5));
+    CHECK(nb_tensor_stride(b, 1) == 0 && nb_tensor_get(b, 7) == 1);
+    nb_tensor *c = nb_contiguous(t);
+    CHECK(nb_tensor_is_contiguous(c) && nb_tensor_get(c, 1) == 12);
+}
+
+static int handler_calls;
+static void count_handler(nb_status code, const char *msg, void *user)
+{
+    (void)code, (void)msg;
+    handler_calls += *(int *)user;
+}
+
+static void test_errors(void)
+{
+    CHECK(nb_error() == NB_OK && strcmp(nb_error_message(), "") == 0);
+    nb_tensor *a = nb_ones(NB_F32, NB_SHAPE(2, 3)), *b = nb_ones(NB_F32, NB_SHAPE(4));
+    /* The first error is kept through a chain of NULLs. */
+    nb_tensor *y = nb_exp(nb_mul(nb_add(a, b), a));
+    CHECK(y == NULL);
+    CHECK(nb_error() == NB_ERR_SHAPE);
+    CHECK(strstr(nb_error_message(), "add") && strstr(nb_error_message(), "[2, 3]") &&
+          strstr(nb_error_message(), "[4]"));
+    CHECK(nb_error_clear() == NB_ERR_SHAPE && nb_error() == NB_OK);
+    CHECK(nb_exp(NULL) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "exp", "input 0 is NULL");
+    CHECK(strcmp(nb_status_name(NB_ERR_DTYPE), "NB_ERR_DTYPE") == 0);
+
+    int one = 1;
+    nb_set_error_handler(count_handler, &one);
+    nb_add(a, nb_ones(NB_F64, NB_SHAPE(2, 3)));
+    nb_set_error_handler(NULL, NULL);
+    CHECK(handler_calls == 1);
+    CHECK_ERROR(NB_ERR_DTYPE, "add", "f32", "f64");
+}
+
+static int warnings;
+static void count_log(nb_log_level level, const char *msg, void *user)
+{
+    (void)user;
+    if (level == NB_LOG_WARNING && strstr(msg, "/gpu:7"))
+        warnings++;
+}
+
+static void test_devices(void)
+{
+    CHECK(nb_device_count(NB_DEVICE_CPU) >= 1);
+    CHECK(strcmp(nb_device_name(NB_DEVICE_CPU, 0), "/cpu:0") == 0);
+    CHECK(nb_device_name(NB_DEVICE_CPU, 99) == NULL);
+    CHECK(strcmp(nb_device_current(), "/cpu:0") == 0);
+    CHECK(nb_device_push("/tpu:0") == NB_ERR_DEVICE);
+    CHECK_ERROR(NB_ERR_DEVICE, "malformed", "/tpu:0");
+    CHECK(nb_device_pop() == NB_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "empty");
+
+    /* Soft placement: a missing GPU falls back with one warning. */
+    int ngpu = nb_device_count(NB_DEVICE_GPU);
+    if (ngpu < 8) {
+        nb_log_callback old = nb_set_log_callback(count_log, NULL);
+        CHECK_OK(nb_device_push("/gpu:7"));
+        CHECK(strcmp(nb_device_current(), "/cpu:0") == 0);
+        nb_tensor *x = nb_ones(NB_F32, NB_SHAPE(2));
+        CHECK(strcmp(nb_tensor_device(x), "/cpu:0") == 0);
+        CHECK_OK(nb_device_pop());
+        CHECK(warnings == 1);
+        nb_set_log_callback(old, NULL);
+        /* Strict placement: an error naming the device. */
+        nb_set_soft_placement(false);
+        CHECK(nb_device_push("/gpu:7") == NB_ERR_DEVICE);
+        CHECK_ERROR(NB_ERR_DEVICE, "/gpu:7", "strict");
+        nb_set_soft_placement(true);
+    }
+    CHECK(nb_to_device(nb_ones(NB_F32, NB_SHAPE(1)), "/cpu:9") == NULL);
+    CHECK_ERROR(NB_ERR_DEVICE, "unknown device", "/cpu:9");
+    CHECK(nb_set_logical_cpu_devices(2) == NB_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "already in use");
+}
+
+int main(void)
+{
+    RUN(test_creation_and_readback);
+    RUN(test_random_reproducible);
+    RUN(test_scopes);
+    RUN(test_views);
+    RUN(test_errors);
+    RUN(test_devices);
+    return check_finish();
+}
