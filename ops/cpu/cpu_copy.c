@@ -1,0 +1,231 @@
+/* Creation and conversion kernels: fill, arange, copy (with dtype conversion).
+ * Dtypes: f32, f64, i32, i64, bool, u8 (f16/bf16 are NB_ERR_DTYPE on the CPU). */
+#include "cpu_internal.h"
+
+#include <math.h>
+
+/* A double to int64, saturating; NaN gives 0 (casting out-of-range floats is UB). */
+static inline int64_t sat_i64(double v)
+{
+    if (!(v == v))
+        return 0;
+    if (v >= 9223372036854775807.0)
+        return INT64_MAX;
+    if (v <= -9223372036854775808.0)
+        return INT64_MIN;
+    return (int64_t)v;
+}
+
+static inline int32_t sat_i32(double v)
+{
+    if (!(v == v))
+        return 0;
+    if (v >= 2147483647.0)
+        return INT32_MAX;
+    if (v <= -2147483648.0)
+        return INT32_MIN;
+    return (int32_t)v;
+}
+
+static inline bool cpu_dtype_ok(nb_dtype d)
+{
+    return d == NB_F32 || d == NB_F64 || d == NB_I32 || d == NB_I64 || d == NB_BOOL || d == NB_U8;
+}
+
+/* ---- fill ------------------------------------------------------------------------ */
+
+#define FILL_ROW(NAME, T)                                                                    \
+    static void NAME(void *ctx, int64_t n, char *const *p, const int64_t *s, int64_t flat)  \
+    {                                                                                        \
+        (void)flat;                                                                          \
+        const T v = *(const T *)ctx;                                                         \
+        if (s[0] == (int64_t)sizeof(T)) {                                                    \
+            T *restrict o = (T *)p[0];                                                       \
+            for (int64_t i = 0; i < n; i++)                                                  \
+                o[i] = v;                                                                    \
+        } else {                                                                             \
+            for (int64_t i = 0; i < n; i++)                                                  \
+                *(T *)(p[0] + i * s[0]) = v;                                                 \
+        }                                                                                    \
+    }
+FILL_ROW(fill_u8, uint8_t)
+FILL_ROW(fill_u32, uint32_t)
+FILL_ROW(fill_u64, uint64_t)
+
+nb_status nb__cpu_fill(nb_device *dev, const nb_view *out, double value)
+{
+    union { uint8_t u8; uint32_t u32; uint64_t u64; float f; double d; int32_t i; int64_t l; } v;
+    v.u64 = 0;
+    nb_cpu_loop_fn fn;
+    switch (out->dtype) {
+    case NB_F32: v.f = (float)value; fn = fill_u32; break;
+    case NB_F64: v.d = value; fn = fill_u64; break;
+    case NB_I32: v.i = sat_i32(value); fn = fill_u32; break;
+    case NB_I64: v.l = sat_i64(value); fn = fill_u64; break;
+    case NB_BOOL: v.u8 = value != 0; fn = fill_u8; break;
+    case NB_U8: v.u8 = (uint8_t)sat_i32(value); fn = fill_u8; break;
+    default: return nb__cpu_unsupported(dev, "fill", out->dtype);
+    }
+    nb_cpu_iter it;
+    const nb_view *views[1] = {out};
+    nb__cpu_iter_init(&it, 1, views);
+    nb__cpu_iter_run(&it, fn, &v, NB_CPU_GRAIN * 4);
+    return NB_OK;
+}
+
+/* ---- arange ------------------------------------------------------------------------ */
+
+typedef struct arange_ctx {
+    double start, step;
+    int64_t istart, istep;
+    bool integral;
+} arange_ctx;
+
+#define ARANGE_FLOAT_ROW(NAME, T)                                                           \
+    static void NAME(void *vctx, int64_t n, char *const *p, const int64_t *s, int64_t flat) \
+    {                                                                                       \
+        const arange_ctx *c = vctx;                                                         \
+        for (int64_t i = 0; i < n; i++)                                                     \
+            *(T *)(p[0] + i * s[0]) = (T)(c->start + (double)(flat + i) * c->step);         \
+    }
+ARANGE_FLOAT_ROW(arange_f32, float)
+ARANGE_FLOAT_ROW(arange_f64, double)
+
+#define ARANGE_INT_ROW(NAME, T, SAT)                                                        \
+    static void NAME(void *vctx, int64_t n, char *const *p, const int64_t *s, int64_t flat) \
+    {                                                                                       \
+        const arange_ctx *c = vctx;                                                         \
+        if (c->integral) {                                                                  \
+            for (int64_t i = 0; i < n; i++)                                                 \
+                *(T *)(p[0] + i * s[0]) =                                                   \
+                    (T)((uint64_t)c->istart + (uint64_t)(flat + i) * (uint64_t)c->istep);   \
+        } else {                                                                            \
+            for (int64_t i = 0; i < n; i++)                                                 \
+                *(T *)(p[0] + i * s[0]) = (T)SAT(c->start + (double)(flat + i) * c->step);  \
+        }                                                                                   \
+    }
+ARANGE_INT_ROW(arange_i32, int32_t, sat_i64)
+ARANGE_INT_ROW(arange_i64, int64_t, sat_i64)
+ARANGE_INT_ROW(arange_u8, uint8_t, sat_i64)
+
+nb_status nb__cpu_arange(nb_device *dev, const nb_view *out, double start, double step)
+{
+    nb_cpu_loop_fn fn;
+    switch (out->dtype) {
+    case NB_F32: fn = arange_f32; break;
+    case NB_F64: fn = arange_f64; break;
+    case NB_I32: fn = arange_i32; break;
+    case NB_I64: fn = arange_i64; break;
+    case NB_U8: fn = arange_u8; break;
+    default: return nb__cpu_unsupported(dev, "arange", out->dtype);
+    }
+    arange_ctx c = {start, step, sat_i64(start), sat_i64(step), false};
+    c.integral = (double)c.istart == start && (double)c.istep == step;
+    nb_cpu_iter it;
+    const nb_view *views[1] = {out};
+    nb__cpu_iter_init(&it, 1, views);
+    nb__cpu_iter_run(&it, fn, &c, NB_CPU_GRAIN);
+    return NB_OK;
+}
+
+/* ---- copy with conversion ------------------------------------------------------------- */
+
+/* The conversion of x (source kind f: floating, i: integer or bool) to each
+ * output type. */
+#define CVT_f32(K, x) ((float)(x))
+#define CVT_f64(K, x) ((double)(x))
+#define CVT_i32(K, x) ((int32_t)(x))
+#define CVT_i64(K, x) ((int64_t)(x))
+#define CVT_b8(K, x) ((uint8_t)((x) != 0))
+#define CVT_u8(K, x) CVT_u8_##K(x)
+#define CVT_u8_f(x) ((uint8_t)(int32_t)(x))
+#define CVT_u8_i(x) ((uint8_t)(x))
+
+#define CONV_ROW(TIN, TI, K, TOUT, TO)                                                        \
+    static void conv_##TIN##_##TOUT(void *ctx, int64_t n, char *const *p, const int64_t *s,  \
+                                    int64_t flat)                                            \
+    {                                                                                        \
+        (void)ctx;                                                                           \
+        (void)flat;                                                                          \
+        if (s[0] == (int64_t)sizeof(TO) && s[1] == (int64_t)sizeof(TI)) {                    \
+            TO *restrict o = (TO *)p[0];                                                     \
+            const TI *restrict in = (const TI *)p[1];                                        \
+            for (int64_t i = 0; i < n; i++)                                                  \
+                o[i] = CVT_##TOUT(K, in[i]);                                                 \
+        } else if (s[1] == 0) {                                                              \
+            const TO v = CVT_##TOUT(K, *(const TI *)p[1]);                                   \
+            for (int64_t i = 0; i < n; i++)                                                  \
+                *(TO *)(p[0] + i * s[0]) = v;                                                \
+        } else {                                                                             \
+            for (int64_t i = 0; i < n; i++)                                                  \
+                *(TO *)(p[0] + i * s[0]) = CVT_##TOUT(K, *(const TI *)(p[1] + i * s[1]));    \
+        }                                                                                    \
+    }
+
+#define CONV_FROM(TIN, TI, K)                                                                \
+    CONV_ROW(TIN, TI, K, f32, float)                                                         \
+    CONV_ROW(TIN, TI, K, f64, double)                                                        \
+    CONV_ROW(TIN, TI, K, i32, int32_t)                                                       \
+    CONV_ROW(TIN, TI, K, i64, int64_t)                                                       \
+    CONV_ROW(TIN, TI, K, b8, uint8_t)                                                      \
+    CONV_ROW(TIN, TI, K, u8, uint8_t)
+CONV_FROM(f32, float, f)
+CONV_FROM(f64, double, f)
+CONV_FROM(i32, int32_t, i)
+CONV_FROM(i64, int64_t, i)
+CONV_FROM(b8, uint8_t, i)
+CONV_FROM(u8, uint8_t, i)
+
+#define CONV_TABLE_ROW(TIN)                                                                  \
+    {[NB_F32] = conv_##TIN##_f32, [NB_F64] = conv_##TIN##_f64, [NB_I32] = conv_##TIN##_i32,   \
+     [NB_I64] = conv_##TIN##_i64, [NB_BOOL] = conv_##TIN##_b8, [NB_U8] = conv_##TIN##_u8}
+static const nb_cpu_loop_fn conv_table[NB_DTYPE_COUNT][NB_DTYPE_COUNT] = {
+    [NB_F32] = CONV_TABLE_ROW(f32), [NB_F64] = CONV_TABLE_ROW(f64),
+    [NB_I32] = CONV_TABLE_ROW(i32), [NB_I64] = CONV_TABLE_ROW(i64),
+    [NB_BOOL] = CONV_TABLE_ROW(b8), [NB_U8] = CONV_TABLE_ROW(u8),
+};
+
+/* Same dtype: plain element moves. */
+#define MOVE_ROW(NAME, T)                                                                    \
+    static void NAME(void *ctx, int64_t n, char *const *p, const int64_t *s, int64_t flat)  \
+    {                                                                                        \
+        (void)ctx;                                                                           \
+        (void)flat;                                                                          \
+        if (s[0] == (int64_t)sizeof(T) && s[1] == (int64_t)sizeof(T)) {                      \
+            memcpy(p[0], p[1], (size_t)n * sizeof(T));                                       \
+        } else if (s[1] == 0) {                                                              \
+            const T v = *(const T *)p[1];                                                    \
+            for (int64_t i = 0; i < n; i++)                                                  \
+                *(T *)(p[0] + i * s[0]) = v;                                                 \
+        } else {                                                                             \
+            for (int64_t i = 0; i < n; i++)                                                  \
+                *(T *)(p[0] + i * s[0]) = *(const T *)(p[1] + i * s[1]);                     \
+        }                                                                                    \
+    }
+MOVE_ROW(move_1, uint8_t)
+MOVE_ROW(move_4, uint32_t)
+MOVE_ROW(move_8, uint64_t)
+
+nb_status nb__cpu_copy(nb_device *dev, const nb_view *out, const nb_view *in)
+{
+    if (!cpu_dtype_ok(in->dtype))
+        return nb__cpu_unsupported(dev, "copy", in->dtype);
+    if (!cpu_dtype_ok(out->dtype))
+        return nb__cpu_unsupported(dev, "copy", out->dtype);
+    nb_cpu_loop_fn fn;
+    if (in->dtype == out->dtype || (in->dtype == NB_BOOL && out->dtype == NB_U8)) {
+        int64_t es = nb__cpu_esize(in->dtype);
+        fn = es == 1 ? move_1 : es == 4 ? move_4 : move_8;
+        if (in->contiguous && out->contiguous) {
+            nb__cpu_copy_from_host(dev, out->data, in->data, (size_t)(out->numel * es));
+            return NB_OK;
+        }
+    } else {
+        fn = conv_table[in->dtype][out->dtype];
+    }
+    nb_cpu_iter it;
+    const nb_view *views[2] = {out, in};
+    nb__cpu_iter_init(&it, 2, views);
+    nb__cpu_iter_run(&it, fn, NULL, NB_CPU_GRAIN);
+    return NB_OK;
+}

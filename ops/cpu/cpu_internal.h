@@ -1,0 +1,179 @@
+/* nabla internal — shared pieces of the CPU kernels (ops/cpu).
+ *
+ * Every kernel file includes this header FIRST: with GCC it raises the files'
+ * optimisation to -O3 so that the contiguous loops are vectorised even in a
+ * -O2 (debugoptimized) build, where GCC's "very cheap" cost model would leave
+ * them scalar. Tests include it to reach the built-in matmul and the
+ * allocator's statistics directly. */
+#ifndef NB_CPU_INTERNAL_H
+#define NB_CPU_INTERNAL_H
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__OPTIMIZE__) && !defined(__OPTIMIZE_SIZE__)
+#pragma GCC optimize("O3")
+#endif
+
+#include "lib/core/backend.h"
+
+#include <string.h>
+
+/* Elements below which elementwise work stays on the calling thread; the
+ * cheaper the per-element work, the larger. */
+#define NB_CPU_GRAIN 32768
+#define NB_CPU_GRAIN_HEAVY 4096
+
+/* ---- small helpers ----------------------------------------------------------- */
+
+static inline int64_t nb__cpu_esize(nb_dtype d)
+{
+    switch (d) {
+    case NB_F32: case NB_I32: return 4;
+    case NB_F64: case NB_I64: return 8;
+    case NB_F16: case NB_BF16: return 2;
+    case NB_BOOL: case NB_U8: return 1;
+    default: return 0;
+    }
+}
+
+static inline const char *nb__cpu_dev_name(const nb_device *dev)
+{
+    return dev ? dev->name : "/cpu:0";
+}
+
+/* nb__fail(NB_ERR_DTYPE, "<op>: dtype <d> is not supported on /cpu:0"). */
+nb_status nb__cpu_unsupported(const nb_device *dev, const char *op, nb_dtype d);
+
+/* ---- memory (cpu_memory.c) ---------------------------------------------------- */
+
+/* The caching allocator behind the table's alloc/free: 64-byte aligned blocks in
+ * size classes (4 per power of two), a bounded per-thread cache and a bounded
+ * global one; blocks over 64 MiB go straight to aligned_alloc/free. */
+void *nb__cpu_alloc(nb_device *dev, size_t nbytes);
+void nb__cpu_free(nb_device *dev, void *ptr, size_t nbytes);
+/* The same allocation without recording an error (for worker threads): NULL on failure. */
+void *nb__cpu_alloc_quiet(size_t nbytes);
+typedef struct nb_cpu_alloc_stats {
+    int64_t system_allocs;  /* aligned_alloc calls made so far */
+    int64_t system_frees;
+    int64_t cached_bytes;   /* held by the global cache now (thread caches not counted) */
+} nb_cpu_alloc_stats;
+nb_cpu_alloc_stats nb__cpu_alloc_stats(void);
+/* Returns the calling thread's and the global cache's blocks to the system. */
+void nb__cpu_alloc_trim(void);
+
+/* ---- strided N-d iteration (cpu_iter.c) --------------------------------------- */
+
+#define NB_CPU_MAX_OPS 4
+
+/* Up to NB_CPU_MAX_OPS operands sharing one shape, their dims coalesced (size-1
+ * dims dropped, neighbours merged where every operand allows). ndim >= 1. */
+typedef struct nb_cpu_iter {
+    int ndim, nops;
+    int64_t numel;
+    int64_t shape[NB_MAX_DIMS];
+    int64_t strides[NB_CPU_MAX_OPS][NB_MAX_DIMS];
+    char *data[NB_CPU_MAX_OPS];
+} nb_cpu_iter;
+
+/* The inner loop: n elements along the innermost dim from p[i] with byte
+ * strides s[i]; flat is the row-major index of the first of them. */
+typedef void (*nb_cpu_loop_fn)(void *ctx, int64_t n, char *const *p, const int64_t *s, int64_t flat);
+
+/* views[0] gives the shape; every other view has the same shape. */
+void nb__cpu_iter_init(nb_cpu_iter *it, int nops, const nb_view *const *views);
+/* Runs fn over every element; splits across the thread pool when numel >= 2*grain. */
+void nb__cpu_iter_run(const nb_cpu_iter *it, nb_cpu_loop_fn fn, void *ctx, int64_t grain);
+/* Runs fn over the flat elements [begin, end) only. */
+void nb__cpu_iter_range(const nb_cpu_iter *it, nb_cpu_loop_fn fn, void *ctx, int64_t begin,
+                        int64_t end);
+
+/* Byte offset of element idx (row-major multi-index) of dims [0, ndim) with strides. */
+static inline int64_t nb__cpu_offset(int ndim, const int64_t *idx, const int64_t *strides)
+{
+    int64_t off = 0;
+    for (int d = 0; d < ndim; d++)
+        off += idx[d] * strides[d];
+    return off;
+}
+
+/* Advances a row-major multi-index over dims [0, ndim) of shape, keeping the byte
+ * offsets of nops operands in step. */
+static inline void nb__cpu_index_next(int ndim, const int64_t *shape, int64_t *idx, int nops,
+                                      int64_t *off, const int64_t (*strides)[NB_MAX_DIMS])
+{
+    for (int d = ndim - 1; d >= 0; d--) {
+        idx[d]++;
+        for (int o = 0; o < nops; o++)
+            off[o] += strides[o][d];
+        if (idx[d] < shape[d])
+            return;
+        for (int o = 0; o < nops; o++)
+            off[o] -= shape[d] * strides[o][d];
+        idx[d] = 0;
+    }
+}
+
+/* ---- matmul (cpu_gemm.c) ----------------------------------------------------- */
+
+/* C[M,N] = A[M,K] @ B[K,N] with element strides (rs*, cs*) for each operand, by
+ * the built-in cache-blocked, register-tiled kernel (AVX2/FMA when the CPU has
+ * it, portable vector code otherwise); splits across the pool when large.
+ * Returns NB_OK or NB_ERR_OUT_OF_MEMORY (packing buffers). */
+nb_status nb__cpu_gemm_f32(int64_t M, int64_t N, int64_t K, const float *A, int64_t rsa,
+                           int64_t csa, const float *B, int64_t rsb, int64_t csb, float *C,
+                           int64_t rsc, int64_t csc);
+nb_status nb__cpu_gemm_f64(int64_t M, int64_t N, int64_t K, const double *A, int64_t rsa,
+                           int64_t csa, const double *B, int64_t rsb, int64_t csb, double *C,
+                           int64_t rsc, int64_t csc);
+/* Which micro-kernel the built-in gemm uses: "avx512", "avx2" or "generic". */
+const char *nb__cpu_gemm_kernel_name(void);
+/* Makes the built-in gemm use the named micro-kernel if this CPU runs it (for
+ * tests; not thread-safe); returns whether it does now. */
+bool nb__cpu_gemm_use_kernel(const char *name);
+
+/* The table's matmul (cpu_matmul.c), and the same forced onto the built-in path
+ * (for tests and machines without CBLAS). */
+nb_status nb__cpu_matmul(nb_device *dev, const nb_view *out, const nb_view *a, const nb_view *b);
+nb_status nb__cpu_matmul_builtin(nb_device *dev, const nb_view *out, const nb_view *a,
+                                 const nb_view *b);
+
+/* ---- the other table entries -------------------------------------------------- */
+
+nb_status nb__cpu_copy_from_host(nb_device *dev, void *dst, const void *src, size_t nbytes);
+nb_status nb__cpu_copy_to_host(nb_device *dev, void *dst, const void *src, size_t nbytes);
+nb_status nb__cpu_copy_between(nb_device *dev, void *dst, nb_device *src_dev, const void *src,
+                               size_t nbytes);
+nb_status nb__cpu_synchronize(nb_device *dev);
+
+nb_status nb__cpu_fill(nb_device *dev, const nb_view *out, double value);
+nb_status nb__cpu_arange(nb_device *dev, const nb_view *out, double start, double step);
+nb_status nb__cpu_random(nb_device *dev, const nb_view *out, nb_random_dist dist, double a,
+                         double b, uint64_t seed);
+nb_status nb__cpu_copy(nb_device *dev, const nb_view *out, const nb_view *in);
+nb_status nb__cpu_unary(nb_device *dev, nb_unary_op op, const nb_view *out, const nb_view *x,
+                        double alpha);
+nb_status nb__cpu_binary(nb_device *dev, nb_binary_op op, const nb_view *out, const nb_view *a,
+                         const nb_view *b);
+nb_status nb__cpu_where(nb_device *dev, const nb_view *out, const nb_view *cond,
+                        const nb_view *a, const nb_view *b);
+nb_status nb__cpu_reduce(nb_device *dev, nb_reduce_op op, const nb_view *out, const nb_view *x);
+nb_status nb__cpu_arg_reduce(nb_device *dev, bool is_max, const nb_view *out, const nb_view *x,
+                             int axis);
+nb_status nb__cpu_softmax(nb_device *dev, bool log, const nb_view *out, const nb_view *x);
+nb_status nb__cpu_gather(nb_device *dev, const char *op, const nb_view *out,
+                         const nb_view *params, const nb_view *indices);
+nb_status nb__cpu_scatter_add(nb_device *dev, const char *op, const nb_view *out,
+                              const nb_view *indices, const nb_view *updates);
+nb_status nb__cpu_one_hot(nb_device *dev, const nb_view *out, const nb_view *indices, double on,
+                          double off);
+nb_status nb__cpu_sgd_update(nb_device *dev, const nb_view *param, const nb_view *grad,
+                             const nb_view *slot1, const nb_update_params *p);
+nb_status nb__cpu_adam_update(nb_device *dev, const nb_view *param, const nb_view *grad,
+                              const nb_view *slot1, const nb_view *slot2,
+                              const nb_update_params *p);
+
+/* Philox4x32-10 (cpu_random.c): the uniform double in [0, 1) and the standard
+ * normal that element i of a random tensor with seed draws on its first try. */
+double nb__cpu_philox_uniform(uint64_t seed, uint64_t i);
+double nb__cpu_philox_normal(uint64_t seed, uint64_t i, uint32_t trial);
+
+#endif

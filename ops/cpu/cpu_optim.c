@@ -1,0 +1,139 @@
+/* Fused optimizer updates (f32, f64; param, grad and slots contiguous, one dtype).
+ * sgd:  g' = g + weight_decay * p (when weight_decay != 0);
+ *       with a momentum slot: m = momentum * m + g'; p -= lr * (nesterov ?
+ *       g' + momentum * m : m); without one: p -= lr * g'.
+ * adam: m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; mhat = m / (1 - b1^t),
+ *       vhat = v / (1 - b2^t); p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p)
+ *       (decoupled, AdamW, decay). step < 1 counts as 1. f32 works in float. */
+#include "cpu_internal.h"
+
+#include <math.h>
+
+typedef struct opt_job {
+    char *p;
+    const char *g;
+    char *m, *v;
+    double lr, mom, wd, b1, b2, eps, bc1, bc2;
+    bool nesterov;
+} opt_job;
+
+#define SGD_IMPL(NAME, T, SQRT)                                                               \
+    static void NAME(void *ctx, int64_t b, int64_t e)                                         \
+    {                                                                                         \
+        const opt_job *j = ctx;                                                               \
+        T *restrict p = (T *)j->p;                                                            \
+        const T *restrict g = (const T *)j->g;                                                \
+        T *restrict m = (T *)j->m;                                                            \
+        const T lr = (T)j->lr, mom = (T)j->mom, wd = (T)j->wd;                                \
+        if (!m) {                                                                             \
+            for (int64_t i = b; i < e; i++)                                                   \
+                p[i] -= lr * (g[i] + wd * p[i]);                                              \
+        } else if (j->nesterov) {                                                             \
+            for (int64_t i = b; i < e; i++) {                                                 \
+                const T gi = g[i] + wd * p[i];                                                \
+                const T mi = mom * m[i] + gi;                                                 \
+                m[i] = mi;                                                                    \
+                p[i] -= lr * (gi + mom * mi);                                                 \
+            }                                                                                 \
+        } else {                                                                              \
+            for (int64_t i = b; i < e; i++) {                                                 \
+                const T mi = mom * m[i] + g[i] + wd * p[i];                                   \
+                m[i] = mi;                                                                    \
+                p[i] -= lr * mi;                                                              \
+            }                                                                                 \
+        }                                                                                     \
+    }                                                                                         \
+    static void NAME##_adam(void *ctx, int64_t b, int64_t e)                                  \
+    {                                                                                         \
+        const opt_job *j = ctx;                                                               \
+        T *restrict p = (T *)j->p;                                                            \
+        const T *restrict g = (const T *)j->g;                                                \
+        T *restrict m = (T *)j->m, *restrict v = (T *)j->v;                                   \
+        const T lr = (T)j->lr, wd = (T)j->wd, b1 = (T)j->b1, b2 = (T)j->b2, eps = (T)j->eps;  \
+        const T c1 = (T)(1 - j->b1), c2 = (T)(1 - j->b2), bc1 = (T)j->bc1, bc2 = (T)j->bc2;   \
+        for (int64_t i = b; i < e; i++) {                                                     \
+            const T gi = g[i];                                                                \
+            const T mi = b1 * m[i] + c1 * gi;                                                 \
+            const T vi = b2 * v[i] + c2 * gi * gi;                                            \
+            m[i] = mi;                                                                        \
+            v[i] = vi;                                                                        \
+            p[i] -= lr * (mi * bc1 / (SQRT(vi * bc2) + eps) + wd * p[i]);                     \
+        }                                                                                     \
+    }
+SGD_IMPL(sgd_f32, float, sqrtf)
+SGD_IMPL(sgd_f64, double, sqrt)
+
+static nb_status check_same(const char *op, const nb_view *param, const nb_view *other,
+                            const char *what)
+{
+    if (other->dtype != param->dtype)
+        return nb__fail(NB_ERR_DTYPE, "%s: %s dtype %s differs from the parameter's %s", op, what,
+                        nb_dtype_name(other->dtype), nb_dtype_name(param->dtype));
+    if (other->numel != param->numel)
+        return nb__fail(NB_ERR_SHAPE, "%s: %s has %lld elements, the parameter %lld", op, what,
+                        (long long)other->numel, (long long)param->numel);
+    if (!other->contiguous)
+        return nb__fail(NB_ERR_INTERNAL, "%s: the CPU kernel needs a contiguous %s", op, what);
+    return NB_OK;
+}
+
+static void run(nb_range_fn fn, opt_job *j, int64_t n)
+{
+    if (n < 2 * NB_CPU_GRAIN)
+        fn(j, 0, n);
+    else
+        nb__parallel_for(n, NB_CPU_GRAIN, fn, j);
+}
+
+nb_status nb__cpu_sgd_update(nb_device *dev, const nb_view *param, const nb_view *grad,
+                             const nb_view *slot1, const nb_update_params *p)
+{
+    if (param->dtype != NB_F32 && param->dtype != NB_F64)
+        return nb__cpu_unsupported(dev, "sgd_update", param->dtype);
+    nb_status st;
+    if ((st = check_same("sgd_update", param, param, "parameter")) ||
+        (st = check_same("sgd_update", param, grad, "gradient")) ||
+        (slot1 && (st = check_same("sgd_update", param, slot1, "momentum slot"))))
+        return st;
+    opt_job j = {0};
+    j.p = param->data;
+    j.g = grad->data;
+    j.m = slot1 ? slot1->data : NULL;
+    j.lr = p->lr;
+    j.mom = p->momentum;
+    j.wd = p->weight_decay;
+    j.nesterov = p->nesterov;
+    run(param->dtype == NB_F32 ? sgd_f32 : sgd_f64, &j, param->numel);
+    return NB_OK;
+}
+
+nb_status nb__cpu_adam_update(nb_device *dev, const nb_view *param, const nb_view *grad,
+                              const nb_view *slot1, const nb_view *slot2,
+                              const nb_update_params *p)
+{
+    if (param->dtype != NB_F32 && param->dtype != NB_F64)
+        return nb__cpu_unsupported(dev, "adam_update", param->dtype);
+    if (!slot1 || !slot2)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "adam_update: both slots are needed");
+    nb_status st;
+    if ((st = check_same("adam_update", param, param, "parameter")) ||
+        (st = check_same("adam_update", param, grad, "gradient")) ||
+        (st = check_same("adam_update", param, slot1, "first-moment slot")) ||
+        (st = check_same("adam_update", param, slot2, "second-moment slot")))
+        return st;
+    double t = p->step < 1 ? 1.0 : (double)p->step;
+    opt_job j = {0};
+    j.p = param->data;
+    j.g = grad->data;
+    j.m = slot1->data;
+    j.v = slot2->data;
+    j.lr = p->lr;
+    j.wd = p->weight_decay;
+    j.b1 = p->beta1;
+    j.b2 = p->beta2;
+    j.eps = p->epsilon;
+    j.bc1 = 1.0 / (1.0 - pow(p->beta1, t));
+    j.bc2 = 1.0 / (1.0 - pow(p->beta2, t));
+    run(param->dtype == NB_F32 ? sgd_f32_adam : sgd_f64_adam, &j, param->numel);
+    return NB_OK;
+}

@@ -1,0 +1,400 @@
+/* Reductions: reduce (SUM MEAN MAX MIN PROD) and arg_reduce.
+ *
+ * reduce: f32, f64, i32, i64 (out has x's dtype). f32 sums and products
+ * accumulate in double (eight lanes, so they vectorise); integer sums and
+ * products in wrapping 64-bit; float MAX/MIN propagate NaN; integer MEAN
+ * truncates. The reduced dims (out size 1, x size > 1) and the kept dims are
+ * coalesced separately; then either
+ *  - each output element reduces runs along the innermost reduced dim, or
+ *  - when the innermost kept dim is contiguous and the reduced one is not
+ *    (column sums such as a bias gradient), tiles of up to 256 outputs
+ *    accumulate row by row, which vectorises across the outputs.
+ * Large work splits over output elements, or, for a full reduction, over fixed
+ * chunks of the input whose partials combine in a fixed order (so the result
+ * does not depend on the number of threads).
+ *
+ * arg_reduce: f32, f64, i32, i64, bool, u8 -> i64, index of the first max/min
+ * (a NaN counts as the extreme: the first NaN wins). */
+#include "cpu_internal.h"
+
+#include <math.h>
+
+#define RED_TILE 256
+#define RED_MAX_PARTIALS 64
+
+typedef struct red_plan {
+    int nk, nr;
+    int64_t kshape[NB_MAX_DIMS];
+    int64_t kst[2][NB_MAX_DIMS]; /* kept dims: [0] x strides, [1] out strides */
+    int64_t rshape[NB_MAX_DIMS];
+    int64_t rst[1][NB_MAX_DIMS]; /* reduced dims: x strides */
+    int64_t knumel, rnumel;
+    const char *x;
+    char *out;
+    bool mean;
+} red_plan;
+
+/* ---- one macro stamps out every (op, dtype) ------------------------------------ */
+
+#define RED_IMPL(NAME, T, ACC, INIT, COMB, MEANDIV)                                           \
+    /* n elements from p with byte stride s */                                                \
+    static inline ACC NAME##_run(const char *p, int64_t n, int64_t s)                         \
+    {                                                                                         \
+        ACC r = INIT;                                                                         \
+        if (s == (int64_t)sizeof(T)) {                                                        \
+            const T *restrict x = (const T *)p;                                               \
+            ACC a[8] = {INIT, INIT, INIT, INIT, INIT, INIT, INIT, INIT};                      \
+            int64_t i = 0;                                                                    \
+            for (; i + 8 <= n; i += 8)                                                        \
+                for (int j = 0; j < 8; j++)                                                   \
+                    a[j] = COMB(a[j], (ACC)x[i + j]);                                         \
+            for (int j = 0; j < 8; j++)                                                       \
+                r = COMB(r, a[j]);                                                            \
+            for (; i < n; i++)                                                                \
+                r = COMB(r, (ACC)x[i]);                                                       \
+        } else {                                                                              \
+            for (int64_t i = 0; i < n; i++)                                                   \
+                r = COMB(r, (ACC) * (const T *)(p + i * s));                                  \
+        }                                                                                     \
+        return r;                                                                             \
+    }                                                                                         \
+    /* the reduced elements [b, e) (row-major over the reduced dims) from base */             \
+    static ACC NAME##_range(const red_plan *pl, const char *base, int64_t b, int64_t e)       \
+    {                                                                                         \
+        const int nr = pl->nr;                                                                \
+        const int64_t inner = pl->rshape[nr - 1], sin = pl->rst[0][nr - 1];                   \
+        if (nr == 1)                                                                          \
+            return NAME##_run(base + b * sin, e - b, sin);                                    \
+        ACC acc = INIT;                                                                       \
+        int64_t idx[NB_MAX_DIMS], off[1], row = b / inner, pos = b % inner;                   \
+        for (int d = nr - 2; d >= 0; d--) {                                                   \
+            idx[d] = row % pl->rshape[d];                                                     \
+            row /= pl->rshape[d];                                                             \
+        }                                                                                     \
+        off[0] = nb__cpu_offset(nr - 1, idx, pl->rst[0]);                                     \
+        for (int64_t f = b; f < e;) {                                                         \
+            int64_t n = inner - pos < e - f ? inner - pos : e - f;                            \
+            acc = COMB(acc, NAME##_run(base + off[0] + pos * sin, n, sin));                   \
+            f += n;                                                                           \
+            pos = 0;                                                                          \
+            if (f < e)                                                                        \
+                nb__cpu_index_next(nr - 1, pl->rshape, idx, 1, off, pl->rst);                 \
+        }                                                                                     \
+        return acc;                                                                           \
+    }                                                                                         \
+    static inline void NAME##_store(const red_plan *pl, char *o, ACC acc)                     \
+    {                                                                                         \
+        *(T *)o = (T)(pl->mean ? MEANDIV(acc, pl->rnumel) : acc);                             \
+    }                                                                                         \
+    /* output elements [b, e), one run-wise reduction each */                                 \
+    static void NAME##_outs(void *ctx, int64_t b, int64_t e)                                  \
+    {                                                                                         \
+        const red_plan *pl = ctx;                                                             \
+        int64_t idx[NB_MAX_DIMS], off[2], rest = b;                                           \
+        for (int d = pl->nk - 1; d >= 0; d--) {                                               \
+            idx[d] = rest % pl->kshape[d];                                                    \
+            rest /= pl->kshape[d];                                                            \
+        }                                                                                     \
+        off[0] = nb__cpu_offset(pl->nk, idx, pl->kst[0]);                                     \
+        off[1] = nb__cpu_offset(pl->nk, idx, pl->kst[1]);                                     \
+        for (int64_t f = b; f < e; f++) {                                                     \
+            NAME##_store(pl, pl->out + off[1], NAME##_range(pl, pl->x + off[0], 0, pl->rnumel)); \
+            if (f + 1 < e)                                                                    \
+                nb__cpu_index_next(pl->nk, pl->kshape, idx, 2, off, pl->kst);                 \
+        }                                                                                     \
+    }                                                                                         \
+    /* column tiles [b, e): up to RED_TILE contiguous outputs accumulated row by row */       \
+    static void NAME##_cols(void *ctx, int64_t b, int64_t e)                                  \
+    {                                                                                         \
+        const red_plan *pl = ctx;                                                             \
+        const int nk = pl->nk, nr = pl->nr;                                                   \
+        const int64_t kin = pl->kshape[nk - 1], ntiles = (kin + RED_TILE - 1) / RED_TILE;     \
+        const int64_t rin = pl->rshape[nr - 1], sin = pl->rst[0][nr - 1];                     \
+        ACC acc[RED_TILE];                                                                    \
+        for (int64_t u = b; u < e; u++) {                                                     \
+            int64_t outer = u / ntiles, t = u % ntiles, idx[NB_MAX_DIMS];                     \
+            for (int d = nk - 2; d >= 0; d--) {                                               \
+                idx[d] = outer % pl->kshape[d];                                               \
+                outer /= pl->kshape[d];                                                       \
+            }                                                                                 \
+            int64_t j0 = t * RED_TILE, w = kin - j0 < RED_TILE ? kin - j0 : RED_TILE;         \
+            const char *xb = pl->x + nb__cpu_offset(nk - 1, idx, pl->kst[0]) + j0 * (int64_t)sizeof(T); \
+            T *o = (T *)(pl->out + nb__cpu_offset(nk - 1, idx, pl->kst[1])) + j0;             \
+            for (int64_t j = 0; j < w; j++)                                                   \
+                acc[j] = INIT;                                                                \
+            int64_t ridx[NB_MAX_DIMS] = {0}, roff[1] = {0};                                   \
+            int64_t nouter = pl->rnumel / rin;                                                \
+            for (int64_t r = 0; r < nouter; r++) {                                            \
+                for (int64_t ri = 0; ri < rin; ri++) {                                        \
+                    const T *restrict xr = (const T *)(xb + roff[0] + ri * sin);              \
+                    for (int64_t j = 0; j < w; j++)                                           \
+                        acc[j] = COMB(acc[j], (ACC)xr[j]);                                    \
+                }                                                                             \
+                if (r + 1 < nouter)                                                           \
+                    nb__cpu_index_next(nr - 1, pl->rshape, ridx, 1, roff, pl->rst);           \
+            }                                                                                 \
+            for (int64_t j = 0; j < w; j++)                                                   \
+                NAME##_store(pl, (char *)(o + j), acc[j]);                                    \
+        }                                                                                     \
+    }                                                                                         \
+    typedef struct NAME##_partials {                                                          \
+        const red_plan *pl;                                                                   \
+        int64_t parts;                                                                        \
+        ACC part[RED_MAX_PARTIALS];                                                           \
+    } NAME##_partials;                                                                        \
+    static void NAME##_part(void *ctx, int64_t b, int64_t e)                                  \
+    {                                                                                         \
+        NAME##_partials *pp = ctx;                                                            \
+        const int64_t rn = pp->pl->rnumel;                                                    \
+        for (int64_t c = b; c < e; c++)                                                       \
+            pp->part[c] = NAME##_range(pp->pl, pp->pl->x, rn * c / pp->parts,                 \
+                                       rn * (c + 1) / pp->parts);                             \
+    }                                                                                         \
+    static void NAME(const red_plan *pl, bool cols)                                           \
+    {                                                                                         \
+        const int64_t total = pl->knumel * pl->rnumel;                                        \
+        if (cols) {                                                                           \
+            const int64_t kin = pl->kshape[pl->nk - 1];                                       \
+            const int64_t units = pl->knumel / kin * ((kin + RED_TILE - 1) / RED_TILE);       \
+            const int64_t per = total / units + 1;                                            \
+            if (total < 2 * NB_CPU_GRAIN)                                                     \
+                NAME##_cols((void *)pl, 0, units);                                            \
+            else                                                                              \
+                nb__parallel_for(units, NB_CPU_GRAIN / per + 1, NAME##_cols, (void *)pl);     \
+        } else if (pl->knumel == 1 && pl->rnumel >= 2 * NB_CPU_GRAIN) {                       \
+            NAME##_partials pp;                                                               \
+            pp.pl = pl;                                                                       \
+            pp.parts = pl->rnumel / NB_CPU_GRAIN;                                             \
+            if (pp.parts > RED_MAX_PARTIALS)                                                  \
+                pp.parts = RED_MAX_PARTIALS;                                                  \
+            nb__parallel_for(pp.parts, 1, NAME##_part, &pp);                                  \
+            ACC acc = INIT;                                                                   \
+            for (int64_t c = 0; c < pp.parts; c++)                                            \
+                acc = COMB(acc, pp.part[c]);                                                  \
+            NAME##_store(pl, pl->out, acc);                                                   \
+        } else if (total < 2 * NB_CPU_GRAIN) {                                                \
+            NAME##_outs((void *)pl, 0, pl->knumel);                                           \
+        } else {                                                                              \
+            nb__parallel_for(pl->knumel, NB_CPU_GRAIN / (pl->rnumel + 1) + 1, NAME##_outs,    \
+                             (void *)pl);                                                     \
+        }                                                                                     \
+    }
+
+#define ADD(a, v) ((a) + (v))
+#define MUL(a, v) ((a) * (v))
+#define FMAX(a, v) (((v) > (a) || (v) != (v)) ? (v) : (a))
+#define FMIN(a, v) (((v) < (a) || (v) != (v)) ? (v) : (a))
+#define IMAX(a, v) ((v) > (a) ? (v) : (a))
+#define IMIN(a, v) ((v) < (a) ? (v) : (a))
+#define UADD(a, v) ((int64_t)((uint64_t)(a) + (uint64_t)(v)))
+#define UMUL(a, v) ((int64_t)((uint64_t)(a) * (uint64_t)(v)))
+#define FDIV(acc, n) ((acc) / (double)(n))
+#define IDIV(acc, n) ((n) ? (acc) / (int64_t)(n) : 0)
+
+RED_IMPL(red_sum_f32, float, double, 0.0, ADD, FDIV)
+RED_IMPL(red_sum_f64, double, double, 0.0, ADD, FDIV)
+RED_IMPL(red_sum_i32, int32_t, int64_t, 0, UADD, IDIV)
+RED_IMPL(red_sum_i64, int64_t, int64_t, 0, UADD, IDIV)
+RED_IMPL(red_prod_f32, float, double, 1.0, MUL, FDIV)
+RED_IMPL(red_prod_f64, double, double, 1.0, MUL, FDIV)
+RED_IMPL(red_prod_i32, int32_t, int64_t, 1, UMUL, IDIV)
+RED_IMPL(red_prod_i64, int64_t, int64_t, 1, UMUL, IDIV)
+RED_IMPL(red_max_f32, float, float, -INFINITY, FMAX, FDIV)
+RED_IMPL(red_max_f64, double, double, -INFINITY, FMAX, FDIV)
+RED_IMPL(red_max_i32, int32_t, int32_t, INT32_MIN, IMAX, IDIV)
+RED_IMPL(red_max_i64, int64_t, int64_t, INT64_MIN, IMAX, IDIV)
+RED_IMPL(red_min_f32, float, float, INFINITY, FMIN, FDIV)
+RED_IMPL(red_min_f64, double, double, INFINITY, FMIN, FDIV)
+RED_IMPL(red_min_i32, int32_t, int32_t, INT32_MAX, IMIN, IDIV)
+RED_IMPL(red_min_i64, int64_t, int64_t, INT64_MAX, IMIN, IDIV)
+
+typedef void (*red_fn)(const red_plan *pl, bool cols);
+#define RED_ENTRY(OP, name)                                                                   \
+    [OP] = {[NB_F32] = red_##name##_f32, [NB_F64] = red_##name##_f64,                         \
+            [NB_I32] = red_##name##_i32, [NB_I64] = red_##name##_i64}
+static const red_fn red_table[5][NB_DTYPE_COUNT] = {
+    RED_ENTRY(NB_RED_SUM, sum), RED_ENTRY(NB_RED_MEAN, sum), RED_ENTRY(NB_RED_MAX, max),
+    RED_ENTRY(NB_RED_MIN, min), RED_ENTRY(NB_RED_PROD, prod),
+};
+static const char *const red_names[5] = {"sum", "mean", "max", "min", "prod"};
+
+nb_status nb__cpu_reduce(nb_device *dev, nb_reduce_op op, const nb_view *out, const nb_view *x)
+{
+    if ((unsigned)op > NB_RED_PROD)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "reduce: unknown op %d", (int)op);
+    red_fn fn = (unsigned)x->dtype < NB_DTYPE_COUNT ? red_table[op][x->dtype] : NULL;
+    if (!fn)
+        return nb__cpu_unsupported(dev, red_names[op], x->dtype);
+    if (out->dtype != x->dtype)
+        return nb__fail(NB_ERR_DTYPE, "%s: output dtype %s differs from input dtype %s",
+                        red_names[op], nb_dtype_name(out->dtype), nb_dtype_name(x->dtype));
+    if (out->ndim != x->ndim)
+        return nb__fail(NB_ERR_SHAPE, "%s: output has %d dims, input %d", red_names[op],
+                        out->ndim, x->ndim);
+    if (out->numel == 0)
+        return NB_OK;
+    red_plan pl;
+    pl.nk = pl.nr = 0;
+    pl.knumel = pl.rnumel = 1;
+    pl.x = (const char *)x->data;
+    pl.out = (char *)out->data;
+    pl.mean = op == NB_RED_MEAN;
+    for (int d = 0; d < x->ndim; d++) {
+        int64_t size = x->shape[d], xs = x->strides[d];
+        if (size == 1)
+            continue;
+        if (out->shape[d] == 1) {
+            pl.rnumel *= size;
+            if (pl.nr > 0 && pl.rst[0][pl.nr - 1] == xs * size) {
+                pl.rshape[pl.nr - 1] *= size;
+                pl.rst[0][pl.nr - 1] = xs;
+            } else {
+                pl.rshape[pl.nr] = size;
+                pl.rst[0][pl.nr++] = xs;
+            }
+        } else {
+            if (out->shape[d] != size)
+                return nb__fail(NB_ERR_SHAPE, "%s: output dim %d is %lld, input's %lld",
+                                red_names[op], d, (long long)out->shape[d], (long long)size);
+            int64_t os = out->strides[d];
+            pl.knumel *= size;
+            if (pl.nk > 0 && pl.kst[0][pl.nk - 1] == xs * size &&
+                pl.kst[1][pl.nk - 1] == os * size) {
+                pl.kshape[pl.nk - 1] *= size;
+                pl.kst[0][pl.nk - 1] = xs;
+                pl.kst[1][pl.nk - 1] = os;
+            } else {
+                pl.kshape[pl.nk] = size;
+                pl.kst[0][pl.nk] = xs;
+                pl.kst[1][pl.nk++] = os;
+            }
+        }
+    }
+    const int64_t es = nb__cpu_esize(x->dtype);
+    if (pl.nk == 0) {
+        pl.nk = 1;
+        pl.kshape[0] = 1;
+        pl.kst[0][0] = pl.kst[1][0] = 0;
+    }
+    if (pl.nr == 0) {
+        pl.nr = 1;
+        pl.rshape[0] = 1;
+        pl.rst[0][0] = es;
+    }
+    if (pl.rnumel == 0) { /* an empty reduction: the identity everywhere */
+        pl.nr = 1;
+        pl.rshape[0] = 0;
+        pl.rst[0][0] = es;
+    }
+    bool cols = pl.rst[0][pl.nr - 1] != es && pl.rnumel > 1 && pl.kst[0][pl.nk - 1] == es &&
+                pl.kst[1][pl.nk - 1] == es && pl.kshape[pl.nk - 1] >= 4;
+    fn(&pl, cols);
+    return NB_OK;
+}
+
+/* ---- arg_reduce ------------------------------------------------------------------------- */
+
+typedef struct arg_plan {
+    int nk;
+    int64_t kshape[NB_MAX_DIMS];
+    int64_t kst[2][NB_MAX_DIMS];
+    int64_t len, stride; /* along the axis */
+    const char *x;
+    char *out;
+} arg_plan;
+
+#define ARG_IMPL(NAME, T, BETTER)                                                             \
+    static void NAME(void *ctx, int64_t b, int64_t e)                                         \
+    {                                                                                         \
+        const arg_plan *pl = ctx;                                                             \
+        int64_t idx[NB_MAX_DIMS], off[2], rest = b;                                           \
+        for (int d = pl->nk - 1; d >= 0; d--) {                                               \
+            idx[d] = rest % pl->kshape[d];                                                    \
+            rest /= pl->kshape[d];                                                            \
+        }                                                                                     \
+        off[0] = nb__cpu_offset(pl->nk, idx, pl->kst[0]);                                     \
+        off[1] = nb__cpu_offset(pl->nk, idx, pl->kst[1]);                                     \
+        const int64_t len = pl->len, s = pl->stride;                                          \
+        for (int64_t f = b; f < e; f++) {                                                     \
+            const char *p = pl->x + off[0];                                                   \
+            T best = *(const T *)p;                                                           \
+            int64_t bi = 0;                                                                   \
+            for (int64_t i = 1; i < len; i++) {                                               \
+                const T v = *(const T *)(p + i * s);                                          \
+                if (BETTER(v, best)) {                                                        \
+                    best = v;                                                                 \
+                    bi = i;                                                                   \
+                }                                                                             \
+            }                                                                                 \
+            *(int64_t *)(pl->out + off[1]) = bi;                                              \
+            if (f + 1 < e)                                                                    \
+                nb__cpu_index_next(pl->nk, pl->kshape, idx, 2, off, pl->kst);                 \
+        }                                                                                     \
+    }
+#define FGT(v, best) ((v) > (best) || ((v) != (v) && (best) == (best)))
+#define FLT(v, best) ((v) < (best) || ((v) != (v) && (best) == (best)))
+#define IGT(v, best) ((v) > (best))
+#define ILT(v, best) ((v) < (best))
+ARG_IMPL(argmax_f32, float, FGT)
+ARG_IMPL(argmax_f64, double, FGT)
+ARG_IMPL(argmax_i32, int32_t, IGT)
+ARG_IMPL(argmax_i64, int64_t, IGT)
+ARG_IMPL(argmax_u8, uint8_t, IGT)
+ARG_IMPL(argmin_f32, float, FLT)
+ARG_IMPL(argmin_f64, double, FLT)
+ARG_IMPL(argmin_i32, int32_t, ILT)
+ARG_IMPL(argmin_i64, int64_t, ILT)
+ARG_IMPL(argmin_u8, uint8_t, ILT)
+
+static const nb_range_fn arg_table[2][NB_DTYPE_COUNT] = {
+    {[NB_F32] = argmin_f32, [NB_F64] = argmin_f64, [NB_I32] = argmin_i32,
+     [NB_I64] = argmin_i64, [NB_BOOL] = argmin_u8, [NB_U8] = argmin_u8},
+    {[NB_F32] = argmax_f32, [NB_F64] = argmax_f64, [NB_I32] = argmax_i32,
+     [NB_I64] = argmax_i64, [NB_BOOL] = argmax_u8, [NB_U8] = argmax_u8},
+};
+
+nb_status nb__cpu_arg_reduce(nb_device *dev, bool is_max, const nb_view *out, const nb_view *x,
+                             int axis)
+{
+    const char *name = is_max ? "argmax" : "argmin";
+    nb_range_fn fn = (unsigned)x->dtype < NB_DTYPE_COUNT ? arg_table[is_max][x->dtype] : NULL;
+    if (!fn)
+        return nb__cpu_unsupported(dev, name, x->dtype);
+    if (out->dtype != NB_I64)
+        return nb__fail(NB_ERR_DTYPE, "%s: output dtype %s is not i64", name,
+                        nb_dtype_name(out->dtype));
+    if (axis < 0)
+        axis += x->ndim;
+    if (axis < 0 || axis >= x->ndim || out->ndim != x->ndim)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: axis %d out of range for %d dims", name,
+                        axis, x->ndim);
+    if (out->numel == 0)
+        return NB_OK;
+    if (x->shape[axis] == 0)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: axis %d is empty", name, axis);
+    arg_plan pl;
+    pl.nk = 0;
+    pl.len = x->shape[axis];
+    pl.stride = x->strides[axis];
+    pl.x = (const char *)x->data;
+    pl.out = (char *)out->data;
+    int64_t kn = 1;
+    for (int d = 0; d < x->ndim; d++) {
+        if (d == axis || x->shape[d] == 1)
+            continue;
+        pl.kshape[pl.nk] = x->shape[d];
+        pl.kst[0][pl.nk] = x->strides[d];
+        pl.kst[1][pl.nk++] = out->strides[d];
+        kn *= x->shape[d];
+    }
+    if (pl.nk == 0) {
+        pl.nk = 1;
+        pl.kshape[0] = 1;
+        pl.kst[0][0] = pl.kst[1][0] = 0;
+    }
+    if (kn * pl.len < 2 * NB_CPU_GRAIN)
+        fn(&pl, 0, kn);
+    else
+        nb__parallel_for(kn, NB_CPU_GRAIN / pl.len + 1, fn, &pl);
+    return NB_OK;
+}
