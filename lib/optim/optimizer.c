@@ -1,0 +1,337 @@
+/* Optimizers: SGD, SGD with (Nesterov) momentum, Adam and AdamW.
+ *
+ * An optimizer keeps its hyper-parameters, the number of apply calls, and per
+ * variable its slot tensors (the momentum buffer, or Adam's m and v), allocated
+ * zero-filled on the variable's device the first time the variable is updated.
+ * Slots are keyed on the variable's unique id, never on its address (a freed
+ * variable's address may come back for a new one). The update itself is one
+ * fused kernel of the variable's device, run in place on the variable's value
+ * once it is safe to write (see nb__variable_writable). Nothing is recorded on
+ * tapes. */
+#include "lib/core/backend.h"
+#include "lib/variable/variable_impl.h"
+#include "ops/op.h"
+#include "tape/record.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum opt_kind { OPT_SGD, OPT_MOMENTUM, OPT_ADAM } opt_kind;
+
+typedef struct slot_entry {
+    uint64_t uid; /* 0: empty */
+    nb_tensor *s1, *s2;
+} slot_entry;
+
+struct nb_optimizer {
+    opt_kind kind;
+    nb_update_params params;
+    int64_t iterations;
+    slot_entry *slots; /* open addressing on uid; capacity a power of two */
+    size_t cap, count;
+};
+
+/* ---- construction --------------------------------------------------------------- */
+
+static bool check_rate(const char *who, double lr)
+{
+    if (lr >= 0 && isfinite(lr))
+        return true;
+    nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: learning rate is %g; expected a finite value >= 0", who, lr);
+    return false;
+}
+
+static bool check_nonneg(const char *who, const char *what, double x)
+{
+    if (x >= 0 && isfinite(x))
+        return true;
+    nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: %s is %g; expected a finite value >= 0", who, what, x);
+    return false;
+}
+
+static bool check_beta(const char *who, const char *what, double b)
+{
+    if (b >= 0 && b < 1)
+        return true;
+    nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: %s is %g; expected a value in [0, 1)", who, what, b);
+    return false;
+}
+
+static nb_optimizer *optimizer_new(const char *who, opt_kind kind, nb_update_params p)
+{
+    nb_optimizer *opt = calloc(1, sizeof *opt);
+    if (!opt)
+        return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+    opt->kind = kind;
+    opt->params = p;
+    return opt;
+}
+
+nb_optimizer *nb_sgd_new(double learning_rate)
+{
+    const char *who = "nb_sgd_new";
+    if (!check_rate(who, learning_rate))
+        return NULL;
+    return optimizer_new(who, OPT_SGD, (nb_update_params){.lr = learning_rate});
+}
+
+nb_optimizer *nb_sgd_momentum_new(double learning_rate, double momentum, bool nesterov)
+{
+    const char *who = "nb_sgd_momentum_new";
+    if (!check_rate(who, learning_rate) || !check_nonneg(who, "momentum", momentum))
+        return NULL;
+    return optimizer_new(who, OPT_MOMENTUM,
+                         (nb_update_params){.lr = learning_rate, .momentum = momentum, .nesterov = nesterov});
+}
+
+static nb_optimizer *adam_new(const char *who, double lr, double beta1, double beta2, double epsilon,
+                              double weight_decay)
+{
+    if (!check_rate(who, lr) || !check_beta(who, "beta1", beta1) || !check_beta(who, "beta2", beta2) ||
+        !check_nonneg(who, "epsilon", epsilon) || !check_nonneg(who, "weight decay", weight_decay))
+        return NULL;
+    return optimizer_new(who, OPT_ADAM,
+                         (nb_update_params){.lr = lr, .beta1 = beta1, .beta2 = beta2, .epsilon = epsilon,
+                                            .weight_decay = weight_decay});
+}
+
+nb_optimizer *nb_adam_new(double learning_rate, double beta1, double beta2, double epsilon)
+{
+    return adam_new("nb_adam_new", learning_rate, beta1, beta2, epsilon, 0.0);
+}
+
+nb_optimizer *nb_adamw_new(double learning_rate, double beta1, double beta2, double epsilon, double weight_decay)
+{
+    return adam_new("nb_adamw_new", learning_rate, beta1, beta2, epsilon, weight_decay);
+}
+
+void nb_optimizer_free(nb_optimizer *opt)
+{
+    if (!opt)
+        return;
+    for (size_t i = 0; i < opt->cap; i++) {
+        nb__release(opt->slots[i].s1);
+        nb__release(opt->slots[i].s2);
+    }
+    free(opt->slots);
+    free(opt);
+}
+
+/* ---- settings ------------------------------------------------------------------- */
+
+nb_status nb_optimizer_set_learning_rate(nb_optimizer *opt, double learning_rate)
+{
+    const char *who = "nb_optimizer_set_learning_rate";
+    if (!opt)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: optimizer is NULL", who);
+    if (!check_rate(who, learning_rate))
+        return NB_ERR_INVALID_ARGUMENT;
+    opt->params.lr = learning_rate;
+    return NB_OK;
+}
+
+double nb_optimizer_learning_rate(const nb_optimizer *opt) { return opt ? opt->params.lr : NAN; }
+
+int64_t nb_optimizer_iterations(const nb_optimizer *opt) { return opt ? opt->iterations : 0; }
+
+/* ---- slots ---------------------------------------------------------------------- */
+
+static size_t slot_hash(uint64_t uid, size_t cap)
+{
+    uid *= 0x9E3779B97F4A7C15ull; /* Fibonacci hashing spreads consecutive ids */
+    return (size_t)(uid >> 32) & (cap - 1);
+}
+
+static slot_entry *slot_lookup(slot_entry *table, size_t cap, uint64_t uid)
+{
+    for (size_t i = slot_hash(uid, cap);; i = (i + 1) & (cap - 1))
+        if (table[i].uid == uid || table[i].uid == 0)
+            return &table[i];
+}
+
+/* The entry for uid, inserted (with no slots yet) when absent; NULL on no memory. */
+static slot_entry *slot_entry_for(nb_optimizer *opt, uint64_t uid, const char *who)
+{
+    if (opt->cap) {
+        slot_entry *e = slot_lookup(opt->slots, opt->cap, uid);
+        if (e->uid == uid)
+            return e;
+    }
+    if (2 * (opt->count + 1) > opt->cap) {
+        size_t cap = opt->cap ? 2 * opt->cap : 16;
+        slot_entry *table = calloc(cap, sizeof *table);
+        if (!table)
+            return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+        for (size_t i = 0; i < opt->cap; i++)
+            if (opt->slots[i].uid)
+                *slot_lookup(table, cap, opt->slots[i].uid) = opt->slots[i];
+        free(opt->slots);
+        opt->slots = table;
+        opt->cap = cap;
+    }
+    slot_entry *e = slot_lookup(opt->slots, opt->cap, uid);
+    e->uid = uid;
+    opt->count++;
+    return e;
+}
+
+/* A zero-filled tensor like t (contiguous, on t's device, not scoped). */
+static nb_tensor *zeros_like_value(const nb_tensor *t)
+{
+    nb_tensor *z = nb__tensor_new(t->device, t->dtype, t->ndim, t->shape);
+    if (!z)
+        return NULL;
+    nb_view zv = nb__view(z);
+    if (t->device->backend->fill(t->device, &zv, 0.0) != NB_OK) {
+        nb__release(z);
+        return NULL;
+    }
+    return z;
+}
+
+/* Makes sure the variable's slots exist; returns the entry or NULL. */
+static slot_entry *slots_for(nb_optimizer *opt, nb_variable *v, const char *who)
+{
+    static slot_entry none;
+    if (opt->kind == OPT_SGD)
+        return &none;
+    slot_entry *e = slot_entry_for(opt, nb__variable_uid(v), who);
+    if (!e)
+        return NULL;
+    const nb_tensor *value = nb__variable_value(v);
+    int need = opt->kind == OPT_ADAM ? 2 : opt->kind == OPT_MOMENTUM ? 1 : 0;
+    if (need >= 1 && !e->s1 && !(e->s1 = zeros_like_value(value)))
+        return NULL;
+    if (need >= 2 && !e->s2 && !(e->s2 = zeros_like_value(value)))
+        return NULL;
+    return e;
+}
+
+/* ---- apply ---------------------------------------------------------------------- */
+
+/* Checks gradient i against its variable (shape, dtype, a floating variable);
+ * a NULL gradient passes whatever its variable. */
+static nb_status check_pair(const char *who, int i, nb_variable *v, const nb_tensor *g)
+{
+    if (!v)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: variable %d is NULL", who, i);
+    if (!g)
+        return NB_OK;
+    const nb_tensor *x = nb__variable_value(v);
+    const char *name = nb_variable_name(v);
+    if (!nb__is_floating(x->dtype))
+        return nb__fail(NB_ERR_DTYPE, "%s: variable '%s' is %s: only floating variables can be trained", who,
+                        name, nb_dtype_name(x->dtype));
+    bool same_shape = g->ndim == x->ndim;
+    for (int d = 0; same_shape && d < x->ndim; d++)
+        same_shape = g->shape[d] == x->shape[d];
+    if (!same_shape || g->dtype != x->dtype) {
+        char sx[NB_SHAPE_STR_MAX], sg[NB_SHAPE_STR_MAX];
+        return nb__fail(!same_shape ? NB_ERR_SHAPE : NB_ERR_DTYPE, "%s: variable '%s' is %s %s, gradient %d is %s %s",
+                        who, name, nb_dtype_name(x->dtype), nb__shape_str(x->ndim, x->shape, sx, sizeof sx), i,
+                        nb_dtype_name(g->dtype), nb__shape_str(g->ndim, g->shape, sg, sizeof sg));
+    }
+    return NB_OK;
+}
+
+/* The gradient on dev, contiguous: g itself, or a copy owned by the current scope. */
+static const nb_tensor *prepare_grad(const nb_tensor *g, nb_device *dev)
+{
+    if (g->device != dev) {
+        g = nb__copy_to_device(g, dev);
+        if (!g)
+            return NULL;
+    }
+    if (g->contiguous)
+        return g;
+    nb_tensor *c = nb__tensor_new(dev, g->dtype, g->ndim, g->shape);
+    if (!c)
+        return NULL;
+    nb_view cv = nb__view(c), gv = nb__view(g);
+    if (dev->backend->copy(dev, &cv, &gv) != NB_OK) {
+        nb__release(c);
+        return NULL;
+    }
+    return nb__own(c);
+}
+
+nb_status nb_optimizer_apply(nb_optimizer *opt, int n, nb_variable *const *vars, nb_tensor *const *grads)
+{
+    const char *who = "nb_optimizer_apply";
+    if (!opt)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: optimizer is NULL", who);
+    if (n < 0)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: n is %d", who, n);
+    if (n > 0 && (!vars || !grads))
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: the %s array is NULL", who, !vars ? "variable" : "gradient");
+
+    /* 1. Check everything before anything changes. */
+    for (int i = 0; i < n; i++) {
+        nb_status st = check_pair(who, i, vars[i], grads[i]);
+        if (st)
+            return st;
+    }
+
+    /* 2. Gradients on their variables' devices, slots allocated, values writable:
+     * what can fail for want of memory fails here, before any variable moves. */
+    const nb_tensor *small[16];
+    const nb_tensor **ready = n <= 16 ? small : malloc(sizeof *ready * (size_t)n);
+    if (!ready)
+        return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+    int token = nb__tapes_pause();
+    nb_scope *scope = nb_scope_begin();
+    nb_status st = scope ? NB_OK : nb_error();
+    for (int i = 0; i < n && !st; i++) {
+        ready[i] = NULL;
+        if (!grads[i])
+            continue;
+        nb_tensor *x = nb__variable_value(vars[i]);
+        if (!(ready[i] = prepare_grad(grads[i], x->device)) || !slots_for(opt, vars[i], who))
+            st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
+    }
+    /* Copy-on-write only after every gradient is ready: a gradient that is a view
+     * of some variable's value has been copied if it had to be, and otherwise
+     * keeps the old storage alive (which is what makes the variable move). */
+    for (int i = 0; i < n && !st; i++)
+        if (grads[i] && !nb__variable_writable(vars[i], who))
+            st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
+
+    /* 3. The updates. */
+    nb_update_params p = opt->params;
+    p.step = opt->iterations + 1;
+    for (int i = 0; i < n && !st; i++) {
+        if (!ready[i])
+            continue;
+        /* A variable listed twice, or one whose value another's gradient reads,
+         * may have become shared again since step 2. */
+        nb_tensor *x = nb__variable_writable(vars[i], who);
+        if (!x) {
+            st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
+            break;
+        }
+        nb_device *dev = x->device;
+        nb_view xv = nb__view(x), gv = nb__view(ready[i]);
+        if (opt->kind == OPT_SGD) {
+            st = dev->backend->sgd_update(dev, &xv, &gv, NULL, &p);
+            continue;
+        }
+        slot_entry *e = slot_lookup(opt->slots, opt->cap, nb__variable_uid(vars[i]));
+        nb_view s1 = nb__view(e->s1);
+        if (opt->kind == OPT_MOMENTUM) {
+            st = dev->backend->sgd_update(dev, &xv, &gv, &s1, &p);
+        } else {
+            nb_view s2 = nb__view(e->s2);
+            st = dev->backend->adam_update(dev, &xv, &gv, &s1, &s2, &p);
+        }
+    }
+    if (!st)
+        opt->iterations++;
+
+    if (scope)
+        nb_scope_end(scope);
+    nb__tapes_resume(token);
+    if (ready != small)
+        free(ready);
+    return st;
+}

@@ -1,0 +1,230 @@
+/* Variables: named, mutable tensors that live until freed.
+ *
+ * A variable owns one contiguous tensor (a plain reference, in no scope). nb_read
+ * hands that same tensor out with a new reference, so reading costs nothing. A
+ * read is a snapshot: before an assignment or an optimizer update writes the
+ * value, the writer checks whether anyone else holds the tensor or a view of its
+ * storage; if so the variable moves to a fresh tensor (copy-on-write) and the
+ * tensors already read keep their values. Otherwise it is updated in place.
+ * Nothing here is recorded on tapes. */
+#include "variable_impl.h"
+
+#include "lib/core/backend.h"
+#include "ops/op.h"
+#include "tape/record.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct nb_variable {
+    char *name;
+    bool trainable;
+    nb_tensor *value; /* contiguous, offset 0, one reference held by the variable */
+    uint64_t uid;
+};
+
+static atomic_uint_fast64_t g_next_uid = 1;
+
+/* ---- creation ------------------------------------------------------------------- */
+
+nb_variable *nb_variable_new(const char *name, const nb_tensor *initial)
+{
+    if (!initial) {
+        if (nb_error())
+            return NULL;
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "nb_variable_new: initial value of '%s' is NULL",
+                             name ? name : "");
+    }
+    nb_variable *v = calloc(1, sizeof *v);
+    char *copy = strdup(name ? name : "");
+    if (!v || !copy) {
+        free(v);
+        free(copy);
+        return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "nb_variable_new: out of host memory");
+    }
+    nb_device *dev = initial->device;
+    nb_tensor *t = nb__tensor_new(dev, initial->dtype, initial->ndim, initial->shape);
+    if (!t) {
+        free(v);
+        free(copy);
+        return NULL;
+    }
+    nb_view out = nb__view(t), in = nb__view(initial);
+    if (dev->backend->copy(dev, &out, &in) != NB_OK) {
+        nb__release(t);
+        free(v);
+        free(copy);
+        return NULL;
+    }
+    v->name = copy;
+    v->trainable = true;
+    v->value = t;
+    v->uid = atomic_fetch_add_explicit(&g_next_uid, 1, memory_order_relaxed);
+    return v;
+}
+
+void nb_variable_free(nb_variable *v)
+{
+    if (!v)
+        return;
+    nb__release(v->value);
+    free(v->name);
+    free(v);
+}
+
+/* ---- reading -------------------------------------------------------------------- */
+
+nb_tensor *nb_read(nb_variable *v)
+{
+    if (!v)
+        return nb__null_input("nb_read", 0);
+    nb_tensor *t = v->value;
+    nb__retain(t);
+    if (!nb__own(t))
+        return NULL;
+    if (v->trainable && nb__is_floating(t->dtype))
+        nb__tape_watch_variable_read(v, t);
+    return t;
+}
+
+/* ---- accessors ------------------------------------------------------------------ */
+
+const char *nb_variable_name(const nb_variable *v) { return v ? v->name : NULL; }
+
+bool nb_variable_trainable(const nb_variable *v) { return v && v->trainable; }
+
+void nb_variable_set_trainable(nb_variable *v, bool trainable)
+{
+    if (v)
+        v->trainable = trainable;
+}
+
+nb_shape nb_variable_shape(const nb_variable *v)
+{
+    nb_shape s = {0, {0}};
+    if (!v)
+        return s;
+    s.ndim = v->value->ndim;
+    memcpy(s.dims, v->value->shape, sizeof(int64_t) * (size_t)s.ndim);
+    return s;
+}
+
+nb_dtype nb_variable_dtype(const nb_variable *v) { return v ? v->value->dtype : NB_F32; }
+
+const char *nb_variable_device(const nb_variable *v) { return v ? v->value->device->name : NULL; }
+
+uint64_t nb__variable_uid(const nb_variable *v) { return v ? v->uid : 0; }
+
+nb_tensor *nb__variable_value(nb_variable *v) { return v ? v->value : NULL; }
+
+/* ---- copy-on-write -------------------------------------------------------------- */
+
+/* True when a tensor read from the variable, or a view of its storage, is alive. */
+static bool value_shared(const nb_tensor *t)
+{
+    return atomic_load(&t->refs) > 1 || atomic_load(&t->storage->refs) > 1;
+}
+
+nb_tensor *nb__variable_writable(nb_variable *v, const char *who)
+{
+    if (!v)
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: variable is NULL", who);
+    nb_tensor *cur = v->value;
+    if (!value_shared(cur))
+        return cur;
+    nb_device *dev = cur->device;
+    nb_tensor *t = nb__tensor_new(dev, cur->dtype, cur->ndim, cur->shape);
+    if (!t)
+        return NULL;
+    nb_view out = nb__view(t), in = nb__view(cur);
+    if (dev->backend->copy(dev, &out, &in) != NB_OK) {
+        nb__release(t);
+        return NULL;
+    }
+    v->value = t;
+    nb__release(cur);
+    return t;
+}
+
+/* ---- assignment ----------------------------------------------------------------- */
+
+typedef enum { ASSIGN_SET, ASSIGN_ADD, ASSIGN_SUB } assign_kind;
+
+static nb_status assign(nb_variable *v, const nb_tensor *value, assign_kind kind, const char *who)
+{
+    if (!v)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: variable is NULL", who);
+    if (!value)
+        return nb_error() ? nb_error()
+                          : nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: value for variable '%s' is NULL", who, v->name);
+    nb_tensor *cur = v->value;
+    bool same_shape = value->ndim == cur->ndim;
+    for (int i = 0; same_shape && i < cur->ndim; i++)
+        same_shape = value->shape[i] == cur->shape[i];
+    if (!same_shape || value->dtype != cur->dtype) {
+        char sv[NB_SHAPE_STR_MAX], sx[NB_SHAPE_STR_MAX];
+        return nb__fail(!same_shape ? NB_ERR_SHAPE : NB_ERR_DTYPE, "%s: variable '%s' is %s %s, value is %s %s", who,
+                        v->name, nb_dtype_name(cur->dtype), nb__shape_str(cur->ndim, cur->shape, sv, sizeof sv),
+                        nb_dtype_name(value->dtype), nb__shape_str(value->ndim, value->shape, sx, sizeof sx));
+    }
+
+    nb_device *dev = cur->device;
+    const nb_backend *be = dev->backend;
+    nb_status st = NB_OK;
+    int token = nb__tapes_pause();
+    nb_scope *scope = NULL;
+    const nb_tensor *src = value;
+    if (value->device != dev) {
+        /* The copy is an op owned by a scope: keep it in one of our own. */
+        scope = nb_scope_begin();
+        src = scope ? nb__copy_to_device(value, dev) : NULL;
+        if (!src) {
+            st = nb_error() ? nb_error()
+                            : nb__fail(NB_ERR_INTERNAL, "%s: could not copy the value for '%s' from %s to %s", who,
+                                       v->name, value->device->name, dev->name);
+            goto done;
+        }
+    }
+
+    /* Write into the variable's own tensor unless a read still holds it. */
+    nb_tensor *out = value_shared(cur) ? nb__tensor_new(dev, cur->dtype, cur->ndim, cur->shape) : cur;
+    if (!out) {
+        st = nb_error() ? nb_error() : NB_ERR_OUT_OF_MEMORY;
+        goto done;
+    }
+    nb_view ov = nb__view(out), sv = nb__view(src);
+    if (kind == ASSIGN_SET) {
+        st = be->copy(dev, &ov, &sv);
+    } else {
+        nb_view cv = nb__view(cur);
+        st = be->binary(dev, kind == ASSIGN_ADD ? NB_BIN_ADD : NB_BIN_SUB, &ov, &cv, &sv);
+    }
+    if (out != cur) {
+        if (st == NB_OK) {
+            v->value = out;
+            nb__release(cur);
+        } else {
+            nb__release(out);
+        }
+    }
+done:
+    if (scope)
+        nb_scope_end(scope);
+    nb__tapes_resume(token);
+    return st;
+}
+
+nb_status nb_variable_assign(nb_variable *v, const nb_tensor *value)
+{
+    return assign(v, value, ASSIGN_SET, "nb_variable_assign");
+}
+
+nb_status nb_variable_assign_add(nb_variable *v, const nb_tensor *value)
+{
+    return assign(v, value, ASSIGN_ADD, "nb_variable_assign_add");
+}
+
+nb_status nb_variable_assign_sub(nb_variable *v, const nb_tensor *value)
+{
+    return assign(v, value, ASSIGN_SUB, "nb_variable_assign_sub");
+}
