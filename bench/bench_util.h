@@ -1,0 +1,117 @@
+/* Helpers shared by the benchmarks: a monotonic clock, medians, and running the
+ * matching PyTorch script and reading its "name value" lines. Public API only. */
+#ifndef NB_BENCH_UTIL_H
+#define NB_BENCH_UTIL_H
+
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifndef NB_BENCH_DIR
+#define NB_BENCH_DIR "bench"
+#endif
+
+static inline double bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int bench_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median of n samples (sorts them in place). */
+static inline double bench_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+#define BENCH_MAX_RESULTS 32
+typedef struct bench_peer {
+    int n;
+    char names[BENCH_MAX_RESULTS][48];
+    double values[BENCH_MAX_RESULTS];
+    char version[64];
+    char status[160]; /* "" when it ran, else why not */
+} bench_peer;
+
+/* Runs `python3 DIR/script args` (DIR: $NB_BENCH_DIR, else the source folder) and
+ * collects its "name value" lines. The figure "version" is kept as text. */
+static inline void bench_run_peer(bench_peer *p, const char *script, const char *args)
+{
+    memset(p, 0, sizeof *p);
+    const char *dir = getenv("NB_BENCH_DIR");
+    if (!dir || !*dir)
+        dir = NB_BENCH_DIR;
+    const char *python = getenv("PYTHON");
+    if (!python || !*python)
+        python = "python3";
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s '%s/%s' %s 2>/dev/null", python, dir, script, args ? args : "");
+    fflush(stdout);
+    FILE *f = popen(cmd, "r");
+    if (!f) {
+        snprintf(p->status, sizeof p->status, "PyTorch: cannot run %s", python);
+        return;
+    }
+    char line[256];
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\r\n")] = 0;
+        if (!strncmp(line, "PyTorch:", 8)) {
+            snprintf(p->status, sizeof p->status, "%s", line);
+            continue;
+        }
+        char name[48], rest[128];
+        if (sscanf(line, "%47s %127s", name, rest) != 2)
+            continue;
+        if (!strcmp(name, "version")) {
+            snprintf(p->version, sizeof p->version, "%s", rest);
+        } else if (p->n < BENCH_MAX_RESULTS) {
+            snprintf(p->names[p->n], sizeof p->names[0], "%s", name);
+            p->values[p->n++] = atof(rest);
+        }
+    }
+    int rc = pclose(f);
+    if (!p->status[0] && (rc != 0 || p->n == 0))
+        snprintf(p->status, sizeof p->status, "PyTorch: %s/%s failed (status %d)", dir, script, rc);
+}
+
+/* The peer's figure called name, or -1 when it has none. */
+static inline double bench_peer_get(const bench_peer *p, const char *name)
+{
+    for (int i = 0; i < p->n; i++)
+        if (!strcmp(p->names[i], name))
+            return p->values[i];
+    return -1;
+}
+
+/* One table row: the figure, nabla's time, PyTorch's, and how many times faster
+ * nabla is (PyTorch / nabla). */
+static inline void bench_row(const char *what, double ours, double theirs)
+{
+    if (theirs > 0)
+        printf("%-40s %10.3f %10.3f %8.2fx\n", what, ours, theirs, theirs / ours);
+    else
+        printf("%-40s %10.3f %10s %9s\n", what, ours, "-", "-");
+}
+
+static inline void bench_header(const char *title, const char *unit, const bench_peer *p)
+{
+    printf("\n%s\n", title);
+    if (p->status[0])
+        printf("(%s; nabla's figures only)\n", p->status);
+    else
+        printf("(PyTorch %s from Python, same machine, same run)\n", p->version);
+    printf("%-40s %10s %10s %9s\n", unit, "nabla", "PyTorch", "speed-up");
+}
+
+#endif

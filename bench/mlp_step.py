@@ -1,0 +1,58 @@
+"""PyTorch side of bench/mlp_step.c: one training step of a 784-256-10 MLP at
+batch 64 (forward, sparse softmax cross-entropy, backward, SGD update).
+
+Prints "version V", then "cpu US" and, with CUDA, "cuda US" (median microseconds
+per step), or "PyTorch: not installed"."""
+import statistics
+import sys
+import time
+import warnings
+
+warnings.filterwarnings("ignore")
+try:
+    import torch
+    import torch.nn.functional as F
+except Exception:
+    print("PyTorch: not installed")
+    sys.exit(0)
+
+R = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+WARM = 20
+
+
+def bench(device):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 784, generator=g).to(device)
+    y = torch.randint(0, 10, (64,), generator=g).to(device)
+    w1 = (torch.randn(784, 256, generator=g) * (2 / 784) ** 0.5).to(device).requires_grad_()
+    b1 = torch.zeros(256, device=device, requires_grad=True)
+    w2 = (torch.randn(256, 10, generator=g) * (1 / 256) ** 0.5).to(device).requires_grad_()
+    b2 = torch.zeros(10, device=device, requires_grad=True)
+    opt = torch.optim.SGD([w1, b1, w2, b2], lr=0.01)
+    cuda = device == "cuda"
+
+    def step():
+        logits = torch.relu(x @ w1 + b1) @ w2 + b2
+        loss = F.cross_entropy(logits, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if cuda:
+            torch.cuda.synchronize()
+
+    for _ in range(WARM):
+        step()
+    samples = []
+    for _ in range(R):
+        t0 = time.perf_counter_ns()
+        step()
+        samples.append((time.perf_counter_ns() - t0) / 1000.0)
+    return statistics.median(samples)
+
+
+print("version", torch.__version__)
+print("cpu", bench("cpu"))
+sys.stdout.flush()
+if torch.cuda.is_available():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    print("cuda", bench("cuda"))

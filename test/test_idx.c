@@ -1,0 +1,373 @@
+/* nb_idx_read: valid IDX files of every type (plain and gzipped) and every
+ * malformed file the docs promise to reject, with their codes and messages. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "check.h"
+
+#include <stdint.h>
+#include <unistd.h>
+#include <zlib.h>
+
+static char tmpdir[256];
+static char paths[64][320];
+static int npaths;
+
+/* A path in the temp dir, remembered for cleanup. */
+static const char *tmp_path(const char *name)
+{
+    char *p = paths[npaths++ % 64];
+    snprintf(p, sizeof paths[0], "%s/%s", tmpdir, name);
+    return p;
+}
+
+static void write_file(const char *path, const void *data, size_t n, bool gz)
+{
+    if (gz) {
+        gzFile f = gzopen(path, "wb");
+        CHECK(f != NULL);
+        if (!f)
+            return;
+        if (n)
+            CHECK(gzwrite(f, data, (unsigned)n) == (int)n);
+        CHECK(gzclose(f) == Z_OK);
+    } else {
+        FILE *f = fopen(path, "wb");
+        CHECK(f != NULL);
+        if (!f)
+            return;
+        if (n)
+            CHECK(fwrite(data, 1, n, f) == n);
+        fclose(f);
+    }
+}
+
+/* Builds an IDX image in buf: header, big-endian dims, then payload (already
+ * big-endian). Returns its size. */
+static size_t build_idx(uint8_t *buf, uint8_t type, int ndim, const uint32_t *dims,
+                        const void *payload, size_t payload_bytes)
+{
+    size_t n = 0;
+    buf[n++] = 0;
+    buf[n++] = 0;
+    buf[n++] = type;
+    buf[n++] = (uint8_t)ndim;
+    for (int i = 0; i < ndim; i++) {
+        buf[n++] = (uint8_t)(dims[i] >> 24);
+        buf[n++] = (uint8_t)(dims[i] >> 16);
+        buf[n++] = (uint8_t)(dims[i] >> 8);
+        buf[n++] = (uint8_t)dims[i];
+    }
+    if (payload_bytes)
+        memcpy(buf + n, payload, payload_bytes);
+    return n + payload_bytes;
+}
+
+/* Big-endian bytes of one element of elem bytes. */
+static void put_be(uint8_t *dst, const void *src, size_t elem)
+{
+    const uint8_t *s = src;
+    uint16_t one = 1;
+    bool little = *(uint8_t *)&one == 1;
+    for (size_t i = 0; i < elem; i++)
+        dst[i] = little ? s[elem - 1 - i] : s[i];
+}
+
+static void check_u8(bool gz)
+{
+    uint8_t payload[24], buf[128];
+    for (int i = 0; i < 24; i++)
+        payload[i] = (uint8_t)(i * 11 + 3);
+    uint32_t dims[3] = {2, 3, 4};
+    size_t n = build_idx(buf, 0x08, 3, dims, payload, sizeof payload);
+    const char *path = tmp_path(gz ? "u8.idx.gz" : "u8.idx");
+    write_file(path, buf, n, gz);
+    nb_tensor *t = nb_idx_read(path);
+    CHECK(t != NULL);
+    if (!t)
+        return;
+    CHECK(nb_tensor_dtype(t) == NB_U8);
+    CHECK(nb_tensor_ndim(t) == 3);
+    CHECK(nb_tensor_dim(t, 0) == 2 && nb_tensor_dim(t, 1) == 3 && nb_tensor_dim(t, 2) == 4);
+    CHECK(strcmp(nb_tensor_device(t), "/cpu:0") == 0);
+    uint8_t back[24];
+    CHECK_OK(nb_tensor_read(t, back, sizeof back));
+    CHECK(memcmp(back, payload, sizeof back) == 0);
+}
+
+static void test_u8_plain(void) { check_u8(false); }
+static void test_u8_gzip(void) { check_u8(true); }
+
+static void test_i8_bits(void)
+{
+    int8_t vals[5] = {-128, -1, 0, 1, 127};
+    uint8_t buf[64];
+    uint32_t dims[1] = {5};
+    size_t n = build_idx(buf, 0x09, 1, dims, vals, sizeof vals);
+    const char *path = tmp_path("i8.idx");
+    write_file(path, buf, n, false);
+    nb_tensor *t = nb_idx_read(path);
+    CHECK(t != NULL);
+    if (!t)
+        return;
+    CHECK(nb_tensor_dtype(t) == NB_U8);
+    CHECK(nb_tensor_get(t, 0) == 128 && nb_tensor_get(t, 1) == 255 && nb_tensor_get(t, 2) == 0);
+    CHECK(nb_tensor_get(t, 3) == 1 && nb_tensor_get(t, 4) == 127);
+}
+
+static void check_i32(bool gz)
+{
+    int32_t vals[6] = {0, 1, -1, 305419896, INT32_MIN, INT32_MAX};
+    uint8_t payload[24], buf[128];
+    for (int i = 0; i < 6; i++)
+        put_be(payload + 4 * i, &vals[i], 4);
+    uint32_t dims[2] = {3, 2};
+    size_t n = build_idx(buf, 0x0C, 2, dims, payload, sizeof payload);
+    const char *path = tmp_path(gz ? "i32.idx.gz" : "i32.idx");
+    write_file(path, buf, n, gz);
+    nb_tensor *t = nb_idx_read(path);
+    CHECK(t != NULL);
+    if (!t)
+        return;
+    CHECK(nb_tensor_dtype(t) == NB_I32);
+    CHECK(nb_tensor_dim(t, 0) == 3 && nb_tensor_dim(t, 1) == 2);
+    int32_t back[6];
+    CHECK_OK(nb_tensor_read(t, back, sizeof back));
+    CHECK(memcmp(back, vals, sizeof back) == 0);
+}
+
+static void test_i32_plain(void) { check_i32(false); }
+static void test_i32_gzip(void) { check_i32(true); }
+
+static void test_f32(void)
+{
+    float vals[4] = {1.5f, -2.25f, 3.0e-7f, 12345.678f};
+    uint8_t payload[16], buf[64];
+    for (int i = 0; i < 4; i++)
+        put_be(payload + 4 * i, &vals[i], 4);
+    uint32_t dims[2] = {2, 2};
+    size_t n = build_idx(buf, 0x0D, 2, dims, payload, sizeof payload);
+    const char *path = tmp_path("f32.idx.gz");
+    write_file(path, buf, n, true);
+    nb_tensor *t = nb_idx_read(path);
+    CHECK(t != NULL);
+    if (!t)
+        return;
+    CHECK(nb_tensor_dtype(t) == NB_F32);
+    float back[4];
+    CHECK_OK(nb_tensor_read(t, back, sizeof back));
+    CHECK(memcmp(back, vals, sizeof back) == 0);
+}
+
+static void test_f64(void)
+{
+    double vals[3] = {3.141592653589793, -1e300, 2.5e-310};
+    uint8_t payload[24], buf[64];
+    for (int i = 0; i < 3; i++)
+        put_be(payload + 8 * i, &vals[i], 8);
+    uint32_t dims[1] = {3};
+    size_t n = build_idx(buf, 0x0E, 1, dims, payload, sizeof payload);
+    const char *path = tmp_path("f64.idx");
+    write_file(path, buf, n, false);
+    nb_tensor *t = nb_idx_read(path);
+    CHECK(t != NULL);
+    if (!t)
+        return;
+    CHECK(nb_tensor_dtype(t) == NB_F64);
+    double back[3];
+    CHECK_OK(nb_tensor_read(t, back, sizeof back));
+    CHECK(memcmp(back, vals, sizeof back) == 0);
+}
+
+/* A larger file, so the reader's growing buffer takes several rounds. */
+static void test_large_gzip(void)
+{
+    enum { N = 3000, D = 1000 };
+    size_t bytes = (size_t)N * D;
+    uint8_t *buf = malloc(bytes + 64);
+    uint8_t *payload = malloc(bytes);
+    for (size_t i = 0; i < bytes; i++)
+        payload[i] = (uint8_t)(i * 2654435761u >> 13);
+    uint32_t dims[2] = {N, D};
+    size_t n = build_idx(buf, 0x08, 2, dims, payload, bytes);
+    const char *path = tmp_path("large.idx.gz");
+    write_file(path, buf, n, true);
+    nb_tensor *t = nb_idx_read(path);
+    CHECK(t != NULL);
+    if (t) {
+        CHECK(nb_tensor_numel(t) == (int64_t)bytes);
+        uint8_t *back = malloc(bytes);
+        CHECK_OK(nb_tensor_read(t, back, bytes));
+        CHECK(memcmp(back, payload, bytes) == 0);
+        free(back);
+    }
+    free(buf);
+    free(payload);
+}
+
+/* Writes raw bytes, reads them, and checks the error code and message. */
+static void expect_reject(const char *name, const void *data, size_t n, bool gz, nb_status code,
+                          const char *what)
+{
+    const char *path = tmp_path(name);
+    write_file(path, data, n, gz);
+    nb_tensor *t = nb_idx_read(path);
+    CHECK(t == NULL);
+    CHECK_ERROR(code, path, what);
+}
+
+static void test_missing(void)
+{
+    const char *path = tmp_path("no-such-file.idx.gz");
+    CHECK(nb_idx_read(path) == NULL);
+    CHECK_ERROR(NB_ERR_IO, path, "cannot open");
+    CHECK(nb_idx_read(NULL) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_idx_read");
+}
+
+static void test_bad_magic(void)
+{
+    uint8_t buf[64];
+    uint32_t dims[1] = {2};
+    uint8_t payload[2] = {1, 2};
+    size_t n = build_idx(buf, 0x08, 1, dims, payload, 2);
+    buf[0] = 0x1f;
+    expect_reject("magic0.idx", buf, n, false, NB_ERR_IO, "bad magic");
+    buf[0] = 0;
+    buf[1] = 7;
+    expect_reject("magic1.idx.gz", buf, n, true, NB_ERR_IO, "bad magic");
+    const char *text = "hello, this is not an IDX file\n";
+    expect_reject("text.txt", text, strlen(text), false, NB_ERR_IO, "bad magic");
+}
+
+static void test_bad_type(void)
+{
+    uint8_t buf[64];
+    uint32_t dims[1] = {2};
+    uint8_t payload[2] = {1, 2};
+    size_t n = build_idx(buf, 0x0A, 1, dims, payload, 2);
+    expect_reject("type0a.idx", buf, n, false, NB_ERR_IO, "unknown element type");
+    n = build_idx(buf, 0xFF, 1, dims, payload, 2);
+    expect_reject("typeff.idx.gz", buf, n, true, NB_ERR_IO, "unknown element type");
+    uint8_t p16[4] = {0, 1, 0, 2};
+    n = build_idx(buf, 0x0B, 1, dims, p16, 4);
+    expect_reject("i16.idx", buf, n, false, NB_ERR_UNSUPPORTED, "i16");
+}
+
+static void test_bad_ndim(void)
+{
+    uint8_t buf[128];
+    uint8_t payload[1] = {5};
+    size_t n = build_idx(buf, 0x08, 0, NULL, payload, 1);
+    expect_reject("ndim0.idx", buf, n, false, NB_ERR_IO, "0 dims");
+    uint32_t dims[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+    n = build_idx(buf, 0x08, 9, dims, payload, 1);
+    expect_reject("ndim9.idx.gz", buf, n, true, NB_ERR_IO, "9 dims");
+    /* 8 dims is the most, and fine. */
+    n = build_idx(buf, 0x08, 8, dims, payload, 1);
+    const char *path = tmp_path("ndim8.idx");
+    write_file(path, buf, n, false);
+    nb_tensor *t = nb_idx_read(path);
+    CHECK(t && nb_tensor_ndim(t) == 8 && nb_tensor_get(t, 0) == 5);
+}
+
+static void test_truncated(void)
+{
+    uint8_t buf[128];
+    uint32_t dims[2] = {3, 4};
+    uint8_t payload[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    size_t n = build_idx(buf, 0x08, 2, dims, payload, sizeof payload);
+    expect_reject("empty.idx", buf, 0, false, NB_ERR_IO, "truncated header");
+    expect_reject("head2.idx", buf, 2, false, NB_ERR_IO, "truncated header");
+    expect_reject("dims.idx.gz", buf, 9, true, NB_ERR_IO, "truncated header");
+    expect_reject("data.idx", buf, n - 1, false, NB_ERR_IO, "truncated data");
+    expect_reject("data.idx.gz", buf, n - 5, true, NB_ERR_IO, "truncated data");
+    /* A big header with a small file: refused without trusting the header's size. */
+    uint32_t huge[3] = {60000, 60000, 60000};
+    n = build_idx(buf, 0x0E, 3, huge, payload, sizeof payload);
+    expect_reject("huge.idx", buf, n, false, NB_ERR_IO, "");
+    uint32_t big[2] = {100000, 100000};
+    n = build_idx(buf, 0x0D, 2, big, payload, sizeof payload);
+    expect_reject("big.idx.gz", buf, n, true, NB_ERR_IO, "truncated data");
+}
+
+static void test_trailing(void)
+{
+    uint8_t buf[128];
+    uint32_t dims[1] = {4};
+    uint8_t payload[5] = {1, 2, 3, 4, 99};
+    size_t n = build_idx(buf, 0x08, 1, dims, payload, sizeof payload);
+    expect_reject("trail.idx", buf, n, false, NB_ERR_IO, "trailing data");
+    expect_reject("trail.idx.gz", buf, n, true, NB_ERR_IO, "trailing data");
+}
+
+/* A gzip stream cut short: zlib reports it, and so do we. */
+static void test_corrupt_gzip(void)
+{
+    uint8_t payload[4000], buf[4100];
+    for (int i = 0; i < 4000; i++)
+        payload[i] = (uint8_t)(i * 7919 >> 3);
+    uint32_t dims[1] = {4000};
+    size_t n = build_idx(buf, 0x08, 1, dims, payload, sizeof payload);
+    const char *full = tmp_path("whole.idx.gz");
+    write_file(full, buf, n, true);
+    FILE *f = fopen(full, "rb");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    uint8_t gz[8192];
+    size_t gzn = fread(gz, 1, sizeof gz, f);
+    fclose(f);
+    CHECK(gzn > 40);
+    expect_reject("cut.idx.gz", gz, gzn / 2, false, NB_ERR_IO, "truncated");
+}
+
+/* The real data set, where it is installed. */
+static void test_fashion_mnist(void)
+{
+    const char *path = "/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz";
+    if (access(path, R_OK) != 0)
+        return;
+    nb_tensor *t = nb_idx_read(path);
+    CHECK(t && nb_tensor_ndim(t) == 1 && nb_tensor_dim(t, 0) == 10000);
+    CHECK(t && nb_tensor_dtype(t) == NB_U8);
+    if (t) {
+        nb_tensor *mx = nb_max(nb_cast(t, NB_I32), NB_ALL_AXES, false);
+        CHECK(mx && nb_tensor_item(mx) == 9);
+    }
+}
+
+static void remove_all(void)
+{
+    for (int i = 0; i < npaths && i < 64; i++)
+        unlink(paths[i]);
+    rmdir(tmpdir);
+}
+
+int main(void)
+{
+    const char *base = getenv("TMPDIR");
+    snprintf(tmpdir, sizeof tmpdir, "%s/nb_idx_XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(tmpdir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    RUN(test_u8_plain);
+    RUN(test_u8_gzip);
+    RUN(test_i8_bits);
+    RUN(test_i32_plain);
+    RUN(test_i32_gzip);
+    RUN(test_f32);
+    RUN(test_f64);
+    RUN(test_large_gzip);
+    RUN(test_missing);
+    RUN(test_bad_magic);
+    RUN(test_bad_type);
+    RUN(test_bad_ndim);
+    RUN(test_truncated);
+    RUN(test_trailing);
+    RUN(test_corrupt_gzip);
+    RUN(test_fashion_mnist);
+    remove_all();
+    return check_finish();
+}

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Checks the samples' command-line edges: usage errors, and fashion_mnist's message
+# when the data set is missing (exit 1; 77, a skip, in --quick mode).
+#   test_samples.sh FASHION_MNIST_EXE LINEAR_REGRESSION_EXE
+set -u
+fm="$1" lr="$2"
+fail=0
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+"$fm" --data "$tmp/nowhere" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ $rc -ne 1 ]; then echo "fashion_mnist without data: exit $rc, wanted 1"; fail=1; fi
+grep -q "$tmp/nowhere/train-images-idx3-ubyte.gz" "$tmp/err" || { echo "message lacks the file name:"; cat "$tmp/err"; fail=1; }
+grep -q "apt-get install dataset-fashion-mnist" "$tmp/err" || { echo "message lacks the apt-get hint:"; cat "$tmp/err"; fail=1; }
+
+"$fm" --quick --data "$tmp/nowhere" >/dev/null 2>&1
+rc=$?
+if [ $rc -ne 77 ]; then echo "fashion_mnist --quick without data: exit $rc, wanted 77"; fail=1; fi
+
+"$lr" --no-such-flag >/dev/null 2>"$tmp/err"
+rc=$?
+if [ $rc -ne 2 ]; then echo "linear_regression --no-such-flag: exit $rc, wanted 2"; fail=1; fi
+grep -q "usage" "$tmp/err" || { echo "no usage line"; fail=1; }
+
+[ $fail -eq 0 ] && echo "samples' command lines: ok"
+exit $fail
