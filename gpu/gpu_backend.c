@@ -1,0 +1,154 @@
+/* The GPU's kernel table: each entry makes its device current (creating its
+ * stream on first use) and hands over to the kernel file that does the work. */
+#include "gpu_internal.h"
+
+#define ENTER(dev, who)                                                                \
+    nb_gpu_ctx *c;                                                                     \
+    do {                                                                               \
+        nb_status st_ = nb__gpu_enter((dev), (who), &c);                               \
+        if (st_)                                                                       \
+            return st_;                                                                \
+    } while (0)
+
+static void *gpu_alloc(nb_device *dev, size_t nbytes)
+{
+    nb_gpu_ctx *c;
+    if (nb__gpu_enter(dev, "alloc", &c) != NB_OK)
+        return NULL;
+    return nb__gpu_malloc(c, nbytes);
+}
+
+static void gpu_free(nb_device *dev, void *ptr, size_t nbytes)
+{
+    (void)nbytes; /* the allocator knows the block's size */
+    nb__gpu_free(dev->ctx, ptr);
+}
+
+static nb_status gpu_fill(nb_device *dev, const nb_view *out, double value)
+{
+    ENTER(dev, "fill");
+    return nb__gpu_fill(c, out, value);
+}
+
+static nb_status gpu_arange(nb_device *dev, const nb_view *out, double start, double step)
+{
+    ENTER(dev, "arange");
+    return nb__gpu_arange(c, out, start, step);
+}
+
+static nb_status gpu_random(nb_device *dev, const nb_view *out, nb_random_dist dist, double a, double b,
+                            uint64_t seed)
+{
+    ENTER(dev, "random");
+    return nb__gpu_random(c, out, dist, a, b, seed);
+}
+
+static nb_status gpu_copy(nb_device *dev, const nb_view *out, const nb_view *in)
+{
+    ENTER(dev, "copy");
+    return nb__gpu_copy(c, out, in);
+}
+
+static nb_status gpu_unary(nb_device *dev, nb_unary_op op, const nb_view *out, const nb_view *x, double alpha)
+{
+    ENTER(dev, "unary");
+    return nb__gpu_unary(c, op, out, x, alpha);
+}
+
+static nb_status gpu_binary(nb_device *dev, nb_binary_op op, const nb_view *out, const nb_view *a,
+                            const nb_view *b)
+{
+    ENTER(dev, "binary");
+    return nb__gpu_binary(c, op, out, a, b);
+}
+
+static nb_status gpu_where(nb_device *dev, const nb_view *out, const nb_view *cond, const nb_view *a,
+                           const nb_view *b)
+{
+    ENTER(dev, "where");
+    return nb__gpu_where(c, out, cond, a, b);
+}
+
+static nb_status gpu_reduce(nb_device *dev, nb_reduce_op op, const nb_view *out, const nb_view *x)
+{
+    ENTER(dev, "reduce");
+    return nb__gpu_reduce(c, op, out, x);
+}
+
+static nb_status gpu_arg_reduce(nb_device *dev, bool is_max, const nb_view *out, const nb_view *x, int axis)
+{
+    ENTER(dev, is_max ? "argmax" : "argmin");
+    return nb__gpu_arg_reduce(c, is_max, out, x, axis);
+}
+
+static nb_status gpu_matmul(nb_device *dev, const nb_view *out, const nb_view *a, const nb_view *b)
+{
+    ENTER(dev, "matmul");
+    return nb__gpu_matmul(c, out, a, b);
+}
+
+static nb_status gpu_softmax(nb_device *dev, bool log, const nb_view *out, const nb_view *x)
+{
+    ENTER(dev, log ? "log_softmax" : "softmax");
+    return nb__gpu_softmax(c, log, out, x);
+}
+
+static nb_status gpu_gather(nb_device *dev, const char *op, const nb_view *out, const nb_view *params,
+                            const nb_view *indices)
+{
+    ENTER(dev, op);
+    return nb__gpu_gather(c, op, out, params, indices);
+}
+
+static nb_status gpu_scatter_add(nb_device *dev, const char *op, const nb_view *out, const nb_view *indices,
+                                 const nb_view *updates)
+{
+    ENTER(dev, op);
+    return nb__gpu_scatter_add(c, op, out, indices, updates);
+}
+
+static nb_status gpu_one_hot(nb_device *dev, const nb_view *out, const nb_view *indices, double on, double off)
+{
+    ENTER(dev, "one_hot");
+    return nb__gpu_one_hot(c, out, indices, on, off);
+}
+
+static nb_status gpu_sgd_update(nb_device *dev, const nb_view *param, const nb_view *grad, const nb_view *slot1,
+                                const nb_update_params *p)
+{
+    ENTER(dev, "sgd_update");
+    return nb__gpu_sgd_update(c, param, grad, slot1, p);
+}
+
+static nb_status gpu_adam_update(nb_device *dev, const nb_view *param, const nb_view *grad, const nb_view *slot1,
+                                 const nb_view *slot2, const nb_update_params *p)
+{
+    ENTER(dev, "adam_update");
+    return nb__gpu_adam_update(c, param, grad, slot1, slot2, p);
+}
+
+const nb_backend nb__gpu_backend = {
+    .name = "cuda",
+    .alloc = gpu_alloc,
+    .free = gpu_free,
+    .copy_from_host = nb__gpu_copy_from_host,
+    .copy_to_host = nb__gpu_copy_to_host,
+    .copy_between = nb__gpu_copy_between,
+    .synchronize = nb__gpu_synchronize,
+    .fill = gpu_fill,
+    .arange = gpu_arange,
+    .random = gpu_random,
+    .copy = gpu_copy,
+    .unary = gpu_unary,
+    .binary = gpu_binary,
+    .where = gpu_where,
+    .reduce = gpu_reduce,
+    .arg_reduce = gpu_arg_reduce,
+    .matmul = gpu_matmul,
+    .softmax = gpu_softmax,
+    .gather = gpu_gather,
+    .scatter_add = gpu_scatter_add,
+    .one_hot = gpu_one_hot,
+    .sgd_update = gpu_sgd_update,
+    .adam_update = gpu_adam_update,
+};

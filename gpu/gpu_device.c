@@ -1,0 +1,246 @@
+/* GPU discovery, per-device contexts (stream, events) and CUDA error helpers. */
+#include "gpu_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static nb_gpu_phys g_phys[NB_GPU_MAX_PHYS];
+static int g_n_phys;
+
+bool nb__gpu_built(void) { return true; }
+
+int nb__gpu_phys_count(void) { return g_n_phys; }
+nb_gpu_phys *nb__gpu_phys_at(int i) { return i >= 0 && i < g_n_phys ? &g_phys[i] : NULL; }
+
+static void read_properties(nb_gpu_phys *p)
+{
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, p->ordinal) == cudaSuccess) {
+        snprintf(p->name, sizeof p->name, "%s", prop.name);
+        p->cc_major = prop.major;
+        p->cc_minor = prop.minor;
+        p->sm_count = prop.multiProcessorCount;
+        p->total_memory = prop.totalGlobalMem;
+    } else {
+        (void)cudaGetLastError();
+        snprintf(p->name, sizeof p->name, "CUDA device %d", p->ordinal);
+    }
+    int v;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrClockRate, p->ordinal) == cudaSuccess)
+        p->clock_khz = v;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrGlobalMemoryBusWidth, p->ordinal) == cudaSuccess)
+        p->bus_width = v;
+    (void)cudaGetLastError();
+    if (p->sm_count <= 0)
+        p->sm_count = 16; /* a guess that keeps grid sizes sane */
+}
+
+/* Called once, from the device registry's initialisation. Makes no CUDA context:
+ * streams are created when a device is first used. */
+int nb__gpu_discover(nb_device *devices, int max, int logical_per_gpu)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError(); /* no driver, no device: simply none */
+        return 0;
+    }
+    if (logical_per_gpu < 1)
+        logical_per_gpu = 1;
+    int count = 0;
+    for (int o = 0; o < n && g_n_phys < NB_GPU_MAX_PHYS && count < max; o++) {
+        nb_gpu_phys *p = &g_phys[g_n_phys];
+        memset(p, 0, sizeof *p);
+        p->ordinal = o;
+        read_properties(p);
+        if (!nb__gpu_allocator_init(p))
+            break; /* discovery never fails: fewer devices instead */
+        g_n_phys++;
+        for (int l = 0; l < logical_per_gpu && count < max; l++) {
+            nb_gpu_ctx *c = calloc(1, sizeof *c);
+            if (!c)
+                return count;
+            nb_device *d = &devices[count];
+            memset(d, 0, sizeof *d);
+            d->kind = NB_DEVICE_GPU;
+            d->index = count;
+            d->physical = o;
+            snprintf(d->name, sizeof d->name, "/gpu:%d", count);
+            d->backend = &nb__gpu_backend;
+            d->ctx = c;
+            c->dev = d;
+            c->phys = p;
+            c->ordinal = o;
+            c->slot = l;
+            pthread_mutex_init(&c->lock, NULL);
+            pthread_mutex_init(&c->stage_lock, NULL);
+            if (!p->first)
+                p->first = c;
+            p->n_logical++;
+            count++;
+        }
+    }
+    return count;
+}
+
+nb_status nb__gpu_cuda_fail(cudaError_t err, const char *call, const char *dev_name)
+{
+    (void)cudaGetLastError(); /* clear a non-sticky error so the next call starts clean */
+    return nb__fail(NB_ERR_BACKEND, "%s failed on %s: %s (%s)", call, dev_name,
+                    cudaGetErrorString(err), cudaGetErrorName(err));
+}
+
+nb_status nb__gpu_launched(const nb_gpu_ctx *c, const char *kernel)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess)
+        return NB_OK;
+    return nb__fail(NB_ERR_BACKEND, "launch of kernel %s failed on %s: %s (%s)", kernel,
+                    c->dev->name, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+nb_status nb__gpu_set_device(int ordinal, const char *dev_name)
+{
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur == ordinal)
+        return NB_OK;
+    cudaError_t e = cudaSetDevice(ordinal);
+    if (e != cudaSuccess)
+        return nb__gpu_cuda_fail(e, "cudaSetDevice", dev_name);
+    return NB_OK;
+}
+
+static nb_status ctx_create(nb_gpu_ctx *c)
+{
+    nb_status st = NB_OK;
+    pthread_mutex_lock(&c->lock);
+    if (!__atomic_load_n(&c->ready, __ATOMIC_ACQUIRE)) {
+        cudaError_t e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+        if (e != cudaSuccess) {
+            st = nb__gpu_cuda_fail(e, "cudaStreamCreateWithFlags", c->dev->name);
+        } else {
+            e = cudaEventCreateWithFlags(&c->join_event, cudaEventDisableTiming);
+            if (e != cudaSuccess) {
+                st = nb__gpu_cuda_fail(e, "cudaEventCreateWithFlags", c->dev->name);
+                (void)cudaStreamDestroy(c->stream);
+                c->stream = NULL;
+            } else {
+                __atomic_store_n(&c->ready, 1, __ATOMIC_RELEASE);
+            }
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    return st;
+}
+
+nb_status nb__gpu_enter(nb_device *dev, const char *who, nb_gpu_ctx **out)
+{
+    (void)who;
+    nb_gpu_ctx *c = dev->ctx;
+    *out = NULL;
+    nb_status st = nb__gpu_set_device(c->ordinal, dev->name);
+    if (st)
+        return st;
+    if (!__atomic_load_n(&c->ready, __ATOMIC_ACQUIRE) && (st = ctx_create(c)) != NB_OK)
+        return st;
+    *out = c;
+    return NB_OK;
+}
+
+nb_device *nb__gpu_device_named(const char *name, const char *who)
+{
+    nb_device *dev = nb__device_find(name, who);
+    if (!dev)
+        return NULL;
+    if (dev->kind != NB_DEVICE_GPU)
+        return nb__fail_null(NB_ERR_DEVICE, "%s: '%s' is not a GPU device", who, name);
+    return dev;
+}
+
+nb_status nb__gpu_stream_wait(nb_gpu_ctx *waiter, nb_gpu_ctx *on)
+{
+    if (waiter == on)
+        return NB_OK;
+    nb_status st = nb__gpu_set_device(on->ordinal, on->dev->name);
+    if (st)
+        return st;
+    NB_GPU_CALL(on, cudaEventRecord, on->join_event, on->stream);
+    if ((st = nb__gpu_set_device(waiter->ordinal, waiter->dev->name)) != NB_OK)
+        return st;
+    NB_GPU_CALL(waiter, cudaStreamWaitEvent, waiter->stream, on->join_event, 0);
+    return NB_OK;
+}
+
+nb_status nb__gpu_index_error_record(nb_gpu_ctx *c, nb_gpu_index_error **out)
+{
+    *out = NULL;
+    if (!c->index_err) {
+        nb_status st = NB_OK;
+        pthread_mutex_lock(&c->lock);
+        if (!c->index_err) {
+            void *d = NULL, *h = NULL;
+            cudaError_t e = cudaMalloc(&d, sizeof(nb_gpu_index_error));
+            if (e != cudaSuccess) {
+                st = nb__gpu_cuda_fail(e, "cudaMalloc", c->dev->name);
+            } else if ((e = cudaHostAlloc(&h, sizeof(nb_gpu_index_error), cudaHostAllocDefault)) !=
+                       cudaSuccess) {
+                st = nb__gpu_cuda_fail(e, "cudaHostAlloc", c->dev->name);
+                (void)cudaFree(d);
+            } else if ((e = cudaMemsetAsync(d, 0, sizeof(nb_gpu_index_error), c->stream)) !=
+                       cudaSuccess) {
+                st = nb__gpu_cuda_fail(e, "cudaMemsetAsync", c->dev->name);
+                (void)cudaFree(d);
+                (void)cudaFreeHost(h);
+            } else {
+                memset(h, 0, sizeof(nb_gpu_index_error));
+                c->index_err_host = h;
+                __atomic_store_n(&c->index_err, (nb_gpu_index_error *)d, __ATOMIC_RELEASE);
+            }
+        }
+        pthread_mutex_unlock(&c->lock);
+        if (st)
+            return st;
+    }
+    *out = c->index_err;
+    return NB_OK;
+}
+
+/* A synchronous check: the host waits for the stream after each gather and
+ * scatter so that a bad index is reported by the op that met it. This costs one
+ * stream synchronisation per call; a later version may defer the check to the
+ * next synchronising call (copy_to_host, synchronize) instead. */
+nb_status nb__gpu_index_error_check(nb_gpu_ctx *c, const char *op, int64_t rows)
+{
+    nb_gpu_index_error *h = c->index_err_host;
+    NB_GPU_CALL(c, cudaMemcpyAsync, h, c->index_err, sizeof *h, cudaMemcpyDeviceToHost, c->stream);
+    NB_GPU_CALL(c, cudaStreamSynchronize, c->stream);
+    if (!h->set)
+        return NB_OK;
+    long long pos = h->position, val = h->value;
+    memset(h, 0, sizeof *h);
+    NB_GPU_CALL(c, cudaMemsetAsync, c->index_err, 0, sizeof *h, c->stream);
+    return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: index %lld at position %lld is outside [0, %lld) on %s",
+                    op, val, pos, (long long)rows, c->dev->name);
+}
+
+nb_status nb_gpu_device_properties(const char *device, nb_gpu_properties *out)
+{
+    static const char who[] = "nb_gpu_device_properties";
+    if (!out)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: out is NULL", who);
+    memset(out, 0, sizeof *out);
+    nb_device *dev = nb__gpu_device_named(device, who);
+    if (!dev)
+        return NB_ERR_DEVICE;
+    const nb_gpu_phys *p = ((nb_gpu_ctx *)dev->ctx)->phys;
+    snprintf(out->name, sizeof out->name, "%s", p->name);
+    out->physical = p->ordinal;
+    out->logical_per_gpu = p->n_logical;
+    out->compute_major = p->cc_major;
+    out->compute_minor = p->cc_minor;
+    out->multiprocessors = p->sm_count;
+    out->total_memory = p->total_memory;
+    out->clock_khz = p->clock_khz;
+    out->memory_bus_width = p->bus_width;
+    return NB_OK;
+}

@@ -1,0 +1,182 @@
+/* nabla internal — shared by the files of gpu/, in C (the .c files) and CUDA C++
+ * (the .cu files). Never installed; only gpu/ includes CUDA headers.
+ *
+ * Layout of the backend:
+ *   gpu_device.c      discovery, per-device contexts (stream, events), error helpers
+ *   gpu_allocator.c   the caching allocator and the public memory functions
+ *   gpu_transfer.c    host <-> device and device <-> device copies, synchronize
+ *   gpu_backend.c     the nb_backend table: thin wrappers that enter the device
+ *   gpu_matmul.c      matmul through cuBLAS, TF32 switch
+ *   gpu_*.cu          the kernels (elementwise, reduce, softmax, index, random, optim)
+ *   gpu_stub.c        the whole of it when CUDA is off */
+#ifndef NB_GPU_INTERNAL_H
+#define NB_GPU_INTERNAL_H
+
+#ifdef __cplusplus
+/* core.h declares C11 atomics in two structs that the .cu files never touch;
+ * give C++ the same-sized types so it can read the rest of the header. */
+#include <atomic>
+typedef std::atomic<int> atomic_int;
+typedef std::atomic<bool> atomic_bool;
+extern "C" {
+#endif
+
+#include "lib/core/core.h"
+#include "lib/core/backend.h"
+#include <nabla/gpu.h>
+
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+
+/* Most physical GPUs a process uses (the device registry holds 64 devices). */
+#define NB_GPU_MAX_PHYS 64
+
+typedef struct nb_gpu_allocator nb_gpu_allocator;
+
+/* One physical card: its properties and its caching allocator, shared by the
+ * logical devices that split it. */
+typedef struct nb_gpu_phys {
+    int ordinal;              /* CUDA ordinal */
+    int n_logical;            /* logical devices on this card */
+    char name[256];
+    int cc_major, cc_minor;
+    int sm_count;
+    size_t total_memory;
+    int clock_khz, bus_width;
+    nb_gpu_allocator *alloc;  /* gpu_allocator.c */
+    struct nb_gpu_ctx *first; /* logical device 0 of this card, for messages */
+} nb_gpu_phys;
+
+/* Where a gather/scatter kernel records the first out-of-range index it met. */
+typedef struct nb_gpu_index_error {
+    int set;
+    int pad_;
+    long long position;
+    long long value;
+} nb_gpu_index_error;
+
+#define NB_GPU_STAGE_SLOTS 2
+#define NB_GPU_STAGE_BYTES ((size_t)4 << 20)
+
+/* The state of one logical GPU (nb_device.ctx). Created at discovery with no
+ * CUDA calls; the stream and events are made on first use (nb__gpu_enter). */
+typedef struct nb_gpu_ctx {
+    nb_device *dev;
+    nb_gpu_phys *phys;
+    int ordinal;              /* CUDA ordinal of the card */
+    int slot;                 /* logical index on the card */
+    int ready;                /* 1 once the stream exists (read with __atomic) */
+    pthread_mutex_t lock;     /* lazy creation of everything below */
+    cudaStream_t stream;      /* non-blocking; every op of this device runs on it */
+    cudaEvent_t join_event;   /* recorded on stream to order another stream after it */
+    void *cublas;             /* cublasHandle_t, made by gpu_matmul.c on first matmul */
+    nb_gpu_index_error *index_err;      /* device memory, lazily */
+    nb_gpu_index_error *index_err_host; /* pinned mirror */
+    /* pinned staging for host -> device copies (gpu_transfer.c) */
+    pthread_mutex_t stage_lock;
+    int stage_state;          /* 0 not tried, 1 ready, -1 unavailable (pageable copies) */
+    int stage_next;
+    void *stage[NB_GPU_STAGE_SLOTS];
+    cudaEvent_t stage_event[NB_GPU_STAGE_SLOTS];
+    bool stage_used[NB_GPU_STAGE_SLOTS];
+} nb_gpu_ctx;
+
+/* ---- gpu_device.c ------------------------------------------------------------ */
+
+extern const nb_backend nb__gpu_backend;
+
+/* Makes dev's card current on the calling thread and creates the context on
+ * first use. Writes the context to *out. NB_OK or NB_ERR_BACKEND (recorded). */
+nb_status nb__gpu_enter(nb_device *dev, const char *who, nb_gpu_ctx **out);
+/* Makes a card current on the calling thread (no context creation). */
+nb_status nb__gpu_set_device(int ordinal, const char *dev_name);
+/* Records NB_ERR_BACKEND "<call> failed on <dev>: <CUDA error string>" (and
+ * clears CUDA's non-sticky last error); returns NB_ERR_BACKEND. */
+nb_status nb__gpu_cuda_fail(cudaError_t err, const char *call, const char *dev_name);
+/* After a kernel launch: NB_OK, or the launch error recorded as above. */
+nb_status nb__gpu_launched(const nb_gpu_ctx *c, const char *kernel);
+/* The device named by a public function's argument, which must be a GPU:
+ * NULL and NB_ERR_DEVICE otherwise. */
+nb_device *nb__gpu_device_named(const char *name, const char *who);
+int nb__gpu_phys_count(void);
+nb_gpu_phys *nb__gpu_phys_at(int i);
+/* Orders everything queued later on waiter's stream after what is queued now
+ * on on's stream (an event, no host wait). */
+nb_status nb__gpu_stream_wait(nb_gpu_ctx *waiter, nb_gpu_ctx *on);
+/* The device-side index-error record of c (zeroed), creating it on first use. */
+nb_status nb__gpu_index_error_record(nb_gpu_ctx *c, nb_gpu_index_error **out);
+/* Waits for c's stream and reports an index a kernel found outside [0, rows) as
+ * NB_ERR_INVALID_ARGUMENT naming op; resets the record. */
+nb_status nb__gpu_index_error_check(nb_gpu_ctx *c, const char *op, int64_t rows);
+
+/* Calls a CUDA runtime function; on failure records and returns NB_ERR_BACKEND
+ * naming the function and c's device. */
+#define NB_GPU_CALL(c, fn, ...)                                                      \
+    do {                                                                             \
+        cudaError_t e_ = fn(__VA_ARGS__);                                            \
+        if (e_ != cudaSuccess)                                                       \
+            return nb__gpu_cuda_fail(e_, #fn, (c)->dev->name);                       \
+    } while (0)
+
+/* ---- gpu_allocator.c --------------------------------------------------------- */
+
+/* Sets up a card's allocator (host memory only, no CUDA call). false when host
+ * memory runs out; records no error (discovery never fails). */
+bool nb__gpu_allocator_init(nb_gpu_phys *p);
+/* nbytes (rounded up to the size class) of device memory usable in stream order
+ * on c's stream; NULL with NB_ERR_OUT_OF_MEMORY or NB_ERR_BACKEND recorded. */
+void *nb__gpu_malloc(nb_gpu_ctx *c, size_t nbytes);
+/* Gives back what nb__gpu_malloc returned; work already queued on c's stream
+ * may still use it (the next user is ordered after it). NULL is ignored. */
+void nb__gpu_free(nb_gpu_ctx *c, void *ptr);
+
+/* ---- gpu_transfer.c ---------------------------------------------------------- */
+
+nb_status nb__gpu_copy_from_host(nb_device *dev, void *dst, const void *src, size_t nbytes);
+nb_status nb__gpu_copy_to_host(nb_device *dev, void *dst, const void *src, size_t nbytes);
+nb_status nb__gpu_copy_between(nb_device *dev, void *dst, nb_device *src_dev, const void *src,
+                               size_t nbytes);
+nb_status nb__gpu_synchronize(nb_device *dev);
+
+/* ---- kernels: each queues its work on c's stream and returns NB_OK, or records
+ * the error (NB_ERR_DTYPE naming the op for a dtype it lacks). ----------------- */
+
+/* gpu_elementwise.cu */
+nb_status nb__gpu_fill(nb_gpu_ctx *c, const nb_view *out, double value);
+nb_status nb__gpu_arange(nb_gpu_ctx *c, const nb_view *out, double start, double step);
+nb_status nb__gpu_copy(nb_gpu_ctx *c, const nb_view *out, const nb_view *in);
+nb_status nb__gpu_unary(nb_gpu_ctx *c, nb_unary_op op, const nb_view *out, const nb_view *x,
+                        double alpha);
+nb_status nb__gpu_binary(nb_gpu_ctx *c, nb_binary_op op, const nb_view *out, const nb_view *a,
+                         const nb_view *b);
+nb_status nb__gpu_where(nb_gpu_ctx *c, const nb_view *out, const nb_view *cond,
+                        const nb_view *a, const nb_view *b);
+/* gpu_reduce.cu */
+nb_status nb__gpu_reduce(nb_gpu_ctx *c, nb_reduce_op op, const nb_view *out, const nb_view *x);
+nb_status nb__gpu_arg_reduce(nb_gpu_ctx *c, bool is_max, const nb_view *out, const nb_view *x,
+                             int axis);
+/* gpu_matmul.c */
+nb_status nb__gpu_matmul(nb_gpu_ctx *c, const nb_view *out, const nb_view *a, const nb_view *b);
+/* gpu_softmax.cu */
+nb_status nb__gpu_softmax(nb_gpu_ctx *c, bool log, const nb_view *out, const nb_view *x);
+/* gpu_index.cu */
+nb_status nb__gpu_gather(nb_gpu_ctx *c, const char *op, const nb_view *out,
+                         const nb_view *params, const nb_view *indices);
+nb_status nb__gpu_scatter_add(nb_gpu_ctx *c, const char *op, const nb_view *out,
+                              const nb_view *indices, const nb_view *updates);
+nb_status nb__gpu_one_hot(nb_gpu_ctx *c, const nb_view *out, const nb_view *indices, double on,
+                          double off);
+/* gpu_random.cu */
+nb_status nb__gpu_random(nb_gpu_ctx *c, const nb_view *out, nb_random_dist dist, double a,
+                         double b, uint64_t seed);
+/* gpu_optim.cu */
+nb_status nb__gpu_sgd_update(nb_gpu_ctx *c, const nb_view *param, const nb_view *grad,
+                             const nb_view *slot1, const nb_update_params *p);
+nb_status nb__gpu_adam_update(nb_gpu_ctx *c, const nb_view *param, const nb_view *grad,
+                              const nb_view *slot1, const nb_view *slot2,
+                              const nb_update_params *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

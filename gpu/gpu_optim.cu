@@ -1,0 +1,113 @@
+// Fused optimizer updates: one pass over param, grad and slots.
+//
+// SGD:       g' = g + weight_decay * p (weight_decay is 0 for the public SGDs)
+//            plain:    p -= lr * g'
+//            momentum: m = momentum * m + g';  p -= lr * m, or with Nesterov
+//                      p -= lr * (g' + momentum * m)
+// Adam:      m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
+//            p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+//            AdamW (weight_decay > 0) also p -= lr * weight_decay * p, from the
+//            value before the step (decoupled).
+// f16/bf16/f32 compute in float, f64 in double; the bias corrections are
+// computed once on the host in double.
+#include "gpu_kernels.cuh"
+
+using namespace nbg;
+
+namespace {
+
+template <nb_dtype D>
+__global__ void __launch_bounds__(kThreads) k_sgd(T_of<D> *param, const T_of<D> *grad, T_of<D> *mom, int64_t n,
+                                                  double lr_, double momentum_, double wd_, bool nesterov)
+{
+    using C = typename DT<D>::Acc;
+    const C lr = (C)lr_, momentum = (C)momentum_, wd = (C)wd_;
+    for (int64_t i = gtid(); i < n; i += gstride()) {
+        C p = ld<D>(param[i]);
+        C g = ld<D>(grad[i]) + wd * p;
+        if (mom) {
+            C m = momentum * static_cast<C>(ld<D>(mom[i])) + g;
+            mom[i] = st<D>(m);
+            g = nesterov ? g + momentum * m : m;
+        }
+        param[i] = st<D>(p - lr * g);
+    }
+}
+
+template <nb_dtype D>
+__global__ void __launch_bounds__(kThreads)
+    k_adam(T_of<D> *param, const T_of<D> *grad, T_of<D> *m1, T_of<D> *m2, int64_t n, double lr_, double b1_,
+           double b2_, double eps_, double wd_, double bc1_, double bc2_)
+{
+    using C = typename DT<D>::Acc;
+    const C lr = (C)lr_, b1 = (C)b1_, b2 = (C)b2_, eps = (C)eps_, wd = (C)wd_;
+    const C inv_bc1 = (C)(1.0 / bc1_), inv_bc2 = (C)(1.0 / bc2_);
+    for (int64_t i = gtid(); i < n; i += gstride()) {
+        const C p = ld<D>(param[i]), g = ld<D>(grad[i]);
+        const C m = b1 * static_cast<C>(ld<D>(m1[i])) + (C(1) - b1) * g;
+        const C v = b2 * static_cast<C>(ld<D>(m2[i])) + (C(1) - b2) * g * g;
+        m1[i] = st<D>(m);
+        m2[i] = st<D>(v);
+        const C step = (m * inv_bc1) / (m_sqrt(v * inv_bc2) + eps);
+        param[i] = st<D>(p - lr * step - lr * wd * p);
+    }
+}
+
+nb_status check_same(const nb_gpu_ctx *c, const char *op, const nb_view *param, const nb_view *v, const char *what)
+{
+    if (!v->contiguous || v->numel != param->numel || v->dtype != param->dtype)
+        return nb__fail(NB_ERR_INTERNAL, "%s: %s must be contiguous with the parameter's size and dtype on %s", op,
+                        what, c->dev->name);
+    return NB_OK;
+}
+
+} // namespace
+
+extern "C" nb_status nb__gpu_sgd_update(nb_gpu_ctx *c, const nb_view *param, const nb_view *grad,
+                                        const nb_view *slot1, const nb_update_params *p)
+{
+    static const char op[] = "sgd_update";
+    const int64_t n = param->numel;
+    if (n <= 0)
+        return NB_OK;
+    nb_status s;
+    if ((s = check_same(c, op, param, param, "the parameter")) != NB_OK ||
+        (s = check_same(c, op, param, grad, "the gradient")) != NB_OK ||
+        (slot1 && (s = check_same(c, op, param, slot1, "the momentum slot")) != NB_OK))
+        return s;
+    return dispatch_float(param->dtype, c, op, [&](auto tag) -> nb_status {
+        constexpr nb_dtype D = decltype(tag)::value;
+        k_sgd<D><<<grid_for(c, n), kThreads, 0, c->stream>>>(
+            static_cast<T_of<D> *>(param->data), static_cast<const T_of<D> *>(grad->data),
+            slot1 ? static_cast<T_of<D> *>(slot1->data) : nullptr, n, p->lr, p->momentum, p->weight_decay,
+            p->nesterov);
+        return nb__gpu_launched(c, op);
+    });
+}
+
+extern "C" nb_status nb__gpu_adam_update(nb_gpu_ctx *c, const nb_view *param, const nb_view *grad,
+                                         const nb_view *slot1, const nb_view *slot2, const nb_update_params *p)
+{
+    static const char op[] = "adam_update";
+    const int64_t n = param->numel;
+    if (n <= 0)
+        return NB_OK;
+    if (!slot1 || !slot2)
+        return nb__fail(NB_ERR_INTERNAL, "%s: Adam needs both moment slots on %s", op, c->dev->name);
+    nb_status s;
+    if ((s = check_same(c, op, param, param, "the parameter")) != NB_OK ||
+        (s = check_same(c, op, param, grad, "the gradient")) != NB_OK ||
+        (s = check_same(c, op, param, slot1, "the first-moment slot")) != NB_OK ||
+        (s = check_same(c, op, param, slot2, "the second-moment slot")) != NB_OK)
+        return s;
+    const double t = (double)(p->step > 0 ? p->step : 1);
+    const double bc1 = 1.0 - pow(p->beta1, t), bc2 = 1.0 - pow(p->beta2, t);
+    return dispatch_float(param->dtype, c, op, [&](auto tag) -> nb_status {
+        constexpr nb_dtype D = decltype(tag)::value;
+        k_adam<D><<<grid_for(c, n), kThreads, 0, c->stream>>>(
+            static_cast<T_of<D> *>(param->data), static_cast<const T_of<D> *>(grad->data),
+            static_cast<T_of<D> *>(slot1->data), static_cast<T_of<D> *>(slot2->data), n, p->lr, p->beta1,
+            p->beta2, p->epsilon, p->weight_decay, bc1, bc2);
+        return nb__gpu_launched(c, op);
+    });
+}

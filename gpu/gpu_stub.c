@@ -1,0 +1,66 @@
+/* The GPU backend of a build without CUDA: no devices, and every public GPU
+ * function says it is not available. */
+#include "lib/core/core.h"
+#include "lib/core/backend.h"
+#include <nabla/gpu.h>
+
+#include <string.h>
+
+int nb__gpu_discover(nb_device *devices, int max, int logical_per_gpu)
+{
+    (void)devices;
+    (void)max;
+    (void)logical_per_gpu;
+    return 0;
+}
+
+bool nb__gpu_built(void) { return false; }
+
+static nb_status unsupported(const char *who)
+{
+    return nb__fail(NB_ERR_UNSUPPORTED, "%s: this build of nabla has no CUDA backend", who);
+}
+
+nb_status nb_gpu_get_memory_stats(const char *device, nb_gpu_memory_stats *out)
+{
+    (void)device;
+    if (out)
+        memset(out, 0, sizeof *out);
+    return unsupported("nb_gpu_get_memory_stats");
+}
+
+nb_status nb_gpu_reset_peak_memory(const char *device)
+{
+    (void)device;
+    return unsupported("nb_gpu_reset_peak_memory");
+}
+
+nb_status nb_gpu_empty_cache(const char *device)
+{
+    (void)device;
+    return unsupported("nb_gpu_empty_cache");
+}
+
+nb_status nb_gpu_set_reserve(const char *device, size_t bytes, bool allow_growth)
+{
+    (void)device;
+    (void)bytes;
+    (void)allow_growth;
+    return unsupported("nb_gpu_set_reserve");
+}
+
+bool nb_gpu_set_tf32(bool on)
+{
+    (void)on;
+    return false;
+}
+
+bool nb_gpu_tf32(void) { return false; }
+
+nb_status nb_gpu_device_properties(const char *device, nb_gpu_properties *out)
+{
+    (void)device;
+    if (out)
+        memset(out, 0, sizeof *out);
+    return unsupported("nb_gpu_device_properties");
+}
