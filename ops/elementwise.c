@@ -125,7 +125,7 @@ static nb_status where_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **g
     gi[0] = NULL; /* no gradient to the condition */
     gi[1] = nb__sum_to(nb_where(c, g[0], zero), SHAPE_OF(a));
     gi[2] = nb__sum_to(nb_where(c, zero, g[0]), SHAPE_OF(b));
-    return nb__ok2(gi[0], gi[1]);
+    return nb__ok2(gi[1], gi[2]);
 }
 
 static const nb_op_def where_def = {"where", where_grad};

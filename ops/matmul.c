@@ -95,9 +95,10 @@ nb_tensor *nb_matmul(const nb_tensor *a, const nb_tensor *b)
     if (b->ndim == 1)
         b2 = nb_expand_dims(b, 1);
     nb_tensor *y = matmul_core(a2, b2);
-    if (y && b->ndim == 1)
-        y = nb_squeeze(y, -1);
+    /* Drop a's row dim first: with both vectors [1, 1] -> [1] -> []. */
     if (y && a->ndim == 1)
         y = nb_squeeze(y, -2);
+    if (y && b->ndim == 1)
+        y = nb_squeeze(y, -1);
     return y;
 }

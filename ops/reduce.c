@@ -118,13 +118,16 @@ nb_tensor *nb_logsumexp(const nb_tensor *x, nb_axes axes, bool keepdims)
         return nb__null_input("logsumexp", 0);
     if (nb__check_dtype("logsumexp", "input", x, NB_FLOATS))
         return NULL;
+    /* Check the axes here so that an error names logsumexp, not max. */
+    int mask = nb__axes_mask("logsumexp", axes, x->ndim);
+    if (mask < 0)
+        return NULL;
     /* Shifting by the (constant) max keeps exp in range; the shift cancels exactly
      * in the gradient, so it is cut from the tape. */
     nb_tensor *m = nb_stop_gradient(nb_max(x, axes, true));
     nb_tensor *s = nb_add(nb_log(nb_sum(nb_exp(nb_sub(x, m)), axes, true)), m);
     if (!s || keepdims)
         return s;
-    int mask = nb__axes_mask("logsumexp", axes, x->ndim);
     nb_shape shape = {0, {0}};
     for (int i = 0; i < x->ndim; i++)
         if (!(mask & (1 << i)))

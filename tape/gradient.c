@@ -180,7 +180,7 @@ static nb_status gradient_ids(nb_tape *tape, const nb_tensor *target, const nb_t
 nb_status nb_tape_gradient_ex(nb_tape *tape, const nb_tensor *target, const nb_tensor *output_gradient,
                               int n, nb_tensor *const *sources, nb_tensor **grads, nb_unconnected unconnected)
 {
-    uint64_t small[16];
+    uint64_t small[16] = {0};
     uint64_t *ids = n <= 16 ? small : malloc(sizeof *ids * (size_t)n);
     if (!ids)
         return nb__fail(NB_ERR_OUT_OF_MEMORY, "nb_tape_gradient: out of host memory");
@@ -201,8 +201,8 @@ nb_status nb_tape_gradient(nb_tape *tape, const nb_tensor *target, int n, nb_ten
 nb_status nb_tape_gradient_vars(nb_tape *tape, const nb_tensor *target, int n, nb_variable *const *vars,
                                 nb_tensor **grads)
 {
-    uint64_t small[16];
-    nb_tensor *like_small[16];
+    uint64_t small[16] = {0};
+    nb_tensor *like_small[16] = {0};
     uint64_t *ids = n <= 16 ? small : malloc(sizeof *ids * (size_t)n);
     nb_tensor **like = n <= 16 ? like_small : malloc(sizeof *like * (size_t)n);
     if (!ids || !like) {
