@@ -4,9 +4,12 @@
 static nb_status matmul_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
 {
     nb_tensor *a = n->in[0], *b = n->in[1];
-    gi[0] = nb__sum_to(nb_matmul(g[0], nb_transpose(b, -1, -2)), a->ndim, a->shape);
-    gi[1] = nb__sum_to(nb_matmul(nb_transpose(a, -1, -2), g[0]), b->ndim, b->shape);
-    return nb__ok2(gi[0], gi[1]);
+    /* A constant operand (data, usually) gets no product at all. */
+    if (nb__needs_grad(n, 0) && !(gi[0] = nb__sum_to(nb_matmul(g[0], nb_transpose(b, -1, -2)), a->ndim, a->shape)))
+        return nb__ok(NULL);
+    if (nb__needs_grad(n, 1) && !(gi[1] = nb__sum_to(nb_matmul(nb_transpose(a, -1, -2), g[0]), b->ndim, b->shape)))
+        return nb__ok(NULL);
+    return NB_OK;
 }
 
 static const nb_op_def matmul_def = {"matmul", matmul_grad};

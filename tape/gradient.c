@@ -49,8 +49,13 @@ static nb_status backward_node(nb_tape *tape, nb_node *node, nb_idmap *grads)
     for (int j = 0; j < node->n_out; j++)
         any |= (out_grads[j] = nb__idmap_get(grads, node->out_ids[j])) != NULL;
     bool wanted = false;
-    for (int k = 0; k < node->n_in; k++)
-        wanted |= node->in_ids[k] && nb__idmap_has(&tape->watched, node->in_ids[k]);
+    node->needs = 0;
+    for (int k = 0; k < node->n_in; k++) {
+        bool w = node->in_ids[k] && nb__idmap_has(&tape->watched, node->in_ids[k]);
+        wanted |= w;
+        if (w && k < 32)
+            node->needs |= 1u << k;
+    }
     if (!any || !wanted)
         goto done;
     if (!node->op->grad) {

@@ -34,8 +34,12 @@ struct nb_node {
     nb_tensor **in;   /* held references (NULL after a one-shot tape used them) */
     nb_tensor **out;
     uint64_t *in_ids, *out_ids;
+    uint32_t needs;   /* during backward: bit k set when input k wants a gradient */
     nb_op_attrs attrs;
 };
+
+/* For gradient functions: whether input k wants a gradient (skip the work if not). */
+static inline bool nb__needs_grad(const nb_node *n, int k) { return k >= 32 || (n->needs >> k) & 1u; }
 
 /* True when the calling thread has a tape that is recording. Cheap: ops call it
  * on every invocation. */

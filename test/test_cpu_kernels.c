@@ -251,7 +251,7 @@ static arr arr_layout(nb_dtype dt, int nd, const int64_t *shape, int layout)
 static int out_layout(int i) { return i % 3 == 0 ? L_CONTIG : i % 3 == 1 ? L_TRANS : L_STEP; }
 
 static const int64_t SHAPE_SMALL[3] = {4, 5, 6};
-static const int64_t SHAPE_BIG[2] = {300, 410}; /* > 2 * grain: the parallel path */
+static const int64_t SHAPE_BIG[2] = {200, 350}; /* > 2 * grain: the parallel path */
 
 /* ---- memory ---------------------------------------------------------------------------------- */
 
@@ -846,8 +846,8 @@ static void test_reduce(void)
                 for (int l = 0; l < 3; l++)
                     check_reduce((nb_reduce_op)op, dts[di], 4, shape4, mask, l);
             /* large: full (partials), rows, columns (tiles), middle */
-            const int64_t s_full[1] = {300001}, s_rows[2] = {70, 3001}, s_cols[2] = {3001, 300};
-            const int64_t s_mid[3] = {40, 500, 30};
+            const int64_t s_full[1] = {70001}, s_rows[2] = {30, 2500}, s_cols[2] = {701, 100};
+            const int64_t s_mid[3] = {20, 200, 20};
             if (op != NB_RED_PROD) {
                 check_reduce((nb_reduce_op)op, dts[di], 1, s_full, 1, L_CONTIG);
                 check_reduce((nb_reduce_op)op, dts[di], 2, s_rows, 2, L_CONTIG);
@@ -1015,7 +1015,7 @@ done:
     arr_free(&c);
 }
 
-static void matmul_suite(matmul_fn fn, const char *path)
+static void matmul_suite(matmul_fn fn, const char *path, bool full)
 {
     static const int64_t sizes[][3] = {
         {1, 1, 1}, {1, 7, 5}, {6, 1, 9}, {3, 4, 1}, {2, 3, 4}, {13, 17, 19}, {33, 40, 31},
@@ -1038,12 +1038,19 @@ static void matmul_suite(matmul_fn fn, const char *path)
         }
         /* many small products (per-batch threading) */
         const int64_t b3[1] = {300};
-        check_matmul(fn, path, dt, 1, b3, 0, 1, 20, 24, 28, false, true, false);
+        if (full)
+            check_matmul(fn, path, dt, 1, b3, 0, 1, 20, 24, 28, false, true, false);
     }
+    if (!full)
+        return;
     /* larger: several K blocks and N panels, the parallel split */
     check_matmul(fn, path, NB_F32, 0, NULL, 0, 0, 64, 4200, 300, false, false, false);
     check_matmul(fn, path, NB_F32, 0, NULL, 0, 0, 257, 263, 520, true, true, false);
     check_matmul(fn, path, NB_F64, 0, NULL, 0, 0, 301, 97, 530, false, true, true);
+    for (int t = 0; t < 4; t++) { /* matrix-vector shapes, large enough to split */
+        check_matmul(fn, path, NB_F32, 0, NULL, 0, 0, 1, 3000, 500, t & 1, t >> 1, false);
+        check_matmul(fn, path, NB_F64, 0, NULL, 0, 0, 2000, 1, 700, t & 1, t >> 1, t == 3);
+    }
     for (int di = 0; di < 2; di++) { /* integers: a plain loop */
         nb_dtype dt = di ? NB_I64 : NB_I32;
         const int64_t b1[1] = {3};
@@ -1055,7 +1062,7 @@ static void matmul_suite(matmul_fn fn, const char *path)
 static void test_matmul(void)
 {
     current = "matmul";
-    matmul_suite(B->matmul, "table");
+    matmul_suite(B->matmul, "table", true);
     const char *kernels[3] = {"generic", "avx2", "avx512"};
     const char *native = nb__cpu_gemm_kernel_name();
     for (int k = 0; k < 3; k++) {
@@ -1063,7 +1070,7 @@ static void test_matmul(void)
             continue;
         char name[64];
         snprintf(name, sizeof name, "builtin-%s", kernels[k]);
-        matmul_suite(nb__cpu_matmul_builtin, name);
+        matmul_suite(nb__cpu_matmul_builtin, name, strcmp(kernels[k], native) == 0);
     }
     nb__cpu_gemm_use_kernel(native);
     /* shapes that do not fit */

@@ -121,6 +121,7 @@ static const mm_case cases[] = {
     {NB_SHAPE(37, 53), NB_SHAPE(53, 29), NB_SHAPE(37, 29)},
     {NB_SHAPE(130, 70), NB_SHAPE(70, 65), NB_SHAPE(130, 65)},
     {NB_SHAPE(3, 17, 33), NB_SHAPE(3, 33, 9), NB_SHAPE(3, 17, 9)},
+    {NB_SHAPE(2, 257, 300), NB_SHAPE(300, 190), NB_SHAPE(2, 257, 190)},
 };
 #define N_CASES (int)(sizeof cases / sizeof *cases)
 
@@ -199,8 +200,13 @@ static void test_gradients(void)
 {
     uint64_t seed = 300;
     for (int c = 0; c < N_CASES; c++) {
-        if (cases[c].a.dims[0] >= 100)
-            continue; /* 130x70x65: values only; 37x53x29 stands for the odd sizes */
+        int64_t na = 1, nb = 1;
+        for (int i = 0; i < cases[c].a.ndim; i++)
+            na *= cases[c].a.dims[i];
+        for (int i = 0; i < cases[c].b.ndim; i++)
+            nb *= cases[c].b.dims[i];
+        if (na + nb > 4000)
+            continue; /* the big ones: values only; 37x53x29 stands for the odd sizes */
         for (int ta = 0; ta < 2; ta++)
             for (int tb = 0; tb < 2; tb++) {
                 if ((ta && cases[c].a.ndim < 2) || (tb && cases[c].b.ndim < 2))

@@ -574,6 +574,39 @@ static void test_devices(void)
     nb_variable_free(v);
 }
 
+/* The same on a GPU, when there is one: variables, slots and updates on the GPU,
+ * and gradients that come from the CPU. */
+static void test_gpu(void)
+{
+    if (nb_device_count(NB_DEVICE_GPU) == 0) {
+        fprintf(stderr, "[test_gpu] no GPU; skipped\n");
+        return;
+    }
+    CHECK_OK(nb_device_push("/gpu:0"));
+    test_read_snapshot();
+    test_copy_on_write();
+    test_odd_gradients();
+    for (size_t i = 0; i < sizeof ref_opts / sizeof *ref_opts; i++) {
+        check_optimizer(&ref_opts[i], NB_F64, 1e-12);
+        check_optimizer(&ref_opts[i], NB_F32, 2e-5);
+    }
+    double h[4], hg[4], ref[4];
+    nb_variable *v = nb_variable_new("gpu", random_tensor(NB_F32, NB_SHAPE(4), h, 1));
+    CHECK_OK(nb_device_pop());
+    CHECK(strncmp(nb_variable_device(v), "/gpu:", 5) == 0);
+    nb_tensor *g = random_tensor(NB_F32, NB_SHAPE(4), hg, 1); /* on /cpu:0 */
+    nb_optimizer *opt = nb_adam_new(0.1, 0.9, 0.999, 1e-3);
+    CHECK_OK(nb_optimizer_apply(opt, NB_VARS(v), &g));
+    CHECK_OK(nb_variable_assign_sub(v, g));
+    for (int i = 0; i < 4; i++) {
+        double m = 0.1 * hg[i], vv = 0.001 * hg[i] * hg[i];
+        ref[i] = h[i] - 0.1 * (m / 0.1) / (sqrt(vv / 0.001) + 1e-3) - hg[i];
+    }
+    CHECK(check_max_error(nb_read(v), ref, 4) < 1e-5);
+    nb_optimizer_free(opt);
+    nb_variable_free(v);
+}
+
 int main(void)
 {
     CHECK_OK(nb_set_logical_cpu_devices(2));
@@ -591,5 +624,6 @@ int main(void)
     RUN(test_odd_gradients);
     RUN(test_not_recorded);
     RUN(test_devices);
+    RUN(test_gpu);
     return check_finish();
 }

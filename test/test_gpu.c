@@ -1,0 +1,679 @@
+/* The CUDA backend against the CPU: every op on /gpu:0 is compared with the
+ * same op on /cpu:0 on random inputs by normalised error; then the caching
+ * allocator (statistics, cache reuse, reserve mode), recovery from running out
+ * of device memory, random tensors, copies between devices and the fused
+ * optimizer updates. Exits 77 (skipped) where there is no GPU.
+ *
+ * Each physical GPU is split into two logical GPUs, so /gpu:0 and /gpu:1 share
+ * card 0 with a stream each: that exercises cross-stream copies and the
+ * allocator's cross-stream reuse on a one-GPU machine. */
+#include "check.h"
+
+#include <nabla/gpu.h>
+
+#define GPU "/gpu:0"
+#define CPU "/cpu:0"
+
+static bool on_gpu_device(const nb_tensor *t) { return t && strncmp(nb_tensor_device(t), "/gpu:", 5) == 0; }
+
+/* t's values as doubles on the host (malloc'd, caller frees); *n = -1 on failure. */
+static double *host_values(const nb_tensor *t, int64_t *n)
+{
+    *n = -1;
+    if (!t)
+        return NULL;
+    /* f16/bf16 are GPU dtypes: widen them where they are first */
+    nb_dtype dt = nb_tensor_dtype(t);
+    const nb_tensor *w = dt == NB_F16 || dt == NB_BF16 ? nb_cast(t, NB_F32) : t;
+    nb_tensor *c = w ? nb_to_device((nb_tensor *)w, CPU) : NULL;
+    nb_tensor *d = c ? nb_cast(c, NB_F64) : NULL;
+    if (!d)
+        return NULL;
+    int64_t k = nb_tensor_numel(d);
+    double *v = malloc(sizeof(double) * (size_t)(k > 0 ? k : 1));
+    if (!v || nb_tensor_read(d, v, sizeof(double) * (size_t)k) != NB_OK) {
+        free(v);
+        return NULL;
+    }
+    *n = k;
+    return v;
+}
+
+/* Largest |g - c| / (1 + |c|): g must lie on a GPU, c have its shape and dtype.
+ * INFINITY when either is missing or they differ in shape, dtype or NaN-ness. */
+static double gpu_cpu_error(const nb_tensor *g, const nb_tensor *c)
+{
+    if (!g || !c || !on_gpu_device(g) || nb_tensor_dtype(g) != nb_tensor_dtype(c))
+        return INFINITY;
+    nb_shape sg = nb_tensor_shape(g), sc = nb_tensor_shape(c);
+    if (sg.ndim != sc.ndim)
+        return INFINITY;
+    for (int i = 0; i < sg.ndim; i++)
+        if (sg.dims[i] != sc.dims[i])
+            return INFINITY;
+    int64_t n1, n2;
+    double *a = host_values(g, &n1), *b = host_values(c, &n2), worst = 0;
+    if (!a || !b || n1 != n2)
+        worst = INFINITY;
+    for (int64_t i = 0; worst < INFINITY && i < n1; i++) {
+        if (isnan(a[i]) || isnan(b[i])) {
+            if (!(isnan(a[i]) && isnan(b[i])))
+                worst = INFINITY;
+            continue;
+        }
+        if (isinf(a[i]) || isinf(b[i])) {
+            if (a[i] != b[i])
+                worst = INFINITY;
+            continue;
+        }
+        double e = fabs(a[i] - b[i]) / (1.0 + fabs(b[i]));
+        if (e > worst)
+            worst = e;
+    }
+    free(a);
+    free(b);
+    return worst;
+}
+
+#define CHECK_MATCH(what, g, c, tol)                                                                \
+    do {                                                                                            \
+        double e_ = gpu_cpu_error((g), (c));                                                        \
+        if (!(e_ <= (tol))) {                                                                       \
+            fprintf(stderr, "%s:%d: [%s] %s: GPU vs CPU normalised error %.3g > %.3g (%s)\n",       \
+                    __FILE__, __LINE__, check_current, (what), e_, (double)(tol), nb_error_message()); \
+            check_failures++;                                                                       \
+            nb_error_clear();                                                                       \
+        }                                                                                           \
+    } while (0)
+
+static nb_tensor *rnd(nb_dtype dt, nb_shape s, uint64_t seed) { return nb_random_normal(dt, s, 0.0, 1.0, seed); }
+static nb_tensor *gpu(const nb_tensor *t) { return nb_to_device((nb_tensor *)t, GPU); }
+static double tol_of(nb_dtype dt) { return dt == NB_F64 ? 1e-11 : 2e-5; }
+
+/* ---- elementwise -------------------------------------------------------------- */
+
+typedef nb_tensor *(*unary_fn)(const nb_tensor *);
+
+static void test_unary(void)
+{
+    static const struct {
+        const char *name;
+        unary_fn fn;
+        bool positive; /* domain x > 0 */
+    } ops[] = {
+        {"neg", nb_neg, false},         {"abs", nb_abs, false},         {"sign", nb_sign, false},
+        {"exp", nb_exp, false},         {"log", nb_log, true},          {"sqrt", nb_sqrt, true},
+        {"rsqrt", nb_rsqrt, true},      {"square", nb_square, false},   {"sin", nb_sin, false},
+        {"cos", nb_cos, false},         {"tanh", nb_tanh, false},       {"erf", nb_erf, false},
+        {"sigmoid", nb_sigmoid, false}, {"relu", nb_relu, false},       {"gelu", nb_gelu, false},
+        {"softplus", nb_softplus, false},
+    };
+    const nb_dtype dts[] = {NB_F32, NB_F64};
+    for (size_t d = 0; d < sizeof dts / sizeof *dts; d++) {
+        nb_tensor *x = nb_mul_scalar(rnd(dts[d], NB_SHAPE(37, 129), 1), 3.0);
+        nb_tensor *pos = nb_add_scalar(nb_abs(x), 0.1);
+        for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) {
+            nb_tensor *in = ops[i].positive ? pos : x, *ing = gpu(in);
+            CHECK_MATCH(ops[i].name, ops[i].fn(ing), ops[i].fn(in), tol_of(dts[d]));
+            /* a transposed (strided) input */
+            CHECK_MATCH(ops[i].name, ops[i].fn(nb_transpose(ing, 0, 1)), ops[i].fn(nb_transpose(in, 0, 1)),
+                        tol_of(dts[d]));
+        }
+        nb_tensor *xg = gpu(x), *pg = gpu(pos);
+        CHECK_MATCH("leaky_relu", nb_leaky_relu(xg, 0.2), nb_leaky_relu(x, 0.2), tol_of(dts[d]));
+        CHECK_MATCH("add_scalar", nb_add_scalar(xg, -1.5), nb_add_scalar(x, -1.5), tol_of(dts[d]));
+        CHECK_MATCH("mul_scalar", nb_mul_scalar(xg, 0.7), nb_mul_scalar(x, 0.7), tol_of(dts[d]));
+        CHECK_MATCH("pow_scalar", nb_pow_scalar(pg, 1.7), nb_pow_scalar(pos, 1.7), tol_of(dts[d]));
+    }
+}
+
+typedef nb_tensor *(*binary_fn)(const nb_tensor *, const nb_tensor *);
+
+static void test_binary(void)
+{
+    static const struct {
+        const char *name;
+        binary_fn fn;
+        bool positive;
+    } ops[] = {
+        {"add", nb_add, false},         {"sub", nb_sub, false},
+        {"mul", nb_mul, false},         {"div", nb_div, true},
+        {"pow", nb_pow, true},          {"maximum", nb_maximum, false},
+        {"minimum", nb_minimum, false}, {"equal", nb_equal, false},
+        {"not_equal", nb_not_equal, false}, {"less", nb_less, false},
+        {"less_equal", nb_less_equal, false}, {"greater", nb_greater, false},
+        {"greater_equal", nb_greater_equal, false},
+    };
+    const nb_dtype dts[] = {NB_F32, NB_F64};
+    for (size_t d = 0; d < sizeof dts / sizeof *dts; d++) {
+        /* [4, 1, 33] with [5, 1] broadcasts to [4, 5, 33] */
+        nb_tensor *a = rnd(dts[d], NB_SHAPE(4, 1, 33), 2), *b = rnd(dts[d], NB_SHAPE(5, 1), 3);
+        nb_tensor *ap = nb_add_scalar(nb_abs(a), 0.5), *bp = nb_add_scalar(nb_abs(b), 0.5);
+        /* equal elements, so equal/less_equal see ties */
+        nb_tensor *a2 = nb_maximum(a, nb_zeros_like(a));
+        for (size_t i = 0; i < sizeof ops / sizeof *ops; i++) {
+            nb_tensor *x = ops[i].positive ? ap : a, *y = ops[i].positive ? bp : b;
+            CHECK_MATCH(ops[i].name, ops[i].fn(gpu(x), gpu(y)), ops[i].fn(x, y), tol_of(dts[d]));
+            CHECK_MATCH(ops[i].name, ops[i].fn(gpu(a2), gpu(a)), ops[i].fn(a2, a), tol_of(dts[d]));
+        }
+        /* same shapes, contiguous: the vectorised path */
+        nb_tensor *u = rnd(dts[d], NB_SHAPE(1001, 64), 4), *v = rnd(dts[d], NB_SHAPE(1001, 64), 5);
+        CHECK_MATCH("add contiguous", nb_add(gpu(u), gpu(v)), nb_add(u, v), tol_of(dts[d]));
+        CHECK_MATCH("mul transposed", nb_mul(nb_transpose(gpu(u), 0, 1), nb_transpose(gpu(v), 0, 1)),
+                    nb_mul(nb_transpose(u, 0, 1), nb_transpose(v, 0, 1)), tol_of(dts[d]));
+        nb_tensor *cond = nb_greater(a, b);
+        CHECK_MATCH("where", nb_where(gpu(cond), gpu(a), gpu(b)), nb_where(cond, a, b), tol_of(dts[d]));
+    }
+}
+
+static void test_integer_and_cast(void)
+{
+    nb_tensor *x = nb_mul_scalar(rnd(NB_F32, NB_SHAPE(17, 23), 6), 10.0);
+    nb_tensor *y = nb_mul_scalar(rnd(NB_F32, NB_SHAPE(23), 7), 10.0);
+    const nb_dtype ints[] = {NB_I32, NB_I64};
+    for (int i = 0; i < 2; i++) {
+        nb_tensor *a = nb_cast(x, ints[i]), *b = nb_cast(y, ints[i]);
+        CHECK_MATCH("int cast", nb_cast(gpu(x), ints[i]), a, 0);
+        CHECK_MATCH("int add", nb_add(gpu(a), gpu(b)), nb_add(a, b), 0);
+        CHECK_MATCH("int sub", nb_sub(gpu(a), gpu(b)), nb_sub(a, b), 0);
+        CHECK_MATCH("int mul", nb_mul(gpu(a), gpu(b)), nb_mul(a, b), 0);
+        CHECK_MATCH("int maximum", nb_maximum(gpu(a), gpu(b)), nb_maximum(a, b), 0);
+        CHECK_MATCH("int less", nb_less(gpu(a), gpu(b)), nb_less(a, b), 0);
+        CHECK_MATCH("int neg", nb_neg(gpu(a)), nb_neg(a), 0);
+        CHECK_MATCH("int abs", nb_abs(gpu(a)), nb_abs(a), 0);
+        CHECK_MATCH("int square", nb_square(gpu(a)), nb_square(a), 0);
+        CHECK_MATCH("int sum", nb_sum(gpu(a), NB_AXES(0), false), nb_sum(a, NB_AXES(0), false), 0);
+        CHECK_MATCH("int max", nb_max(gpu(a), NB_AXES(1), false), nb_max(a, NB_AXES(1), false), 0);
+        CHECK_MATCH("int argmax", nb_argmax(gpu(a), 1, false), nb_argmax(a, 1, false), 0);
+    }
+    /* casts between floating dtypes, to and from bool */
+    nb_tensor *r = nb_relu(x); /* has zeros */
+    CHECK_MATCH("f32->f64", nb_cast(gpu(x), NB_F64), nb_cast(x, NB_F64), 0);
+    CHECK_MATCH("f32->bool", nb_cast(gpu(r), NB_BOOL), nb_cast(r, NB_BOOL), 0);
+    CHECK_MATCH("bool->f32", nb_cast(nb_cast(gpu(r), NB_BOOL), NB_F32), nb_cast(nb_cast(r, NB_BOOL), NB_F32), 0);
+    CHECK_MATCH("i32->i64", nb_cast(nb_cast(gpu(x), NB_I32), NB_I64), nb_cast(nb_cast(x, NB_I32), NB_I64), 0);
+    /* f16 and bf16 live on the GPU only: a round trip loses at most their precision */
+    nb_tensor *xg = gpu(x);
+    CHECK_MATCH("f32->f16->f32", nb_cast(nb_cast(xg, NB_F16), NB_F32), x, 1e-3);
+    CHECK_MATCH("f32->bf16->f32", nb_cast(nb_cast(xg, NB_BF16), NB_F32), x, 8e-3);
+    CHECK_MATCH("f16 add", nb_cast(nb_add(nb_cast(xg, NB_F16), nb_cast(xg, NB_F16)), NB_F32), nb_add(x, x), 2e-3);
+    /* a strided copy */
+    CHECK_MATCH("contiguous", nb_contiguous(nb_transpose(xg, 0, 1)), nb_contiguous(nb_transpose(x, 0, 1)), 0);
+}
+
+static void test_creation(void)
+{
+    CHECK_OK(nb_device_push(GPU));
+    nb_tensor *f = nb_full(NB_F32, NB_SHAPE(3, 1000), 2.5);
+    nb_tensor *z = nb_zeros(NB_F64, NB_SHAPE(77));
+    nb_tensor *ar = nb_arange(NB_F32, -3.0, 7.0, 0.25);
+    nb_tensor *ai = nb_arange(NB_I64, 0, 100000, 3);
+    CHECK_OK(nb_device_pop());
+    CHECK_MATCH("full", f, nb_full(NB_F32, NB_SHAPE(3, 1000), 2.5), 0);
+    CHECK_MATCH("zeros", z, nb_zeros(NB_F64, NB_SHAPE(77)), 0);
+    CHECK_MATCH("arange", ar, nb_arange(NB_F32, -3.0, 7.0, 0.25), 0);
+    CHECK_MATCH("arange i64", ai, nb_arange(NB_I64, 0, 100000, 3), 0);
+}
+
+/* ---- reductions ---------------------------------------------------------------- */
+
+static void test_reduce(void)
+{
+    const nb_axes sets[] = {NB_ALL_AXES, NB_AXES(0), NB_AXES(1), NB_AXES(2), NB_AXES(0, 2), NB_AXES(1, 2),
+                            NB_AXES(0, 1), NB_AXES(-1)};
+    const nb_dtype dts[] = {NB_F32, NB_F64};
+    for (size_t d = 0; d < 2; d++) {
+        const double tol = dts[d] == NB_F64 ? 1e-11 : 1e-4;
+        nb_tensor *x = rnd(dts[d], NB_SHAPE(7, 33, 129), 8);
+        nb_tensor *near1 = nb_add_scalar(nb_mul_scalar(x, 0.01), 1.0);
+        nb_tensor *xp = nb_permute(x, NB_AXES(2, 0, 1)); /* strided */
+        nb_tensor *xg = gpu(x), *ng = gpu(near1), *xpg = nb_permute(xg, NB_AXES(2, 0, 1));
+        for (size_t s = 0; s < sizeof sets / sizeof *sets; s++) {
+            for (int keep = 0; keep < 2; keep++) {
+                CHECK_MATCH("sum", nb_sum(xg, sets[s], keep), nb_sum(x, sets[s], keep), tol);
+                CHECK_MATCH("mean", nb_mean(xg, sets[s], keep), nb_mean(x, sets[s], keep), tol);
+                CHECK_MATCH("max", nb_max(xg, sets[s], keep), nb_max(x, sets[s], keep), 0);
+                CHECK_MATCH("min", nb_min(xg, sets[s], keep), nb_min(x, sets[s], keep), 0);
+                CHECK_MATCH("prod", nb_prod(ng, sets[s], keep), nb_prod(near1, sets[s], keep), tol);
+                CHECK_MATCH("sum permuted", nb_sum(xpg, sets[s], keep), nb_sum(xp, sets[s], keep), tol);
+            }
+        }
+        CHECK_MATCH("logsumexp", nb_logsumexp(xg, NB_AXES(2), false), nb_logsumexp(x, NB_AXES(2), false), tol);
+        for (int axis = 0; axis < 3; axis++) {
+            CHECK_MATCH("argmax", nb_argmax(xg, axis, false), nb_argmax(x, axis, false), 0);
+            CHECK_MATCH("argmin", nb_argmin(xg, axis, true), nb_argmin(x, axis, true), 0);
+            CHECK_MATCH("argmax permuted", nb_argmax(xpg, axis, false), nb_argmax(xp, axis, false), 0);
+        }
+        /* long rows (split into chunks), tall columns (split across blocks) */
+        nb_tensor *big = rnd(dts[d], NB_SHAPE(1 << 20), 9), *tall = rnd(dts[d], NB_SHAPE(8192, 3), 10);
+        CHECK_MATCH("sum_all large", nb_sum_all(gpu(big)), nb_sum_all(big), dts[d] == NB_F64 ? 1e-11 : 1e-3);
+        CHECK_MATCH("max large", nb_max(gpu(big), NB_ALL_AXES, false), nb_max(big, NB_ALL_AXES, false), 0);
+        CHECK_MATCH("column sum", nb_sum(gpu(tall), NB_AXES(0), false), nb_sum(tall, NB_AXES(0), false), tol);
+        CHECK_MATCH("row mean", nb_mean(gpu(tall), NB_AXES(1), true), nb_mean(tall, NB_AXES(1), true), tol);
+    }
+}
+
+/* ---- matmul ----------------------------------------------------------------------- */
+
+static void test_matmul(void)
+{
+    const nb_dtype dts[] = {NB_F32, NB_F64};
+    for (size_t d = 0; d < 2; d++) {
+        const double tol = dts[d] == NB_F64 ? 1e-11 : 1e-4;
+        nb_tensor *a = rnd(dts[d], NB_SHAPE(33, 65), 11), *b = rnd(dts[d], NB_SHAPE(65, 17), 12);
+        nb_tensor *ag = gpu(a), *bg = gpu(b);
+        CHECK_MATCH("matmul", nb_matmul(ag, bg), nb_matmul(a, b), tol);
+        /* transposed operands are used in place */
+        nb_tensor *at = rnd(dts[d], NB_SHAPE(65, 33), 13), *bt = rnd(dts[d], NB_SHAPE(17, 65), 14);
+        nb_tensor *atg = nb_transpose(gpu(at), 0, 1), *btg = nb_transpose(gpu(bt), 0, 1);
+        nb_tensor *atc = nb_transpose(at, 0, 1), *btc = nb_transpose(bt, 0, 1);
+        CHECK_MATCH("matmul a^T b", nb_matmul(atg, bg), nb_matmul(atc, b), tol);
+        CHECK_MATCH("matmul a b^T", nb_matmul(ag, btg), nb_matmul(a, btc), tol);
+        CHECK_MATCH("matmul a^T b^T", nb_matmul(atg, btg), nb_matmul(atc, btc), tol);
+        /* vectors */
+        nb_tensor *v = rnd(dts[d], NB_SHAPE(65), 15);
+        CHECK_MATCH("vector x matrix", nb_matmul(gpu(v), bg), nb_matmul(v, b), tol);
+        CHECK_MATCH("matrix x vector", nb_matmul(ag, gpu(v)), nb_matmul(a, v), tol);
+        /* broadcast batches: [3, 1, 8, 16] x [5, 16, 4] -> [3, 5, 8, 4] */
+        nb_tensor *ba = rnd(dts[d], NB_SHAPE(3, 1, 8, 16), 16), *bb = rnd(dts[d], NB_SHAPE(5, 16, 4), 17);
+        CHECK_MATCH("batched broadcast", nb_matmul(gpu(ba), gpu(bb)), nb_matmul(ba, bb), tol);
+        nb_tensor *bc = rnd(dts[d], NB_SHAPE(5, 16, 8), 18);
+        CHECK_MATCH("batched transposed", nb_matmul(nb_transpose(gpu(bc), 1, 2), gpu(bb)),
+                    nb_matmul(nb_transpose(bc, 1, 2), bb), tol);
+    }
+    /* TF32: faster, about 1e-3 relative */
+    nb_tensor *a = rnd(NB_F32, NB_SHAPE(128, 256), 19), *b = rnd(NB_F32, NB_SHAPE(256, 64), 20);
+    CHECK(!nb_gpu_set_tf32(true));
+    CHECK(nb_gpu_tf32());
+    CHECK_MATCH("matmul tf32", nb_matmul(gpu(a), gpu(b)), nb_matmul(a, b), 2e-2);
+    CHECK(nb_gpu_set_tf32(false));
+    CHECK_MATCH("matmul f32", nb_matmul(gpu(a), gpu(b)), nb_matmul(a, b), 1e-4);
+    /* half precision, float accumulation */
+    nb_tensor *h = nb_cast(nb_matmul(nb_cast(gpu(a), NB_F16), nb_cast(gpu(b), NB_F16)), NB_F32);
+    CHECK_MATCH("matmul f16", h, nb_matmul(a, b), 5e-2);
+}
+
+/* ---- softmax, indexing ---------------------------------------------------------------- */
+
+static void test_softmax(void)
+{
+    const nb_dtype dts[] = {NB_F32, NB_F64};
+    for (size_t d = 0; d < 2; d++) {
+        const double tol = dts[d] == NB_F64 ? 1e-11 : 1e-5;
+        nb_tensor *x = nb_mul_scalar(rnd(dts[d], NB_SHAPE(37, 50), 21), 4.0);
+        nb_tensor *wide = rnd(dts[d], NB_SHAPE(3, 3000), 22); /* the block-per-row kernel */
+        CHECK_MATCH("softmax", nb_softmax(gpu(x), -1), nb_softmax(x, -1), tol);
+        CHECK_MATCH("log_softmax", nb_log_softmax(gpu(x), -1), nb_log_softmax(x, -1), tol);
+        CHECK_MATCH("softmax axis 0", nb_softmax(gpu(x), 0), nb_softmax(x, 0), tol);
+        CHECK_MATCH("softmax wide", nb_softmax(gpu(wide), 1), nb_softmax(wide, 1), tol);
+        CHECK_MATCH("log_softmax wide", nb_log_softmax(gpu(wide), 1), nb_log_softmax(wide, 1), tol);
+    }
+}
+
+static void test_gather_one_hot(void)
+{
+    nb_tensor *params = rnd(NB_F32, NB_SHAPE(50, 7), 23);
+    const int64_t idx64[] = {0, 49, 3, 3, 17, 20};
+    const int32_t idx32[] = {5, 5, 0, 49, 1, 2};
+    nb_tensor *i64 = nb_from_buffer(NB_I64, NB_SHAPE(2, 3), idx64);
+    nb_tensor *i32 = nb_from_buffer(NB_I32, NB_SHAPE(6), idx32);
+    nb_tensor *pg = gpu(params);
+    CHECK_MATCH("gather i64", nb_gather(pg, gpu(i64)), nb_gather(params, i64), 0);
+    CHECK_MATCH("gather i32", nb_gather(pg, gpu(i32)), nb_gather(params, i32), 0);
+    nb_tensor *p3 = rnd(NB_F64, NB_SHAPE(50, 3, 5), 24); /* rows of 15 doubles */
+    CHECK_MATCH("gather 3-d", nb_gather(gpu(p3), gpu(i64)), nb_gather(p3, i64), 0);
+
+    const int64_t bad[] = {0, 50};
+    nb_tensor *ib = gpu(nb_from_buffer(NB_I64, NB_SHAPE(2), bad));
+    CHECK(nb_gather(pg, ib) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "50");
+    /* the device carries on after the error */
+    CHECK_MATCH("gather after error", nb_gather(pg, gpu(i64)), nb_gather(params, i64), 0);
+
+    const int64_t hot[] = {0, 3, 9, 2, 11, -1};
+    nb_tensor *ih = nb_from_buffer(NB_I64, NB_SHAPE(6), hot);
+    CHECK_MATCH("one_hot f32", nb_one_hot(gpu(ih), 10, NB_F32), nb_one_hot(ih, 10, NB_F32), 0);
+    CHECK_MATCH("one_hot i32", nb_one_hot(gpu(i32), 50, NB_I32), nb_one_hot(i32, 50, NB_I32), 0);
+}
+
+/* ---- gradients through the tape: the backward kernels (scatter_add, reductions'
+ * broadcasts, transposed matmuls) on the GPU against the CPU, in f64. ------------------ */
+
+static nb_tensor *model_loss(nb_tensor *const *p, const nb_tensor *x, const nb_tensor *idx, const nb_tensor *labels)
+{
+    nb_tensor *h = nb_relu(nb_add(nb_matmul(x, p[0]), p[1]));
+    nb_tensor *e = nb_gather(p[3], idx);
+    nb_tensor *logits = nb_matmul(nb_tanh(nb_add(h, e)), p[2]);
+    return nb_mean_all(nb_softmax_cross_entropy(logits, labels));
+}
+
+static void gradients_on(const char *dev, nb_tensor *const *init, const nb_tensor *x, const nb_tensor *idx,
+                         const nb_tensor *labels, nb_tensor **grads, nb_tensor **loss)
+{
+    nb_tensor *p[4];
+    for (int i = 0; i < 4; i++)
+        p[i] = nb_to_device(init[i], dev);
+    nb_tensor *xd = nb_to_device((nb_tensor *)x, dev), *id = nb_to_device((nb_tensor *)idx, dev);
+    nb_tensor *ld = nb_to_device((nb_tensor *)labels, dev);
+    nb_tape *tape = nb_tape_begin();
+    for (int i = 0; i < 4; i++)
+        CHECK_OK(nb_tape_watch(tape, p[i]));
+    *loss = model_loss(p, xd, id, ld);
+    CHECK_OK(nb_tape_gradient(tape, *loss, 4, p, grads));
+}
+
+static void test_gradients(void)
+{
+    nb_tensor *init[4] = {rnd(NB_F64, NB_SHAPE(16, 32), 30), rnd(NB_F64, NB_SHAPE(32), 31),
+                          rnd(NB_F64, NB_SHAPE(32, 5), 32), rnd(NB_F64, NB_SHAPE(10, 32), 33)};
+    const int64_t idx[8] = {1, 4, 4, 9, 0, 2, 4, 7}; /* repeats: scatter_add accumulates */
+    nb_tensor *x = rnd(NB_F64, NB_SHAPE(8, 16), 34), *ix = nb_from_buffer(NB_I64, NB_SHAPE(8), idx);
+    nb_tensor *labels = nb_softmax(rnd(NB_F64, NB_SHAPE(8, 5), 35), -1);
+    nb_tensor *gg[4] = {0}, *gc[4] = {0}, *lg = NULL, *lc = NULL;
+    gradients_on(GPU, init, x, ix, labels, gg, &lg);
+    gradients_on(CPU, init, x, ix, labels, gc, &lc);
+    CHECK_MATCH("loss", lg, lc, 1e-11);
+    static const char *names[4] = {"d w1", "d b1", "d w2", "d embedding"};
+    for (int i = 0; i < 4; i++)
+        CHECK_MATCH(names[i], gg[i], gc[i], 1e-10);
+}
+
+/* ---- optimizers -------------------------------------------------------------------------- */
+
+static void test_optimizers(void)
+{
+    for (int kind = 0; kind < 4; kind++) {
+        nb_optimizer *oc, *og;
+        switch (kind) {
+        case 0: oc = nb_sgd_new(0.1); og = nb_sgd_new(0.1); break;
+        case 1: oc = nb_sgd_momentum_new(0.1, 0.9, true); og = nb_sgd_momentum_new(0.1, 0.9, true); break;
+        case 2: oc = nb_adam_new(0.01, 0.9, 0.999, 1e-7); og = nb_adam_new(0.01, 0.9, 0.999, 1e-7); break;
+        default: oc = nb_adamw_new(0.01, 0.9, 0.999, 1e-7, 0.05); og = nb_adamw_new(0.01, 0.9, 0.999, 1e-7, 0.05); break;
+        }
+        CHECK(oc && og);
+        nb_tensor *init = rnd(NB_F32, NB_SHAPE(64, 3), 40);
+        nb_variable *vc = nb_variable_new("w", init), *vg = nb_variable_new("w", gpu(init));
+        for (int step = 0; step < 3; step++) {
+            nb_tensor *g = rnd(NB_F32, NB_SHAPE(64, 3), 41 + (uint64_t)step);
+            nb_tensor *gg = gpu(g);
+            CHECK_OK(nb_optimizer_apply(oc, 1, &vc, &g));
+            CHECK_OK(nb_optimizer_apply(og, 1, &vg, &gg));
+        }
+        CHECK_MATCH(kind == 0 ? "sgd" : kind == 1 ? "nesterov" : kind == 2 ? "adam" : "adamw", nb_read(vg),
+                    nb_read(vc), 1e-5);
+        nb_variable_free(vc);
+        nb_variable_free(vg);
+        nb_optimizer_free(oc);
+        nb_optimizer_free(og);
+    }
+}
+
+/* ---- random ---------------------------------------------------------------------------------- */
+
+static void moments(const nb_tensor *t, double *mean, double *sd, double *lo, double *hi)
+{
+    int64_t n;
+    double *v = host_values(t, &n), s = 0, ss = 0;
+    *lo = INFINITY;
+    *hi = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        s += v[i];
+        ss += v[i] * v[i];
+        *lo = v[i] < *lo ? v[i] : *lo;
+        *hi = v[i] > *hi ? v[i] : *hi;
+    }
+    *mean = n > 0 ? s / (double)n : NAN;
+    *sd = n > 0 ? sqrt(ss / (double)n - *mean * *mean) : NAN;
+    free(v);
+}
+
+/* Largest |a - b| between two tensors' values (any devices and dtypes). */
+static double value_difference(const nb_tensor *a, const nb_tensor *b)
+{
+    int64_t n1, n2;
+    double *x = host_values(a, &n1), *y = host_values(b, &n2), worst = 0;
+    if (!x || !y || n1 != n2)
+        worst = INFINITY;
+    for (int64_t i = 0; worst < INFINITY && i < n1; i++)
+        worst = fabs(x[i] - y[i]) > worst ? fabs(x[i] - y[i]) : worst;
+    free(x);
+    free(y);
+    return worst;
+}
+
+static void test_random(void)
+{
+    CHECK_OK(nb_device_push(GPU));
+    const nb_dtype dts[] = {NB_F32, NB_F64, NB_F16, NB_BF16};
+    for (size_t d = 0; d < 4; d++) {
+        const double tol = dts[d] == NB_F16 || dts[d] == NB_BF16 ? 0.05 : 0.01;
+        nb_tensor *a = nb_random_normal(dts[d], NB_SHAPE(1 << 20), 2.0, 3.0, 42);
+        nb_tensor *b = nb_random_normal(dts[d], NB_SHAPE(1 << 20), 2.0, 3.0, 42);
+        double m, s, lo, hi;
+        CHECK(on_gpu_device(a));
+        CHECK(value_difference(a, b) == 0);
+        moments(a, &m, &s, &lo, &hi);
+        CHECK_NEAR(m, 2.0, tol);
+        CHECK_NEAR(s, 3.0, tol);
+        nb_tensor *c = nb_random_normal(dts[d], NB_SHAPE(1 << 20), 2.0, 3.0, 43);
+        CHECK(value_difference(a, c) > 0.1);
+        nb_tensor *u = nb_random_uniform(dts[d], NB_SHAPE(1 << 20), -1.0, 4.0, 44);
+        moments(u, &m, &s, &lo, &hi);
+        CHECK_NEAR(m, 1.5, tol);
+        CHECK(lo >= -1.0 && hi <= 4.0);
+        nb_tensor *t = nb_truncated_normal(dts[d], NB_SHAPE(1 << 20), 0.0, 1.0, 45);
+        moments(t, &m, &s, &lo, &hi);
+        CHECK(lo >= -2.0 && hi <= 2.0);
+        CHECK_NEAR(s, 0.8796, tol); /* the sd of a normal truncated at +-2 */
+    }
+    /* element i depends only on (seed, i): a shorter tensor is a prefix */
+    nb_tensor *p = nb_random_normal(NB_F32, NB_SHAPE(1001), 0, 1, 7), *q = nb_random_normal(NB_F32, NB_SHAPE(1000), 0, 1, 7);
+    CHECK(value_difference(nb_slice(p, NB_SHAPE(0), NB_SHAPE(1000)), q) == 0);
+    nb_tensor *p64 = nb_random_normal(NB_F64, NB_SHAPE(1001), 0, 1, 7);
+    nb_tensor *q64 = nb_random_normal(NB_F64, NB_SHAPE(999), 0, 1, 7);
+    CHECK(value_difference(nb_slice(p64, NB_SHAPE(0), NB_SHAPE(999)), q64) == 0);
+    CHECK(nb_random_normal(NB_I32, NB_SHAPE(4), 0, 1, 1) == NULL);
+    CHECK_ERROR(NB_ERR_DTYPE, "i32");
+    CHECK_OK(nb_device_pop());
+}
+
+/* ---- copies ------------------------------------------------------------------------------------ */
+
+static void test_transfers(void)
+{
+    /* 3M floats go through the pinned staging buffers, 10M directly */
+    const int64_t sizes[] = {1, 1000, 3 << 20, 10 << 20};
+    for (int k = 0; k < 4; k++) {
+        int64_t n = sizes[k];
+        float *buf = malloc(sizeof(float) * (size_t)n), *back = malloc(sizeof(float) * (size_t)n);
+        for (int64_t i = 0; i < n; i++)
+            buf[i] = (float)(i % 1000003) * 0.5f;
+        CHECK_OK(nb_device_push(GPU));
+        nb_tensor *t = nb_from_buffer(NB_F32, NB_SHAPE(n), buf);
+        CHECK_OK(nb_device_pop());
+        memset(buf, 0, sizeof(float) * (size_t)n); /* the upload must not read buf late */
+        CHECK(on_gpu_device(t));
+        CHECK_OK(nb_tensor_read(t, back, sizeof(float) * (size_t)n));
+        bool same = true;
+        for (int64_t i = 0; i < n && same; i++)
+            same = back[i] == (float)(i % 1000003) * 0.5f;
+        CHECK(same);
+        free(buf);
+        free(back);
+    }
+    /* between GPUs: /gpu:1 is the second logical device of card 0, or its own card */
+    int n_gpu = nb_device_count(NB_DEVICE_GPU);
+    nb_tensor *x = rnd(NB_F32, NB_SHAPE(513, 77), 50), *y = rnd(NB_F32, NB_SHAPE(513, 77), 51);
+    for (int i = 1; i < n_gpu && i < 4; i++) {
+        const char *other = nb_device_name(NB_DEVICE_GPU, i);
+        nb_tensor *x0 = gpu(x);
+        nb_tensor *x1 = nb_to_device(x0, other);
+        CHECK(x1 && strcmp(nb_tensor_device(x1), other) == 0);
+        CHECK_MATCH("gpu -> gpu", x1, x, 0);
+        CHECK_MATCH("op on the other gpu", nb_add(x1, nb_to_device(y, other)), nb_add(x, y), 1e-6);
+        CHECK_MATCH("and back", nb_to_device(nb_mul(x1, x1), GPU), nb_mul(x, x), 1e-6);
+    }
+    CHECK_OK(nb_synchronize());
+}
+
+/* ---- the allocator ----------------------------------------------------------------------------- */
+
+static void stats(nb_gpu_memory_stats *s) { CHECK_OK(nb_gpu_get_memory_stats(GPU, s)); }
+
+static void test_allocator_stats(void)
+{
+    const size_t mib = (size_t)1 << 20;
+    nb_gpu_memory_stats s0, s1, s2, s3, s4;
+    CHECK_OK(nb_synchronize());
+    stats(&s0);
+    CHECK(s0.device_total > 0 && s0.device_free <= s0.device_total);
+    CHECK(s0.reserved >= s0.in_use + s0.cached);
+
+    CHECK_OK(nb_device_push(GPU));
+    nb_scope *sc = nb_scope_begin();
+    nb_tensor *t = nb_empty(NB_F32, NB_SHAPE((int64_t)(10 * mib / 4) + 3)); /* 10 MiB + 12 bytes */
+    CHECK(t != NULL);
+    stats(&s1);
+    CHECK(s1.in_use >= s0.in_use + 10 * mib);
+    CHECK(s1.requested >= s0.requested + 10 * mib + 12);
+    CHECK(s1.peak_in_use >= s1.in_use);
+    CHECK(s1.allocations > s0.allocations);
+    CHECK(s1.reserved >= s1.in_use);
+    nb_scope_end(sc);
+    stats(&s2);
+    CHECK(s2.in_use + 10 * mib <= s1.in_use);
+    CHECK(s2.cached >= 10 * mib); /* kept for reuse, not given back */
+
+    sc = nb_scope_begin();
+    t = nb_empty(NB_F32, NB_SHAPE((int64_t)(10 * mib / 4) + 3));
+    stats(&s3);
+    CHECK(s3.cache_hits > s2.cache_hits);
+    CHECK(s3.device_mallocs == s2.device_mallocs);
+    nb_scope_end(sc);
+    CHECK_OK(nb_device_pop());
+
+    CHECK_OK(nb_gpu_empty_cache(GPU));
+    stats(&s4);
+    CHECK(s4.cached == 0);
+    CHECK_OK(nb_gpu_reset_peak_memory(GPU));
+    stats(&s4);
+    CHECK(s4.peak_in_use == s4.in_use);
+    CHECK_OK(nb_gpu_empty_cache(NULL));
+
+    nb_gpu_properties p;
+    CHECK_OK(nb_gpu_device_properties(GPU, &p));
+    CHECK(p.name[0] != '\0' && p.total_memory > 0 && p.compute_major >= 1 && p.multiprocessors > 0);
+    CHECK(p.logical_per_gpu == 2);
+
+    /* failure paths */
+    CHECK(nb_gpu_get_memory_stats(CPU, &s4) == NB_ERR_DEVICE);
+    CHECK_ERROR(NB_ERR_DEVICE, "not a GPU");
+    CHECK(nb_gpu_get_memory_stats("/gpu:63", &s4) == NB_ERR_DEVICE);
+    CHECK_ERROR(NB_ERR_DEVICE, "/gpu:63");
+    CHECK(nb_gpu_get_memory_stats(GPU, NULL) == NB_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "NULL");
+}
+
+static void test_out_of_memory(void)
+{
+    nb_gpu_properties p;
+    CHECK_OK(nb_gpu_device_properties(GPU, &p));
+    nb_gpu_memory_stats before, after;
+    stats(&before);
+    CHECK_OK(nb_device_push(GPU));
+
+    /* one tensor twice the card's size */
+    nb_tensor *huge = nb_empty(NB_F32, NB_SHAPE((int64_t)(p.total_memory / 2)));
+    CHECK(huge == NULL);
+    CHECK_ERROR(NB_ERR_OUT_OF_MEMORY, "out of memory", GPU);
+
+    /* fill the card, a sixteenth at a time, until it fails */
+    const int64_t chunk = (int64_t)(p.total_memory / 16 / 4);
+    nb_scope *sc = nb_scope_begin();
+    int got = 0;
+    for (int i = 0; i < 40; i++) {
+        if (!nb_empty(NB_F32, NB_SHAPE(chunk)))
+            break;
+        got++;
+    }
+    CHECK(got >= 1 && got < 40);
+    CHECK_ERROR(NB_ERR_OUT_OF_MEMORY, "out of memory");
+    nb_scope_end(sc); /* all of it goes to the cache */
+
+    /* carry on: a block larger than any cached one makes the allocator empty
+     * its cache and retry */
+    sc = nb_scope_begin();
+    nb_tensor *big = nb_empty(NB_F32, NB_SHAPE(chunk * 4));
+    CHECK(big != NULL);
+    nb_tensor *x = nb_full(NB_F32, NB_SHAPE(1000), 2.0);
+    CHECK_NEAR(nb_tensor_item(nb_sum_all(nb_mul(x, x))), 4000.0, 1e-6);
+    nb_scope_end(sc);
+    CHECK_OK(nb_device_pop());
+
+    stats(&after);
+    CHECK(after.failures >= before.failures + 2);
+    CHECK(after.cache_flushes > before.cache_flushes);
+    CHECK_OK(nb_gpu_empty_cache(GPU));
+}
+
+static void test_reserve(void)
+{
+    const size_t mib = (size_t)1 << 20;
+    nb_gpu_memory_stats s;
+    CHECK_OK(nb_gpu_set_reserve(GPU, 64 * mib, false));
+    stats(&s);
+    CHECK(s.arena == 64 * mib && !s.growth_allowed);
+    CHECK(s.reserved >= 64 * mib);
+
+    CHECK_OK(nb_device_push(GPU));
+    nb_scope *sc = nb_scope_begin();
+    nb_tensor *a = nb_empty(NB_F32, NB_SHAPE((int64_t)(40 * mib / 4)));
+    CHECK(a != NULL);
+    nb_tensor *x = nb_add(nb_full(NB_F32, NB_SHAPE(100), 1.0), nb_full(NB_F32, NB_SHAPE(100), 2.0));
+    CHECK_NEAR(nb_tensor_item(nb_sum_all(x)), 300.0, 1e-6);
+    CHECK(nb_empty(NB_F32, NB_SHAPE((int64_t)(40 * mib / 4))) == NULL); /* the arena is a cap */
+    CHECK_ERROR(NB_ERR_OUT_OF_MEMORY, "arena", GPU);
+    /* the arena cannot change while it holds live blocks */
+    CHECK(nb_gpu_set_reserve(GPU, 0, true) == NB_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "live");
+    nb_scope_end(sc);
+    /* freed arena blocks are reused */
+    sc = nb_scope_begin();
+    CHECK(nb_empty(NB_F32, NB_SHAPE((int64_t)(40 * mib / 4))) != NULL);
+    nb_scope_end(sc);
+    CHECK_OK(nb_device_pop());
+
+    CHECK_OK(nb_synchronize());
+    CHECK_OK(nb_gpu_set_reserve(GPU, 0, true));
+    stats(&s);
+    CHECK(s.arena == 0 && s.growth_allowed);
+    CHECK(nb_gpu_set_reserve(CPU, 0, true) == NB_ERR_DEVICE);
+    CHECK_ERROR(NB_ERR_DEVICE, "not a GPU");
+}
+
+int main(void)
+{
+    /* before any device is used: two logical GPUs per card */
+    if (nb_set_logical_gpu_devices(2) != NB_OK)
+        return 1;
+    if (nb_device_count(NB_DEVICE_GPU) == 0) {
+        printf("no GPU (CUDA %s): skipped\n", nb_cuda_built() ? "built in" : "not built");
+        return 77;
+    }
+    RUN(test_unary);
+    RUN(test_binary);
+    RUN(test_integer_and_cast);
+    RUN(test_creation);
+    RUN(test_reduce);
+    RUN(test_matmul);
+    RUN(test_softmax);
+    RUN(test_gather_one_hot);
+    RUN(test_gradients);
+    RUN(test_optimizers);
+    RUN(test_random);
+    RUN(test_transfers);
+    RUN(test_allocator_stats);
+    RUN(test_reserve);
+    RUN(test_out_of_memory);
+    return check_finish();
+}
