@@ -186,8 +186,12 @@ static nb_status assign(nb_variable *v, const nb_tensor *value, assign_kind kind
         }
     }
 
-    /* Write into the variable's own tensor unless a read still holds it. */
-    nb_tensor *out = value_shared(cur) ? nb__tensor_new(dev, cur->dtype, cur->ndim, cur->shape) : cur;
+    /* A plain assignment writes into the variable's own tensor unless a read
+     * still holds it. Add and sub always write a fresh tensor: the binary kernel
+     * may not alias its output with an input (its pointers are restrict), and
+     * the traffic is the same either way. */
+    bool fresh = kind != ASSIGN_SET || value_shared(cur);
+    nb_tensor *out = fresh ? nb__tensor_new(dev, cur->dtype, cur->ndim, cur->shape) : cur;
     if (!out) {
         st = nb_error() ? nb_error() : NB_ERR_OUT_OF_MEMORY;
         goto done;

@@ -3,7 +3,8 @@
  * BLIS-style: for each NC-wide panel of B and KC-deep slice of K, B is packed
  * into NR-wide slivers (zero padded); each MC-tall block of A is packed into
  * MR-tall slivers; a register-tiled MR x NR micro-kernel runs over the pairs
- * and its tile is added into C (with C's own strides, clipped at the edges).
+ * and updates C in place (full tiles of a row-major C), or goes through a tile
+ * on the stack (edge tiles, other strides).
  * Micro-kernels: AVX-512 and AVX2+FMA through intrinsics in functions compiled
  * for those targets and chosen at run time, and a portable one written with
  * GCC vector extensions (or plain loops elsewhere). Blocks of A (and, when M is
@@ -22,8 +23,16 @@
 #define NB_GEMM_X86 0
 #endif
 
+#if defined(__GNUC__)
+#define GEMM_PREFETCH(p) __builtin_prefetch((p), 1)
+#else
+#define GEMM_PREFETCH(p) ((void)(p))
+#endif
+
 #define GEMM_KC 256
-#define GEMM_SMALL 32768 /* M*N*K at or below which the direct loop runs */
+#ifndef GEMM_SMALL
+#define GEMM_SMALL 512 /* M*N*K at or below which the direct loop runs */
+#endif
 
 /* c[MR][NR] (row stride rsc, unit column stride) = (first ? 0 : c) + the product
  * of the packed slivers a (kc x MR) and b (kc x NR). */
@@ -46,8 +55,8 @@ typedef struct gemm_arch {
     {                                                                                         \
         VT acc[MR][NV];                                                                       \
         for (int i = 0; i < MR; i++) {                                                        \
-            __builtin_prefetch(c + i * rsc, 1);                                               \
-            __builtin_prefetch(c + i * rsc + NV * VLEN - 1, 1);                               \
+            GEMM_PREFETCH(c + i * rsc);                                                       \
+            GEMM_PREFETCH(c + i * rsc + NV * VLEN - 1);                                       \
             for (int j = 0; j < NV; j++)                                                      \
                 acc[i][j] = ZERO;                                                             \
         }                                                                                     \
@@ -205,6 +214,38 @@ bool nb__cpu_gemm_use_kernel(const char *name)
     return false;
 }
 
+/* ---- packing ----------------------------------------------------------------------------- */
+
+/* One sliver: the R x kc block src (element strides rs between its R rows, cs
+ * along k) into dst[k][R], rows past r zero. A's slivers are A's rows; B's are
+ * B's columns (B^T's rows). */
+#define SLIVER(SUF, T, R)                                                                      \
+    static void sliver_##SUF##_##R(const T *restrict src, int64_t rs, int64_t cs, int64_t r,   \
+                                   int64_t kc, T *restrict dst)                                \
+    {                                                                                          \
+        if (r == R && rs == 1) {                                                               \
+            for (int64_t k = 0; k < kc; k++)                                                   \
+                for (int i = 0; i < R; i++)                                                    \
+                    dst[k * R + i] = src[k * cs + i];                                          \
+        } else if (r == R && cs == 1) {                                                        \
+            for (int64_t k = 0; k < kc; k++)                                                   \
+                for (int i = 0; i < R; i++)                                                    \
+                    dst[k * R + i] = src[i * rs + k];                                          \
+        } else {                                                                               \
+            for (int64_t k = 0; k < kc; k++) {                                                 \
+                for (int64_t i = 0; i < r; i++)                                                \
+                    dst[k * R + i] = src[i * rs + k * cs];                                     \
+                for (int64_t i = r; i < R; i++)                                                \
+                    dst[k * R + i] = 0;                                                        \
+            }                                                                                  \
+        }                                                                                      \
+    }
+#define SLIVERS(SUF, T)                                                                        \
+    SLIVER(SUF, T, 4) SLIVER(SUF, T, 6) SLIVER(SUF, T, 8) SLIVER(SUF, T, 12)                   \
+    SLIVER(SUF, T, 16) SLIVER(SUF, T, 32)
+SLIVERS(f32, float)
+SLIVERS(f64, double)
+
 /* ---- the blocked driver, stamped out for float and double ------------------------------- */
 
 #define GEMM_IMPL(SUF, T, UKR_T, MRF, NRF, MCF, NCF, KF, TILE)                                    \
@@ -226,57 +267,34 @@ bool nb__cpu_gemm_use_kernel(const char *name)
     static void pack_a_##SUF(const gemm_##SUF *g, int64_t ic, int64_t mc, T *restrict ap)     \
     {                                                                                         \
         const int mr = g->mr;                                                                 \
-        const int64_t kc = g->kc, rsa = g->rsa, csa = g->csa;                                 \
+        const int64_t kc = g->kc;                                                             \
         for (int64_t ir = 0; ir < mc; ir += mr) {                                             \
             const int64_t m = mc - ir < mr ? mc - ir : mr;                                    \
-            const T *src = g->A + (ic + ir) * rsa + g->pc * csa;                              \
-            T *dst = ap + ir * kc;                                                            \
-            if (m == mr && rsa == 1) {                                                        \
-                for (int64_t k = 0; k < kc; k++)                                              \
-                    for (int i = 0; i < mr; i++)                                              \
-                        dst[k * mr + i] = src[k * csa + i];                                   \
-            } else if (m == mr) {                                                             \
-                for (int i = 0; i < mr; i++)                                                  \
-                    for (int64_t k = 0; k < kc; k++)                                          \
-                        dst[k * mr + i] = src[i * rsa + k * csa];                             \
-            } else {                                                                          \
-                for (int64_t k = 0; k < kc; k++) {                                            \
-                    for (int64_t i = 0; i < m; i++)                                           \
-                        dst[k * mr + i] = src[i * rsa + k * csa];                             \
-                    for (int64_t i = m; i < mr; i++)                                          \
-                        dst[k * mr + i] = 0;                                                  \
-                }                                                                             \
+            const T *src = g->A + (ic + ir) * g->rsa + g->pc * g->csa;                        \
+            switch (mr) {                                                                     \
+            case 4: sliver_##SUF##_4(src, g->rsa, g->csa, m, kc, ap + ir * kc); break;        \
+            case 6: sliver_##SUF##_6(src, g->rsa, g->csa, m, kc, ap + ir * kc); break;        \
+            default: sliver_##SUF##_12(src, g->rsa, g->csa, m, kc, ap + ir * kc); break;      \
             }                                                                                 \
         }                                                                                     \
     }                                                                                         \
                                                                                               \
-    /* slivers [s0, s1) of the current B panel */                                           \
+    /* slivers [s0, s1) of the current B panel (B^T's rows are B's columns) */               \
     static void pack_b_##SUF(void *ctx, int64_t s0, int64_t s1)                               \
     {                                                                                         \
         const gemm_##SUF *g = ctx;                                                            \
         T *restrict bp = (T *)g->bp;                                                          \
         const int nr = g->nr;                                                                 \
-        const int64_t kc = g->kc, nc = g->nc, rsb = g->rsb, csb = g->csb;                     \
+        const int64_t kc = g->kc, nc = g->nc;                                                 \
         const int64_t jr_end = s1 * nr < nc ? s1 * nr : nc;                                   \
         for (int64_t jr = s0 * nr; jr < jr_end; jr += nr) {                                   \
             const int64_t n = nc - jr < nr ? nc - jr : nr;                                    \
-            const T *src = g->B + g->pc * rsb + (g->jc + jr) * csb;                           \
-            T *dst = bp + jr * kc;                                                            \
-            if (n == nr && csb == 1) {                                                        \
-                for (int64_t k = 0; k < kc; k++)                                              \
-                    for (int j = 0; j < nr; j++)                                              \
-                        dst[k * nr + j] = src[k * rsb + j];                                   \
-            } else if (n == nr) {                                                             \
-                for (int j = 0; j < nr; j++)                                                  \
-                    for (int64_t k = 0; k < kc; k++)                                          \
-                        dst[k * nr + j] = src[k * rsb + j * csb];                             \
-            } else {                                                                          \
-                for (int64_t k = 0; k < kc; k++) {                                            \
-                    for (int64_t j = 0; j < n; j++)                                           \
-                        dst[k * nr + j] = src[k * rsb + j * csb];                             \
-                    for (int64_t j = n; j < nr; j++)                                          \
-                        dst[k * nr + j] = 0;                                                  \
-                }                                                                             \
+            const T *src = g->B + g->pc * g->rsb + (g->jc + jr) * g->csb;                     \
+            switch (nr) {                                                                     \
+            case 4: sliver_##SUF##_4(src, g->csb, g->rsb, n, kc, bp + jr * kc); break;        \
+            case 8: sliver_##SUF##_8(src, g->csb, g->rsb, n, kc, bp + jr * kc); break;        \
+            case 16: sliver_##SUF##_16(src, g->csb, g->rsb, n, kc, bp + jr * kc); break;      \
+            default: sliver_##SUF##_32(src, g->csb, g->rsb, n, kc, bp + jr * kc); break;      \
             }                                                                                 \
         }                                                                                     \
     }                                                                                         \
@@ -332,30 +350,54 @@ bool nb__cpu_gemm_use_kernel(const char *name)
         nb__cpu_free(NULL, ap, abytes);                                                       \
     }                                                                                         \
                                                                                               \
-    static void gemm_small_##SUF(int64_t M, int64_t N, int64_t K, const T *A, int64_t rsa,    \
-                                 int64_t csa, const T *B, int64_t rsb, int64_t csb, T *C,     \
-                                 int64_t rsc, int64_t csc)                                    \
+    /* the direct loop, for small and matrix-vector products: items are (row, chunk of    \
+     * up to 512 columns) pairs, so that a single long row still splits */                  \
+    typedef struct small_##SUF {                                                              \
+        int64_t M, N, K, nchunks;                                                             \
+        const T *A, *B;                                                                       \
+        T *C;                                                                                 \
+        int64_t rsa, csa, rsb, csb, rsc, csc;                                                 \
+    } small_##SUF;                                                                            \
+    static void gemm_small_##SUF(void *ctx, int64_t b, int64_t e)                             \
     {                                                                                         \
-        if (csb == 1 && csc == 1) {                                                           \
-            for (int64_t i = 0; i < M; i++) {                                                 \
-                T *restrict c = C + i * rsc;                                                  \
-                for (int64_t j = 0; j < N; j++)                                               \
+        const small_##SUF *g = ctx;                                                           \
+        const int64_t K = g->K, rsa = g->rsa, csa = g->csa, rsb = g->rsb, csb = g->csb;       \
+        for (int64_t item = b; item < e; item++) {                                            \
+            const int64_t i = item / g->nchunks, j0 = item % g->nchunks * 512;                \
+            const int64_t j1 = g->N - j0 < 512 ? g->N : j0 + 512;                             \
+            const T *arow = g->A + i * rsa;                                                   \
+            if (csb == 1 && g->csc == 1) {                                                    \
+                T *restrict c = g->C + i * g->rsc;                                            \
+                for (int64_t j = j0; j < j1; j++)                                             \
                     c[j] = 0;                                                                 \
                 for (int64_t k = 0; k < K; k++) {                                             \
-                    const T a = A[i * rsa + k * csa];                                         \
-                    const T *restrict b = B + k * rsb;                                        \
-                    for (int64_t j = 0; j < N; j++)                                           \
-                        c[j] += a * b[j];                                                     \
+                    const T a = arow[k * csa];                                                \
+                    const T *restrict brow = g->B + k * rsb;                                  \
+                    for (int64_t j = j0; j < j1; j++)                                         \
+                        c[j] += a * brow[j];                                                  \
                 }                                                                             \
-            }                                                                                 \
-        } else {                                                                              \
-            for (int64_t i = 0; i < M; i++)                                                   \
-                for (int64_t j = 0; j < N; j++) {                                             \
+            } else if (csa == 1 && rsb == 1) { /* contiguous dot products */                  \
+                for (int64_t j = j0; j < j1; j++) {                                           \
+                    const T *restrict bcol = g->B + j * csb;                                  \
+                    T acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                      \
+                    int64_t k = 0;                                                            \
+                    for (; k + 8 <= K; k += 8)                                                \
+                        for (int u = 0; u < 8; u++)                                           \
+                            acc[u] += arow[k + u] * bcol[k + u];                              \
+                    T s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) +                           \
+                          ((acc[4] + acc[5]) + (acc[6] + acc[7]));                            \
+                    for (; k < K; k++)                                                        \
+                        s += arow[k] * bcol[k];                                               \
+                    g->C[i * g->rsc + j * g->csc] = s;                                        \
+                }                                                                             \
+            } else {                                                                          \
+                for (int64_t j = j0; j < j1; j++) {                                           \
                     T s = 0;                                                                  \
                     for (int64_t k = 0; k < K; k++)                                           \
-                        s += A[i * rsa + k * csa] * B[k * rsb + j * csb];                     \
-                    C[i * rsc + j * csc] = s;                                                 \
+                        s += arow[k * csa] * g->B[k * rsb + j * csb];                         \
+                    g->C[i * g->rsc + j * g->csc] = s;                                        \
                 }                                                                             \
+            }                                                                                 \
         }                                                                                     \
     }                                                                                         \
                                                                                               \
@@ -372,7 +414,13 @@ bool nb__cpu_gemm_use_kernel(const char *name)
             return NB_OK;                                                                     \
         }                                                                                     \
         if (M * N * K <= GEMM_SMALL || M == 1 || N == 1) {                                    \
-            gemm_small_##SUF(M, N, K, A, rsa, csa, B, rsb, csb, C, rsc, csc);                 \
+            small_##SUF sg = {M, N, K, (N + 511) / 512, A, B, C, rsa, csa, rsb, csb, rsc, csc};  \
+            const int64_t items = M * sg.nchunks;                                             \
+            if (M * N * K < ((int64_t)1 << 20))                                               \
+                gemm_small_##SUF(&sg, 0, items);                                              \
+            else                                                                              \
+                nb__parallel_for(items, ((int64_t)1 << 18) / (K * (N < 512 ? N : 512)) + 1,   \
+                                 gemm_small_##SUF, &sg);                                      \
             return NB_OK;                                                                     \
         }                                                                                     \
         /* C column-major: compute C^T = B^T A^T, so that tiles are written along rows */    \
