@@ -91,12 +91,35 @@ static void test_scopes(void)
     CHECK_OK(nb_scope_end(a));
     CHECK(nb_live_tensors() == live);
 
-    /* Kept out of the last scope: the caller owns it. */
+    /* A tensor of an outer scope moves one further out. */
+    nb_scope *o2 = nb_scope_begin();
+    nb_tensor *far = nb_ones(NB_F32, NB_SHAPE(2));
+    nb_scope *i2 = nb_scope_begin();
+    CHECK(nb_keep(far) == far);
+    nb_scope_end(i2);
+    nb_scope_end(o2);
+    CHECK(nb_tensor_get(far, 1) == 1); /* now the test's own scope holds it */
+    CHECK(nb_live_tensors() == live + 1);
+}
+
+/* Run outside any scope: what nb_keep hands out of the last scope is the
+ * caller's to release, and a tensor no scope owns cannot be kept. */
+static void test_caller_ownership(void)
+{
+    check_current = "test_caller_ownership";
+    int64_t live = nb_live_tensors();
     nb_scope *only = nb_scope_begin();
     nb_tensor *mine = nb_keep(nb_ones(NB_F32, NB_SHAPE(3)));
     nb_scope_end(only);
-    CHECK(nb_tensor_get(mine, 0) == 1);
+    CHECK(nb_live_tensors() == live + 1 && nb_tensor_get(mine, 0) == 1);
+    nb_scope *s = nb_scope_begin();
+    CHECK(nb_keep(mine) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_keep", "not owned");
+    nb_scope_end(s);
     nb_release(mine);
+    nb_tensor *loose = nb_zeros(NB_F32, NB_SHAPE(2)); /* no scope: caller-owned */
+    CHECK(nb_live_tensors() == live + 1);
+    nb_release(loose);
     CHECK(nb_live_tensors() == live);
 }
 
@@ -199,6 +222,7 @@ int main(void)
     RUN(test_creation_and_readback);
     RUN(test_random_reproducible);
     RUN(test_scopes);
+    test_caller_ownership();
     RUN(test_views);
     RUN(test_errors);
     RUN(test_devices);

@@ -102,12 +102,14 @@ nb_tensor *nb_keep(nb_tensor *t)
 {
     if (!t)
         return NULL;
-    nb_scope *s = tl_top;
-    if (!s)
+    if (!tl_top)
         return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "nb_keep: no scope is open");
-    /* Search from the newest: a kept tensor is usually a recent result. */
-    for (int64_t i = s->n - 1; i >= 0; i--) {
-        if (s->items[i] == t) {
+    /* Search from the innermost scope and its newest entries: a kept tensor is
+     * usually a recent result. */
+    for (nb_scope *s = tl_top; s; s = s->parent) {
+        for (int64_t i = s->n - 1; i >= 0; i--) {
+            if (s->items[i] != t)
+                continue;
             memmove(s->items + i, s->items + i + 1, sizeof *s->items * (size_t)(s->n - i - 1));
             s->n--;
             if (s->parent && !scope_push(s->parent, t)) {
@@ -117,7 +119,7 @@ nb_tensor *nb_keep(nb_tensor *t)
             return t;
         }
     }
-    return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "nb_keep: tensor is not owned by the innermost scope");
+    return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "nb_keep: tensor is not owned by an open scope of this thread");
 }
 
 nb_scope *nb__scope_adopt_tape(nb_tape *tape)
