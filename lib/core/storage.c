@@ -4,7 +4,12 @@
 
 #include <stdlib.h>
 
+/* Under AddressSanitizer nothing is pooled, so a use after release is caught. */
+#if defined(__SANITIZE_ADDRESS__)
+#define NB_STORAGE_POOL_MAX 0
+#else
 #define NB_STORAGE_POOL_MAX 4096
+#endif
 static _Thread_local nb_storage *tl_pool;
 static _Thread_local int tl_pool_n;
 

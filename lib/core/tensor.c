@@ -12,7 +12,12 @@ static atomic_uint_fast64_t g_next_id = 1;
 
 /* A small per-thread free list keeps malloc off the hot path. Structs freed on
  * another thread simply join that thread's list. */
+/* Under AddressSanitizer nothing is pooled, so a use after release is caught. */
+#if defined(__SANITIZE_ADDRESS__)
+#define NB_TENSOR_POOL_MAX 0
+#else
 #define NB_TENSOR_POOL_MAX 4096
+#endif
 static _Thread_local nb_tensor *tl_pool;
 static _Thread_local int tl_pool_n;
 

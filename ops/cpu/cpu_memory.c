@@ -15,7 +15,12 @@
 #include <stdlib.h>
 
 #define NB_CPU_ALIGN 64
+/* Under AddressSanitizer nothing is cached, so a use after free is caught. */
+#if defined(__SANITIZE_ADDRESS__)
+#define NB_CPU_MAX_CACHED ((size_t)0)
+#else
 #define NB_CPU_MAX_CACHED ((size_t)64 << 20)
+#endif
 #define NB_CPU_THREAD_CACHE ((size_t)64 << 20)
 #define NB_CPU_GLOBAL_CACHE ((size_t)1 << 30)
 /* classes 0..3: 64..256; then 4 per power of two from (256, 512] to (32, 64] MiB */
