@@ -40,8 +40,8 @@ typedef struct bench_peer {
     int n;
     char names[BENCH_MAX_RESULTS][48];
     double values[BENCH_MAX_RESULTS];
-    char version[64];
-    char status[160]; /* "" when it ran, else why not */
+    char version[128];
+    char status[320]; /* "" when it ran, else why not */
 } bench_peer;
 
 /* Runs `python3 DIR/script args` (DIR: $NB_BENCH_DIR, else the source folder) and
@@ -60,7 +60,7 @@ static inline void bench_run_peer(bench_peer *p, const char *script, const char 
     fflush(stdout);
     FILE *f = popen(cmd, "r");
     if (!f) {
-        snprintf(p->status, sizeof p->status, "PyTorch: cannot run %s", python);
+        snprintf(p->status, sizeof p->status, "PyTorch: cannot run %.200s", python);
         return;
     }
     char line[256];
@@ -82,7 +82,8 @@ static inline void bench_run_peer(bench_peer *p, const char *script, const char 
     }
     int rc = pclose(f);
     if (!p->status[0] && (rc != 0 || p->n == 0))
-        snprintf(p->status, sizeof p->status, "PyTorch: %s/%s failed (status %d)", dir, script, rc);
+        snprintf(p->status, sizeof p->status, "PyTorch: %.200s/%.40s failed (status %d)", dir,
+                 script, rc);
 }
 
 /* The peer's figure called name, or -1 when it has none. */

@@ -95,7 +95,7 @@ int main(int argc, char **argv)
 
     const char *dir = "/usr/share/datasets/fashion-mnist";
     const char *device = nb_device_count(NB_DEVICE_GPU) > 0 ? "/gpu:0" : "/cpu:0";
-    int epochs = 3, max_steps = 0;
+    int epochs = 5, max_steps = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--data") && i + 1 < argc)
             dir = argv[++i];
