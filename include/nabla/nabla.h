@@ -11,6 +11,7 @@
 #include <nabla/variable.h>
 #include <nabla/optimizer.h>
 #include <nabla/data.h>
+#include <nabla/gpu.h>
 
 #define NB_VERSION_MAJOR 0
 #define NB_VERSION_MINOR 1
