@@ -334,14 +334,18 @@ static cudaError_t release_block(nb_gpu_allocator *a, block *b)
     return e;
 }
 
-/* Waits for the card and gives every cached block back. The card must be current. */
-static cudaError_t flush_cache(nb_gpu_allocator *a)
+/* Waits for the card and gives every cached block back. The card must be
+ * current. On failure *call names the CUDA call that failed. */
+static cudaError_t flush_cache(nb_gpu_allocator *a, const char **call)
 {
+    *call = "cudaDeviceSynchronize";
     if (a->cached == 0)
         return cudaSuccess;
     /* Queued kernels may still use cached blocks; arena blocks could otherwise go
      * to another stream at once. */
     cudaError_t first = cudaDeviceSynchronize();
+    if (first == cudaSuccess)
+        *call = "cudaFree";
     for (size_t i = 0; i < N_SMALL; i++) {
         while (a->small[i]) {
             block *b = a->small[i];
@@ -407,10 +411,9 @@ void *nb__gpu_malloc(nb_gpu_ctx *c, size_t nbytes)
         char *p = fresh_memory(a, size, &in_arena, &err, &call);
         if (!p && err == cudaErrorMemoryAllocation && a->cached > 0) {
             a->cache_flushes++;
-            cudaError_t fe = flush_cache(a);
+            cudaError_t fe = flush_cache(a, &call);
             if (fe != cudaSuccess) {
                 err = fe;
-                call = "cudaFree";
             } else {
                 p = fresh_memory(a, size, &in_arena, &err, &call);
             }
@@ -440,7 +443,7 @@ void *nb__gpu_malloc(nb_gpu_ctx *c, size_t nbytes)
     if (b) {
         b->owner = c;
         b->requested = nbytes;
-        a->in_use += size;
+        a->in_use += b->size; /* a cached large block may exceed size */
         a->requested += nbytes;
         note_peaks(a);
         pthread_mutex_unlock(&a->lock);
@@ -572,11 +575,12 @@ static nb_status empty_one(nb_gpu_phys *p)
     pthread_mutex_lock(&a->lock);
     nb_status st = NB_OK;
     if (a->cached > 0) {
+        const char *call = "";
         st = nb__gpu_set_device(p->ordinal, name);
-        cudaError_t e = st ? cudaSuccess : flush_cache(a);
+        cudaError_t e = st ? cudaSuccess : flush_cache(a, &call);
         if (e != cudaSuccess) {
             pthread_mutex_unlock(&a->lock);
-            return nb__gpu_cuda_fail(e, "cudaFree", name);
+            return nb__gpu_cuda_fail(e, call, name);
         }
     }
     pthread_mutex_unlock(&a->lock);
@@ -618,12 +622,13 @@ nb_status nb_gpu_set_reserve(const char *device, size_t bytes, bool allow_growth
 
     pthread_mutex_lock(&a->lock);
     cudaError_t e = cudaSuccess;
+    const char *call = "cudaMalloc";
     if (a->arena) {
         /* Cached arena blocks go back to the arena (and the others to CUDA). */
-        e = flush_cache(a);
+        e = flush_cache(a, &call);
         if (e != cudaSuccess) {
             pthread_mutex_unlock(&a->lock);
-            return nb__gpu_cuda_fail(e, "cudaFree", dev->name);
+            return nb__gpu_cuda_fail(e, call, dev->name);
         }
         if (a->arena_blocks > 0) {
             size_t live = a->arena_blocks;
@@ -639,9 +644,11 @@ nb_status nb_gpu_set_reserve(const char *device, size_t bytes, bool allow_growth
         if (e == cudaErrorMemoryAllocation) {
             (void)cudaGetLastError();
             a->cache_flushes++;
-            e = flush_cache(a);
-            if (e == cudaSuccess)
+            e = flush_cache(a, &call);
+            if (e == cudaSuccess) {
+                call = "cudaMalloc";
                 e = cudaMalloc(&fresh, size);
+            }
         }
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
@@ -649,7 +656,7 @@ nb_status nb_gpu_set_reserve(const char *device, size_t bytes, bool allow_growth
             if (e == cudaErrorMemoryAllocation)
                 return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of memory on %s reserving %zu bytes (%.2f MiB)",
                                 who, dev->name, size, size / MIB);
-            return nb__gpu_cuda_fail(e, "cudaMalloc", dev->name);
+            return nb__gpu_cuda_fail(e, call, dev->name);
         }
         a->device_mallocs++;
     }

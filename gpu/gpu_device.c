@@ -174,7 +174,7 @@ nb_status nb__gpu_stream_wait(nb_gpu_ctx *waiter, nb_gpu_ctx *on)
 nb_status nb__gpu_index_error_record(nb_gpu_ctx *c, nb_gpu_index_error **out)
 {
     *out = NULL;
-    if (!c->index_err) {
+    if (!__atomic_load_n(&c->index_err, __ATOMIC_ACQUIRE)) {
         nb_status st = NB_OK;
         pthread_mutex_lock(&c->lock);
         if (!c->index_err) {

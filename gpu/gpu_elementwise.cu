@@ -13,7 +13,7 @@ namespace {
 
 template <nb_dtype D> struct FillF {
     double value;
-    __device__ T_of<D> operator()() const { return st<D>(value); }
+    NBG_HD T_of<D> operator()() const { return st<D>(value); }
 };
 
 template <nb_dtype D, class Idx>
@@ -32,12 +32,52 @@ template <nb_unary_op OP> constexpr bool unary_takes_int =
     OP == NB_UN_NEG || OP == NB_UN_ABS || OP == NB_UN_SIGN || OP == NB_UN_SQUARE || OP == NB_UN_RELU ||
     OP == NB_UN_ADD_SCALAR || OP == NB_UN_MUL_SCALAR || OP == NB_UN_STEP;
 
+// Integer ops as the CPU does them: wrapping (unsigned) arithmetic; a scalar
+// that is not a whole number is applied in double, saturated and truncated.
+template <nb_unary_op OP, class T> NBG_HD T unary_int(T x, int64_t ia, double da, bool frac)
+{
+    using U = std::make_unsigned_t<T>;
+    constexpr double lo = (double)cuda::std::numeric_limits<T>::min();
+    constexpr double hi = sizeof(T) == 8 ? 9223372036854774784.0 : (double)cuda::std::numeric_limits<T>::max();
+    if constexpr (OP == NB_UN_NEG) {
+        return (T)((U)0 - (U)x);
+    } else if constexpr (OP == NB_UN_ABS) {
+        return x < 0 ? (T)((U)0 - (U)x) : x;
+    } else if constexpr (OP == NB_UN_SIGN) {
+        return (T)((x > 0) - (x < 0));
+    } else if constexpr (OP == NB_UN_SQUARE) {
+        return (T)((U)x * (U)x);
+    } else if constexpr (OP == NB_UN_RELU) {
+        return x < 0 ? (T)0 : x;
+    } else if constexpr (OP == NB_UN_STEP) {
+        return (T)(da < 0 ? x >= 0 : x > 0);
+    } else {
+        static_assert(OP == NB_UN_ADD_SCALAR || OP == NB_UN_MUL_SCALAR, "not an integer op");
+        if (frac) {
+            double v = OP == NB_UN_ADD_SCALAR ? (double)x + da : (double)x * da;
+            return (T)(!(v == v) ? 0.0 : v < lo ? lo : v > hi ? hi : v);
+        }
+        return OP == NB_UN_ADD_SCALAR ? (T)((U)x + (U)ia) : (T)((U)x * (U)ia);
+    }
+}
+
 template <nb_unary_op OP, nb_dtype D> struct UnaryF {
     using C = C_of<D>;
     C alpha;
     bool alpha_negative;
+    int64_t alpha_int;  // for integer dtypes: alpha saturated to int64
+    double alpha_real;  // alpha itself
+    bool alpha_frac;    // alpha is not a whole number
 
-    __device__ T_of<D> operator()(T_of<D> xs) const
+    NBG_HD T_of<D> operator()(T_of<D> xs) const
+    {
+        if constexpr (is_int_v<D>)
+            return unary_int<OP>(xs, alpha_int, alpha_real, alpha_frac);
+        else
+            return floating(xs);
+    }
+
+    NBG_HD T_of<D> floating(T_of<D> xs) const
     {
         const C x = ld<D>(xs);
         const C zero = C(0), one = C(1);
@@ -119,8 +159,15 @@ nb_status unary_op(nb_gpu_ctx *c, const nb_view *out, const nb_view *x, double a
         constexpr nb_dtype D = decltype(tag)::value;
         if constexpr (is_float_v<D> || (unary_takes_int<OP> && (D == NB_I32 || D == NB_I64))) {
             UnaryF<OP, D> f;
-            f.alpha = static_cast<C_of<D>>(alpha);
+            const int64_t ia = !(alpha == alpha) ? 0
+                             : alpha >= 9223372036854775807.0 ? INT64_MAX
+                             : alpha <= -9223372036854775808.0 ? INT64_MIN
+                                                               : (int64_t)alpha;
+            f.alpha = is_float_v<D> ? static_cast<C_of<D>>(alpha) : C_of<D>(0);
             f.alpha_negative = alpha < 0;
+            f.alpha_int = ia;
+            f.alpha_real = alpha;
+            f.alpha_frac = (double)ia != alpha;
             return ew_launch<T_of<D>, T_of<D>>(c, name, f, out, {x});
         } else {
             return dtype_error(c, name, D);
@@ -130,13 +177,17 @@ nb_status unary_op(nb_gpu_ctx *c, const nb_view *out, const nb_view *x, double a
 
 // ---- binary ------------------------------------------------------------------------
 
+// The type integer arithmetic is done in so that it wraps (unsigned).
+template <class C, bool FLOAT> struct Wrap { using type = C; };
+template <class C> struct Wrap<C, false> { using type = std::make_unsigned_t<C>; };
+
 template <nb_binary_op OP> constexpr bool is_comparison = OP >= NB_BIN_EQ && OP <= NB_BIN_GE;
 
 template <nb_binary_op OP, nb_dtype D> struct BinaryF {
     using C = C_of<D>;
     using Out = std::conditional_t<is_comparison<OP>, uint8_t, T_of<D>>;
 
-    __device__ Out operator()(T_of<D> as, T_of<D> bs) const
+    NBG_HD Out operator()(T_of<D> as, T_of<D> bs) const
     {
         const C a = ld<D>(as), b = ld<D>(bs);
         if constexpr (OP == NB_BIN_EQ) return a == b;
@@ -147,12 +198,13 @@ template <nb_binary_op OP, nb_dtype D> struct BinaryF {
         else if constexpr (OP == NB_BIN_GE) return a >= b;
         else {
             C r;
+            using W = typename Wrap<C, is_float_v<D>>::type; // integers wrap
             if constexpr (OP == NB_BIN_ADD) {
-                r = a + b;
+                r = (C)((W)a + (W)b);
             } else if constexpr (OP == NB_BIN_SUB) {
-                r = a - b;
+                r = (C)((W)a - (W)b);
             } else if constexpr (OP == NB_BIN_MUL) {
-                r = a * b;
+                r = (C)((W)a * (W)b);
             } else if constexpr (OP == NB_BIN_DIV) {
                 if constexpr (is_float_v<D>)
                     r = a / b;
@@ -209,15 +261,15 @@ nb_status binary_op(nb_gpu_ctx *c, const nb_view *out, const nb_view *a, const n
 // ---- copy and where (by element size where the dtype does not matter) ------------------
 
 template <class T> struct RawCopyF {
-    __device__ T operator()(T x) const { return x; }
+    NBG_HD T operator()(T x) const { return x; }
 };
 
 template <nb_dtype To, nb_dtype From> struct CastF {
-    __device__ T_of<To> operator()(T_of<From> x) const { return cvt<To, From>(x); }
+    NBG_HD T_of<To> operator()(T_of<From> x) const { return cvt<To, From>(x); }
 };
 
 template <class T> struct WhereF {
-    __device__ T operator()(uint8_t cond, T a, T b) const { return cond ? a : b; }
+    NBG_HD T operator()(uint8_t cond, T a, T b) const { return cond ? a : b; }
 };
 
 // Raw copy of same-dtype elements: one cudaMemcpyAsync when both are dense.
@@ -267,6 +319,7 @@ extern "C" nb_status nb__gpu_arange(nb_gpu_ctx *c, const nb_view *out, double st
     if (n <= 0)
         return NB_OK;
     Geo<1> g = geo_of<1>(out);
+    geo_collapse(g); // keeps row-major order: element i stays element i
     if (g.nd == 0) {
         g.nd = 1;
         g.shape[0] = 1;

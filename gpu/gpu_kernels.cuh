@@ -21,6 +21,10 @@
 
 namespace nbg {
 
+// Helpers and functors are host-callable too, so their arithmetic can be
+// checked on a machine without a GPU.
+#define NBG_HD __host__ __device__ __forceinline__
+
 // ---- dtypes ---------------------------------------------------------------------
 
 // T: how an element is stored; C: what arithmetic on it uses; Acc: what a
@@ -54,7 +58,7 @@ inline size_t dtype_size(nb_dtype d)
 }
 
 // Storage -> compute type.
-template <nb_dtype D> __device__ __forceinline__ C_of<D> ld(T_of<D> x)
+template <nb_dtype D> NBG_HD C_of<D> ld(T_of<D> x)
 {
     if constexpr (D == NB_F16)
         return __half2float(x);
@@ -67,7 +71,7 @@ template <nb_dtype D> __device__ __forceinline__ C_of<D> ld(T_of<D> x)
 }
 
 // Compute type (or any arithmetic value) -> storage.
-template <nb_dtype D, class V> __device__ __forceinline__ T_of<D> st(V v)
+template <nb_dtype D, class V> NBG_HD T_of<D> st(V v)
 {
     if constexpr (D == NB_F16) {
         if constexpr (std::is_same_v<V, double>)
@@ -88,7 +92,7 @@ template <nb_dtype D, class V> __device__ __forceinline__ T_of<D> st(V v)
 
 // Conversion between any two dtypes (nb_cast): floating -> integer truncates,
 // anything -> bool is (x != 0).
-template <nb_dtype To, nb_dtype From> __device__ __forceinline__ T_of<To> cvt(T_of<From> x)
+template <nb_dtype To, nb_dtype From> NBG_HD T_of<To> cvt(T_of<From> x)
 {
     if constexpr (To == From)
         return x;
@@ -103,13 +107,12 @@ template <nb_dtype To, nb_dtype From> __device__ __forceinline__ T_of<To> cvt(T_
 // ---- math overloads (float and double) ----------------------------------------------
 
 #define NBG_MATH1(name, f32, f64)                                                     \
-    __device__ __forceinline__ float name(float x) { return f32(x); }                 \
-    __device__ __forceinline__ double name(double x) { return f64(x); }
+    NBG_HD float name(float x) { return f32(x); }                                     \
+    NBG_HD double name(double x) { return f64(x); }
 NBG_MATH1(m_exp, expf, exp)
 NBG_MATH1(m_log, logf, log)
 NBG_MATH1(m_log1p, log1pf, log1p)
 NBG_MATH1(m_sqrt, sqrtf, sqrt)
-NBG_MATH1(m_rsqrt, rsqrtf, rsqrt)
 NBG_MATH1(m_sin, sinf, sin)
 NBG_MATH1(m_cos, cosf, cos)
 NBG_MATH1(m_tanh, tanhf, tanh)
@@ -117,9 +120,9 @@ NBG_MATH1(m_erf, erff, erf)
 NBG_MATH1(m_erfc, erfcf, erfc)
 NBG_MATH1(m_fabs, fabsf, fabs)
 #undef NBG_MATH1
-__device__ __forceinline__ float m_pow(float x, float y) { return powf(x, y); }
-__device__ __forceinline__ double m_pow(double x, double y) { return pow(x, y); }
-template <class C> __device__ __forceinline__ bool m_isnan(C x) { return x != x; }
+NBG_HD float m_pow(float x, float y) { return powf(x, y); }
+NBG_HD double m_pow(double x, double y) { return pow(x, y); }
+template <class C> NBG_HD bool m_isnan(C x) { return x != x; }
 
 // ---- launch geometry ----------------------------------------------------------------
 
@@ -205,9 +208,8 @@ template <int NA> inline Geo<NA> geo_of(const nb_view *out)
 
 // Byte offset of linear (row-major) element i in operand a.
 template <class Idx, int NA>
-__device__ __forceinline__ void geo_offsets(const Geo<NA> &g, Idx i, int64_t (&off)[NA])
+NBG_HD void geo_offsets(const Geo<NA> &g, Idx i, int64_t (&off)[NA])
 {
-#pragma unroll
     for (int a = 0; a < NA; a++)
         off[a] = 0;
     for (int d = g.nd - 1; d >= 0; d--) {
@@ -215,7 +217,6 @@ __device__ __forceinline__ void geo_offsets(const Geo<NA> &g, Idx i, int64_t (&o
         Idx q = i / n;
         Idx r = i - q * n;
         i = q;
-#pragma unroll
         for (int a = 0; a < NA; a++)
             off[a] += (int64_t)r * g.st[a][d];
     }
@@ -241,7 +242,7 @@ template <int V, class Out, class... Ins, class F, size_t... I>
 __device__ __forceinline__ void ew_apply_vec(const F &f, char *const *p, int64_t j, std::index_sequence<I...>)
 {
     // One aligned vector load per input, V results, one aligned vector store.
-    cuda::std::tuple<Vec<Ins, V>...> vs(reinterpret_cast<const Vec<Ins, V> *>(p[I + 1])[j]...);
+    cuda::std::tuple<Vec<Ins, V>...> vs{reinterpret_cast<const Vec<Ins, V> *>(p[I + 1])[j]...};
     (void)vs; // unused when there are no inputs (fill)
     Vec<Out, V> r;
 #pragma unroll

@@ -1,106 +1,135 @@
-// Random tensors from cuRAND's Philox4x32-10 generator (its device API).
+// Random tensors: the CPU backend's counter-based generator (ops/cpu/cpu_random.c)
+// run on the GPU, so one seed gives the same tensor on /cpu:0 and /gpu:N.
 //
-// The backend promises that element i depends only on (seed, i): element i of
-// a normal or uniform tensor comes from Philox counter block i / 4 (f32, f16,
-// bf16: four values a block) or i / 2 (f64: two values a block) under key seed,
-// however large the tensor and however the grid is laid out. cuRAND's host API
-// (curandGenerateNormal) does not document that guarantee and wants even
-// counts, so the kernels call curand_init(seed, block, 0) themselves; for
-// Philox that is a constant-time counter set, not a skip-ahead.
-// Truncated normal redraws from element i's own Philox subsequence until the
-// value lies within two standard deviations.
+// Philox4x32-10 (the generator cuRAND also offers) keyed by the seed, with the
+// counter (i, i >> 32, try, "nabl") for row-major element i: element i depends
+// only on (seed, i), never on the shape, the grid or the stream.
+//  uniform:   a + (b - a) * u, u in [0, 1) with 53 random bits (results that
+//             round up to b are moved just below it);
+//  normal:    a + b * z, z by Box-Muller (the cosine branch) from one draw;
+//  truncated: the same, drawn again with the next try number until |z| <= 2.
+// The arithmetic is done in double as on the CPU; f32 results match it exactly
+// except where the GPU's double log/cos differ from the host's in the last bit.
+// Not cuRAND's own API: its host generators do not document the per-element
+// guarantee, and its device API's counter layout differs from the CPU's.
 #include "gpu_kernels.cuh"
-
-#include <curand_kernel.h>
 
 using namespace nbg;
 
 namespace {
 
-template <nb_dtype D, class Idx>
-__device__ __forceinline__ void put(const Geo<1> &g, char *out, Idx i, double v)
-{
-    int64_t off[1];
-    geo_offsets<Idx, 1>(g, i, off);
-    *reinterpret_cast<T_of<D> *>(out + off[0]) = st<D>(v);
-}
+constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u, kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
 
-// One thread per group of G consecutive elements (G = 4 for float draws, 2 for
-// double ones).
-template <nb_dtype D, nb_random_dist DIST, class Idx>
-__global__ void __launch_bounds__(kThreads)
-    k_random(Geo<1> g, char *out, Idx n, double a, double b, unsigned long long seed)
+// Host-callable too, so it can be checked against the CPU's on any machine.
+NBG_HD void philox(uint32_t c[4], uint64_t seed)
 {
-    constexpr int G = D == NB_F64 ? 2 : 4;
-    const Idx groups = (n + G - 1) / G;
-    for (Idx grp = (Idx)gtid(); grp < groups; grp += (Idx)gstride()) {
-        curandStatePhilox4_32_10_t state;
-        curand_init(seed, (unsigned long long)grp, 0ull, &state);
-        double v[4];
-        if constexpr (D == NB_F64) {
-            double2 r = DIST == NB_RAND_NORMAL ? curand_normal2_double(&state) : curand_uniform2_double(&state);
-            v[0] = r.x;
-            v[1] = r.y;
-        } else {
-            float4 r = DIST == NB_RAND_NORMAL ? curand_normal4(&state) : curand_uniform4(&state);
-            v[0] = r.x;
-            v[1] = r.y;
-            v[2] = r.z;
-            v[3] = r.w;
-        }
-#pragma unroll
-        for (int k = 0; k < G; k++) {
-            const Idx i = grp * G + k;
-            if (i >= n)
-                break;
-            // curand_uniform is in (0, 1]; 1 - u is in [0, 1), so low <= value < high.
-            const double x = DIST == NB_RAND_NORMAL ? a + b * v[k] : a + (b - a) * (1.0 - v[k]);
-            put<D>(g, out, i, x);
-        }
+    uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+    for (int r = 0; r < 10; r++) {
+        const uint64_t p0 = (uint64_t)kM0 * c[0], p1 = (uint64_t)kM1 * c[2]; // mul.hi/lo on the GPU
+        const uint32_t hi0 = (uint32_t)(p0 >> 32), lo0 = (uint32_t)p0;
+        const uint32_t hi1 = (uint32_t)(p1 >> 32), lo1 = (uint32_t)p1;
+        c[0] = hi1 ^ c[1] ^ k0;
+        c[1] = lo1;
+        c[2] = hi0 ^ c[3] ^ k1;
+        c[3] = lo0;
+        k0 += kW0;
+        k1 += kW1;
     }
 }
 
-template <nb_dtype D, class Idx>
-__global__ void __launch_bounds__(kThreads)
-    k_truncated_normal(Geo<1> g, char *out, Idx n, double mean, double stddev, unsigned long long seed)
+NBG_HD void draw(uint64_t seed, uint64_t i, uint32_t t, uint64_t &w0, uint64_t &w1)
+{
+    uint32_t c[4] = {(uint32_t)i, (uint32_t)(i >> 32), t, 0x6e61626cu /* "nabl" */};
+    philox(c, seed);
+    w0 = ((uint64_t)c[0] << 32) | c[1];
+    w1 = ((uint64_t)c[2] << 32) | c[3];
+}
+
+NBG_HD double uniform01(uint64_t seed, uint64_t i)
+{
+    uint64_t w0, w1;
+    draw(seed, i, 0, w0, w1);
+    return (double)(w0 >> 11) * 0x1.0p-53;
+}
+
+NBG_HD double normal01(uint64_t seed, uint64_t i, uint32_t t)
+{
+    uint64_t w0, w1;
+    draw(seed, i, t, w0, w1);
+    const double u1 = ((double)(w0 >> 11) + 1.0) * 0x1.0p-53; // (0, 1]
+    const double u2 = (double)(w1 >> 11) * 0x1.0p-53;         // [0, 1)
+    return sqrt(-2.0 * log(u1)) * cos(6.28318530717958647692 * u2);
+}
+
+__device__ __forceinline__ double truncated01(uint64_t seed, uint64_t i)
+{
+    for (uint32_t t = 0; t < 1000; t++) {
+        const double z = normal01(seed, i, t);
+        if (fabs(z) <= 2.0)
+            return z;
+    }
+    return 0.0; // unreachable in practice: 1000 tries all beyond 2 sigma
+}
+
+// The largest value of dtype D below hi (hi > lo), for uniform results that
+// rounded up to hi.
+template <nb_dtype D> __device__ __forceinline__ T_of<D> below(double hi, double lo)
+{
+    if constexpr (D == NB_F64) {
+        return nextafter(hi, lo);
+    } else if constexpr (D == NB_F32) {
+        return nextafterf((float)hi, (float)lo);
+    } else {
+        // f16/bf16: step the bit pattern of hi's rounding one unit towards lo
+        T_of<D> h = st<D>(hi);
+        uint16_t bits;
+        memcpy(&bits, &h, sizeof bits);
+        const float hf = ld<D>(h);
+        if (hf > 0.0f)
+            bits = (uint16_t)(bits - 1);
+        else if (hf == 0.0f)
+            bits = 0x8001u; // the smallest negative subnormal
+        else
+            bits = (uint16_t)(bits + 1);
+        memcpy(&h, &bits, sizeof bits);
+        return h;
+    }
+}
+
+template <nb_dtype D, nb_random_dist DIST, class Idx>
+__global__ void __launch_bounds__(kThreads) k_random(Geo<1> g, char *out, Idx n, double a, double b, uint64_t seed)
 {
     for (Idx i = (Idx)gtid(); i < n; i += (Idx)gstride()) {
-        curandStatePhilox4_32_10_t state;
-        curand_init(seed, (unsigned long long)i, 0ull, &state);
-        double z;
-        for (;;) { // accepts with probability 0.954 per draw
-            if constexpr (D == NB_F64) {
-                double2 r = curand_normal2_double(&state);
-                if (fabs(r.x) <= 2.0) { z = r.x; break; }
-                if (fabs(r.y) <= 2.0) { z = r.y; break; }
-            } else {
-                float4 r = curand_normal4(&state);
-                if (fabsf(r.x) <= 2.0f) { z = r.x; break; }
-                if (fabsf(r.y) <= 2.0f) { z = r.y; break; }
-                if (fabsf(r.z) <= 2.0f) { z = r.z; break; }
-                if (fabsf(r.w) <= 2.0f) { z = r.w; break; }
-            }
+        T_of<D> v;
+        if constexpr (DIST == NB_RAND_UNIFORM) {
+            v = st<D>(a + (b - a) * uniform01(seed, (uint64_t)i));
+            if (b > a && (double)ld<D>(v) >= b)
+                v = below<D>(b, a);
+        } else if constexpr (DIST == NB_RAND_NORMAL) {
+            v = st<D>(a + b * normal01(seed, (uint64_t)i, 0));
+        } else {
+            v = st<D>(a + b * truncated01(seed, (uint64_t)i));
         }
-        put<D>(g, out, i, mean + stddev * z);
+        int64_t off[1];
+        geo_offsets<Idx, 1>(g, i, off);
+        *reinterpret_cast<T_of<D> *>(out + off[0]) = v;
     }
 }
 
 template <nb_dtype D, class Idx>
 nb_status launch(nb_gpu_ctx *c, const Geo<1> &g, char *out, Idx n, nb_random_dist dist, double a, double b,
-                 unsigned long long seed)
+                 uint64_t seed)
 {
-    constexpr int G = D == NB_F64 ? 2 : 4;
+    const unsigned blocks = grid_for(c, (int64_t)n);
     switch (dist) {
     case NB_RAND_NORMAL:
-        k_random<D, NB_RAND_NORMAL, Idx><<<grid_for(c, ((int64_t)n + G - 1) / G), kThreads, 0, c->stream>>>(
-            g, out, n, a, b, seed);
+        k_random<D, NB_RAND_NORMAL, Idx><<<blocks, kThreads, 0, c->stream>>>(g, out, n, a, b, seed);
         break;
     case NB_RAND_UNIFORM:
-        k_random<D, NB_RAND_UNIFORM, Idx><<<grid_for(c, ((int64_t)n + G - 1) / G), kThreads, 0, c->stream>>>(
-            g, out, n, a, b, seed);
+        k_random<D, NB_RAND_UNIFORM, Idx><<<blocks, kThreads, 0, c->stream>>>(g, out, n, a, b, seed);
         break;
     case NB_RAND_TRUNCATED_NORMAL:
-        k_truncated_normal<D, Idx><<<grid_for(c, (int64_t)n), kThreads, 0, c->stream>>>(g, out, n, a, b, seed);
+        k_random<D, NB_RAND_TRUNCATED_NORMAL, Idx><<<blocks, kThreads, 0, c->stream>>>(g, out, n, a, b, seed);
         break;
     default:
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "random: unknown distribution %d on %s", (int)dist,
@@ -118,6 +147,7 @@ extern "C" nb_status nb__gpu_random(nb_gpu_ctx *c, const nb_view *out, nb_random
     if (n <= 0)
         return NB_OK;
     Geo<1> g = geo_of<1>(out);
+    geo_collapse(g); // keeps row-major order: element i stays element i
     if (g.nd == 0) {
         g.nd = 1;
         g.shape[0] = 1;
@@ -125,8 +155,8 @@ extern "C" nb_status nb__gpu_random(nb_gpu_ctx *c, const nb_view *out, nb_random
     char *p = static_cast<char *>(out->data);
     return dispatch_float(out->dtype, c, "random", [&](auto tag) -> nb_status {
         constexpr nb_dtype D = decltype(tag)::value;
-        if (n <= (int64_t)UINT32_MAX - 4)
-            return launch<D, uint32_t>(c, g, p, (uint32_t)n, dist, a, b, (unsigned long long)seed);
-        return launch<D, uint64_t>(c, g, p, (uint64_t)n, dist, a, b, (unsigned long long)seed);
+        if (n <= (int64_t)UINT32_MAX)
+            return launch<D, uint32_t>(c, g, p, (uint32_t)n, dist, a, b, seed);
+        return launch<D, uint64_t>(c, g, p, (uint64_t)n, dist, a, b, seed);
     });
 }

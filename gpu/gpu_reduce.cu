@@ -5,7 +5,8 @@
 // - inner: the reduced elements are adjacent in memory (row sums): one warp per
 //   output (or per chunk of it), lanes read consecutive elements;
 // - outer: the kept elements are adjacent (column sums, a reduced batch dim):
-//   32 outputs per block side by side, 8 lanes per output down the reduced dims.
+//   32 outputs per block side by side, 8 lanes per output down the reduced dims;
+//   also for short reductions (under 32 elements), one thread group per output.
 // When there are too few outputs to fill the card, the reduced range is split
 // into chunks whose partial results (in the accumulator type) go to scratch
 // memory and a second kernel combines them. f16/bf16/f32 accumulate in float,
@@ -190,7 +191,11 @@ nb_status reduce_typed(nb_gpu_ctx *c, const RGeo &g, const nb_view *out, const n
     using Acc = Acc_of<D>;
     const int64_t sm = c->phys->sm_count;
     const char *xp = static_cast<const char *>(x->data);
-    const bool inner = R >= 32 && g.nr > 0 && g.rst[g.nr - 1] == (int64_t)sizeof(T_of<D>);
+    // The outer kernel only pays when neighbouring outputs are neighbours in
+    // memory and there are enough of them to fill its 32 columns.
+    const int64_t es = (int64_t)sizeof(T_of<D>);
+    const bool r_unit = g.rst[g.nr - 1] == es, k_unit = g.kst[g.nk - 1] == es;
+    const bool inner = R >= 32 && (r_unit || !k_unit || K < 32);
     int64_t S = 1;
     if (inner) {
         const int64_t target = sm * (2048 / 32); // warps to fill the card
