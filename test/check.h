@@ -100,6 +100,34 @@ static inline int check_finish(void)
     return check_failures ? 1 : 0;
 }
 
+/* Tolerances the op tests share: value checks per dtype, and the gradient
+ * checker's step and tolerance in f64. */
+#define TOL32 1e-5
+#define TOL64 1e-12
+#define GC_EPS 1e-6
+#define GC_TOL 1e-6
+/* A macro, so that a test may redefine TOL32 or TOL64 after including this. */
+#define value_tol(dt) ((dt) == NB_F32 ? TOL32 : TOL64)
+
+/* Whether t exists and has shape s. */
+static inline bool has_shape(const nb_tensor *t, nb_shape s)
+{
+    if (!t || nb_tensor_ndim(t) != s.ndim)
+        return false;
+    for (int i = 0; i < s.ndim; i++)
+        if (nb_tensor_dim(t, i) != s.dims[i])
+            return false;
+    return true;
+}
+
+static inline int64_t numel_of(nb_shape s)
+{
+    int64_t n = 1;
+    for (int i = 0; i < s.ndim; i++)
+        n *= s.dims[i];
+    return n;
+}
+
 /* Reads a tensor into a malloc'd double array (caller frees). */
 static inline double *check_values(const nb_tensor *t)
 {

@@ -4,13 +4,6 @@
  * derivative through nested tapes. */
 #include "check.h"
 
-#define TOL32 1e-5
-#define TOL64 1e-12
-#define GC_EPS 1e-6
-#define GC_TOL 1e-6
-
-static double tol_of(nb_dtype dt) { return dt == NB_F32 ? TOL32 : TOL64; }
-
 /* ---- shape helpers -------------------------------------------------------------- */
 
 static nb_shape bshape(nb_shape a, nb_shape b)
@@ -24,13 +17,6 @@ static nb_shape bshape(nb_shape a, nb_shape b)
     return o;
 }
 
-static int64_t numel_of(nb_shape s)
-{
-    int64_t n = 1;
-    for (int i = 0; i < s.ndim; i++)
-        n *= s.dims[i];
-    return n;
-}
 
 /* Flat index into an input of shape in for the output element flat of shape out. */
 static int64_t bidx(nb_shape out, int64_t flat, nb_shape in)
@@ -49,15 +35,6 @@ static int64_t bidx(nb_shape out, int64_t flat, nb_shape in)
     return idx;
 }
 
-static bool has_shape(const nb_tensor *t, nb_shape s)
-{
-    if (!t || nb_tensor_ndim(t) != s.ndim)
-        return false;
-    for (int i = 0; i < s.ndim; i++)
-        if (nb_tensor_dim(t, i) != s.dims[i])
-            return false;
-    return true;
-}
 
 /* A random tensor of shape s; domain 1 = positive [0.5, 2], 2 = [-2, 2], else normal. */
 static nb_tensor *rnd(nb_dtype dt, nb_shape s, int domain, uint64_t seed)
@@ -152,10 +129,10 @@ static void test_binary_values(void)
                 nb_tensor *a = rnd(dts[d], pairs[p][0], op->dom_a, seed++);
                 nb_tensor *b = rnd(dts[d], pairs[p][1], op->dom_b, seed++);
                 double e = binary_error(op, a, b);
-                if (!(e <= tol_of(dts[d])))
+                if (!(e <= value_tol(dts[d])))
                     fprintf(stderr, "[%s] %s %s pair %zu: error %g\n", check_current, op->name,
                             nb_dtype_name(dts[d]), p, e);
-                CHECK(e <= tol_of(dts[d]));
+                CHECK(e <= value_tol(dts[d]));
             }
             /* strided: transposed views, alone and against contiguous / broadcast */
             nb_tensor *at = rnd_strided(dts[d], NB_SHAPE(4, 6), op->dom_a, seed++);
@@ -166,10 +143,10 @@ static void test_binary_values(void)
             nb_tensor *b3 = rnd(dts[d], NB_SHAPE(2, 1), op->dom_b, seed++);
             double e1 = binary_error(op, at, bt), e2 = binary_error(op, at, bc), e3 = binary_error(op, at, b1),
                    e4 = binary_error(op, a3, b3);
-            CHECK(e1 <= tol_of(dts[d]));
-            CHECK(e2 <= tol_of(dts[d]));
-            CHECK(e3 <= tol_of(dts[d]));
-            CHECK(e4 <= tol_of(dts[d]));
+            CHECK(e1 <= value_tol(dts[d]));
+            CHECK(e2 <= value_tol(dts[d]));
+            CHECK(e3 <= value_tol(dts[d]));
+            CHECK(e4 <= value_tol(dts[d]));
         }
     }
 }
@@ -394,10 +371,10 @@ static void test_unary_values(void)
             };
             for (int k = 0; k < 4; k++) {
                 double e = unary_error(op, xs[k]);
-                if (!(e <= tol_of(dts[d])))
+                if (!(e <= value_tol(dts[d])))
                     fprintf(stderr, "[%s] %s %s case %d: error %g\n", check_current, op->name,
                             nb_dtype_name(dts[d]), k, e);
-                CHECK(e <= tol_of(dts[d]));
+                CHECK(e <= value_tol(dts[d]));
             }
         }
     }
@@ -656,13 +633,13 @@ static void test_large(void)
         double *ref = malloc(sizeof(double) * (size_t)n);
         for (int64_t i = 0; i < n; i++)
             ref[i] = va[i] + vb[i];
-        CHECK(check_max_error(nb_add(a, b), ref, n) <= tol_of(dts[d]));
+        CHECK(check_max_error(nb_add(a, b), ref, n) <= value_tol(dts[d]));
         for (int64_t i = 0; i < n; i++)
             ref[i] = exp(va[i]);
-        CHECK(check_max_error(nb_exp(a), ref, n) <= tol_of(dts[d]));
+        CHECK(check_max_error(nb_exp(a), ref, n) <= value_tol(dts[d]));
         for (int64_t i = 0; i < n; i++)
             ref[i] = tanh(va[i]) * vb[i];
-        CHECK(check_max_error(nb_mul(nb_tanh(a), b), ref, n) <= tol_of(dts[d]));
+        CHECK(check_max_error(nb_mul(nb_tanh(a), b), ref, n) <= value_tol(dts[d]));
         /* strided and broadcast: [600, 500] transposed view + a row [500] */
         nb_tensor *m = nb_random_normal(dts[d], NB_SHAPE(500, 600), 0, 1, 920 + d);
         nb_tensor *mt = nb_transpose(m, 0, 1);
@@ -671,10 +648,10 @@ static void test_large(void)
         for (int64_t i = 0; i < 600; i++)
             for (int64_t j = 0; j < 500; j++)
                 ref[i * 500 + j] = vm[j * 600 + i] + vr[j];
-        CHECK(check_max_error(nb_add(mt, row), ref, n) <= tol_of(dts[d]));
+        CHECK(check_max_error(nb_add(mt, row), ref, n) <= value_tol(dts[d]));
         for (int64_t i = 0; i < n; i++)
             ref[i] = exp(vm[(i % 500) * 600 + i / 500]);
-        CHECK(check_max_error(nb_exp(mt), ref, n) <= tol_of(dts[d]));
+        CHECK(check_max_error(nb_exp(mt), ref, n) <= value_tol(dts[d]));
         free(va);
         free(vb);
         free(vm);

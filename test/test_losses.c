@@ -2,22 +2,6 @@
  * (including large logits), gradients by the checker in f64, and the errors. */
 #include "check.h"
 
-#define TOL32 1e-5
-#define TOL64 1e-12
-#define GC_EPS 1e-6
-#define GC_TOL 1e-6
-
-static double tol_of(nb_dtype dt) { return dt == NB_F32 ? TOL32 : TOL64; }
-
-static bool has_shape(const nb_tensor *t, nb_shape s)
-{
-    if (!t || nb_tensor_ndim(t) != s.ndim)
-        return false;
-    for (int i = 0; i < s.ndim; i++)
-        if (nb_tensor_dim(t, i) != s.dims[i])
-            return false;
-    return true;
-}
 
 /* Reference (log-)softmax of v (shape s) along axis, into out. */
 static void ref_softmax(const double *v, nb_shape s, int axis, bool log_, double *out)
@@ -63,32 +47,32 @@ static void test_softmax_values(void)
     for (int d = 0; d < 2; d++)
         for (int lg = 0; lg < 2; lg++) {
             nb_tensor *x = nb_random_normal(dts[d], NB_SHAPE(4, 6), 0, 2, seed++);
-            CHECK(softmax_error(x, -1, lg) <= tol_of(dts[d]));
-            CHECK(softmax_error(x, 1, lg) <= tol_of(dts[d]));
-            CHECK(softmax_error(x, 0, lg) <= tol_of(dts[d]));
-            CHECK(softmax_error(x, -2, lg) <= tol_of(dts[d]));
+            CHECK(softmax_error(x, -1, lg) <= value_tol(dts[d]));
+            CHECK(softmax_error(x, 1, lg) <= value_tol(dts[d]));
+            CHECK(softmax_error(x, 0, lg) <= value_tol(dts[d]));
+            CHECK(softmax_error(x, -2, lg) <= value_tol(dts[d]));
             nb_tensor *x3 = nb_random_normal(dts[d], NB_SHAPE(2, 3, 5), 0, 2, seed++);
-            CHECK(softmax_error(x3, 1, lg) <= tol_of(dts[d]));
-            CHECK(softmax_error(x3, 0, lg) <= tol_of(dts[d]));
-            CHECK(softmax_error(x3, -1, lg) <= tol_of(dts[d]));
+            CHECK(softmax_error(x3, 1, lg) <= value_tol(dts[d]));
+            CHECK(softmax_error(x3, 0, lg) <= value_tol(dts[d]));
+            CHECK(softmax_error(x3, -1, lg) <= value_tol(dts[d]));
             /* strided input */
             nb_tensor *xt = nb_transpose(nb_random_normal(dts[d], NB_SHAPE(6, 4), 0, 2, seed++), 0, 1);
-            CHECK(softmax_error(xt, -1, lg) <= tol_of(dts[d]));
-            CHECK(softmax_error(xt, 0, lg) <= tol_of(dts[d]));
+            CHECK(softmax_error(xt, -1, lg) <= value_tol(dts[d]));
+            CHECK(softmax_error(xt, 0, lg) <= value_tol(dts[d]));
             /* 1-d and wide rows (a multi-threaded size) */
-            CHECK(softmax_error(nb_random_normal(dts[d], NB_SHAPE(9), 0, 2, seed++), 0, lg) <= tol_of(dts[d]));
+            CHECK(softmax_error(nb_random_normal(dts[d], NB_SHAPE(9), 0, 2, seed++), 0, lg) <= value_tol(dts[d]));
             CHECK(softmax_error(nb_random_normal(dts[d], NB_SHAPE(64, 5000), 0, 2, seed++), -1, lg) <=
-                  tol_of(dts[d]));
+                  value_tol(dts[d]));
             /* large logits: near +-1000, and rows whose spread is 2000 */
             nb_tensor *big = nb_add_scalar(nb_random_normal(dts[d], NB_SHAPE(3, 7), 0, 5, seed++), 1000);
-            CHECK(softmax_error(big, -1, lg) <= tol_of(dts[d]));
-            CHECK(softmax_error(big, 0, lg) <= tol_of(dts[d]));
+            CHECK(softmax_error(big, -1, lg) <= value_tol(dts[d]));
+            CHECK(softmax_error(big, 0, lg) <= value_tol(dts[d]));
             nb_tensor *neg = nb_add_scalar(nb_random_normal(dts[d], NB_SHAPE(3, 7), 0, 5, seed++), -1000);
-            CHECK(softmax_error(neg, -1, lg) <= tol_of(dts[d]));
+            CHECK(softmax_error(neg, -1, lg) <= value_tol(dts[d]));
             const double sp[8] = {1000, -1000, 0, 999, -5, 5, 800, -800};
             nb_tensor *spread = nb_cast(nb_from_buffer(NB_F64, NB_SHAPE(2, 4), sp), dts[d]);
-            CHECK(softmax_error(spread, -1, lg) <= tol_of(dts[d]));
-            CHECK(softmax_error(spread, 0, lg) <= tol_of(dts[d]));
+            CHECK(softmax_error(spread, -1, lg) <= value_tol(dts[d]));
+            CHECK(softmax_error(spread, 0, lg) <= value_tol(dts[d]));
             nb_tensor *ys = lg ? nb_log_softmax(spread, -1) : nb_softmax(spread, -1);
             double *v = check_values(ys);
             for (int i = 0; i < 8; i++)
@@ -170,9 +154,9 @@ static void test_softmax_cross_entropy_values(void)
                     ref[i] -= vz[i * 5 + k] * ls[i * 5 + k];
             }
             double e = check_max_error(y, ref, 6);
-            if (!(e <= tol_of(dts[d]) * (big ? 100 : 1)))
+            if (!(e <= value_tol(dts[d]) * (big ? 100 : 1)))
                 fprintf(stderr, "[%s] %s big %d: error %g\n", check_current, nb_dtype_name(dts[d]), big, e);
-            CHECK(e <= tol_of(dts[d]) * (big ? 100 : 1));
+            CHECK(e <= value_tol(dts[d]) * (big ? 100 : 1));
             free(vx);
             free(vz);
         }
@@ -226,10 +210,10 @@ static void test_sparse_values(void)
             ref_softmax(vx, NB_SHAPE(6, 5), 1, true, ls);
             for (int i = 0; i < 6; i++)
                 ref[i] = -ls[i * 5 + (li ? l64[i] : l32[i])];
-            CHECK(check_max_error(y, ref, 6) <= tol_of(dts[d]));
+            CHECK(check_max_error(y, ref, 6) <= value_tol(dts[d]));
             /* equal to the dense form with one-hot labels */
             nb_tensor *dense = nb_softmax_cross_entropy(x, nb_one_hot(labels, 5, dts[d]));
-            CHECK(check_max_error(dense, ref, 6) <= tol_of(dts[d]));
+            CHECK(check_max_error(dense, ref, 6) <= value_tol(dts[d]));
             free(vx);
         }
 }
@@ -284,7 +268,7 @@ static void test_sigmoid_cross_entropy(void)
             double p = 1 / (1 + exp(-vx[i]));
             CHECK_NEAR(ref[i], -(vz[i] * log(p) + (1 - vz[i]) * log(1 - p)), 1e-9);
         }
-        CHECK(check_max_error(y, ref, 20) <= tol_of(dts[d]));
+        CHECK(check_max_error(y, ref, 20) <= value_tol(dts[d]));
         free(vx);
         free(vz);
         /* extreme logits stay finite and right */
@@ -299,7 +283,7 @@ static void test_sigmoid_cross_entropy(void)
         for (int i = 0; i < 6; i++)
             CHECK(isfinite(v2[i]));
         free(v2);
-        CHECK(check_max_error(y2, r2, 6) <= tol_of(dts[d]));
+        CHECK(check_max_error(y2, r2, 6) <= value_tol(dts[d]));
     }
 }
 
@@ -351,7 +335,7 @@ static void test_mean_squared_error(void)
         for (int i = 0; i < 15; i++)
             s += (vp[i] - vt[i]) * (vp[i] - vt[i]);
         double ref[1] = {s / 15};
-        CHECK(check_max_error(y, ref, 1) <= tol_of(dts[d]));
+        CHECK(check_max_error(y, ref, 1) <= value_tol(dts[d]));
         /* a strided prediction */
         nb_tensor *pt = nb_transpose(nb_random_normal(dts[d], NB_SHAPE(3, 5), 0, 1, 520 + d), 0, 1);
         double *vpt = check_values(pt);
@@ -359,7 +343,7 @@ static void test_mean_squared_error(void)
         for (int i = 0; i < 15; i++)
             s += (vpt[i] - vt[i]) * (vpt[i] - vt[i]);
         ref[0] = s / 15;
-        CHECK(check_max_error(nb_mean_squared_error(pt, t), ref, 1) <= tol_of(dts[d]));
+        CHECK(check_max_error(nb_mean_squared_error(pt, t), ref, 1) <= value_tol(dts[d]));
         free(vp);
         free(vt);
         free(vpt);

@@ -3,30 +3,7 @@
  * plain C references, gradients by the checker, tie sharing, and the errors. */
 #include "check.h"
 
-#define TOL32 1e-5
-#define TOL64 1e-12
-#define GC_EPS 1e-6
-#define GC_TOL 1e-6
 
-static double tol_of(nb_dtype dt) { return dt == NB_F32 ? TOL32 : TOL64; }
-
-static bool has_shape(const nb_tensor *t, nb_shape s)
-{
-    if (!t || nb_tensor_ndim(t) != s.ndim)
-        return false;
-    for (int i = 0; i < s.ndim; i++)
-        if (nb_tensor_dim(t, i) != s.dims[i])
-            return false;
-    return true;
-}
-
-static int64_t numel_of(nb_shape s)
-{
-    int64_t n = 1;
-    for (int i = 0; i < s.ndim; i++)
-        n *= s.dims[i];
-    return n;
-}
 
 /* The bit mask of dims an axes set names (the test's own normalisation). */
 static int axes_mask(nb_axes axes, int ndim)
@@ -156,18 +133,18 @@ static void test_reduce_values(void)
                         nb_tensor *x = input_for(k, dts[d], NB_SHAPE(3, 4, 5), seed++, strided);
                         CHECK(!strided || !nb_tensor_is_contiguous(x));
                         double e = reduce_error(k, x, axes_cases[a], keep);
-                        if (!(e <= tol_of(dts[d])))
+                        if (!(e <= value_tol(dts[d])))
                             fprintf(stderr, "[%s] %s %s strided %d axes case %d keep %d: error %g\n",
                                     check_current, rnames[k], nb_dtype_name(dts[d]), strided, a, keep, e);
-                        CHECK(e <= tol_of(dts[d]));
+                        CHECK(e <= value_tol(dts[d]));
                     }
     /* 1-d, 0-d and larger inputs */
     for (int k = 0; k < R_COUNT; k++)
         for (int d = 0; d < 2; d++) {
-            CHECK(reduce_error(k, input_for(k, dts[d], NB_SHAPE(17), seed++, false), NB_AXES(0), false) <= tol_of(dts[d]));
-            CHECK(reduce_error(k, input_for(k, dts[d], NB_SCALAR, seed++, false), NB_ALL_AXES, false) <= tol_of(dts[d]));
-            CHECK(reduce_error(k, input_for(k, dts[d], NB_SCALAR, seed++, false), NB_ALL_AXES, true) <= tol_of(dts[d]));
-            CHECK(reduce_error(k, input_for(k, dts[d], NB_SHAPE(2, 3, 4, 5), seed++, true), NB_AXES(1, 3), true) <= tol_of(dts[d]));
+            CHECK(reduce_error(k, input_for(k, dts[d], NB_SHAPE(17), seed++, false), NB_AXES(0), false) <= value_tol(dts[d]));
+            CHECK(reduce_error(k, input_for(k, dts[d], NB_SCALAR, seed++, false), NB_ALL_AXES, false) <= value_tol(dts[d]));
+            CHECK(reduce_error(k, input_for(k, dts[d], NB_SCALAR, seed++, false), NB_ALL_AXES, true) <= value_tol(dts[d]));
+            CHECK(reduce_error(k, input_for(k, dts[d], NB_SHAPE(2, 3, 4, 5), seed++, true), NB_AXES(1, 3), true) <= value_tol(dts[d]));
             if (k != R_PROD) {
                 double e = reduce_error(k, input_for(k, dts[d], NB_SHAPE(300, 1000), seed++, false), NB_AXES(0), false);
                 CHECK(e <= (dts[d] == NB_F32 ? 1e-4 : 1e-11));
@@ -210,7 +187,7 @@ static void test_sum_mean_all(void)
         nb_tensor *ys[4] = {nb_sum_all(x), nb_mean_all(x), nb_sum_all(xt), nb_mean_all(xt)};
         for (int k = 0; k < 4; k++) {
             CHECK(has_shape(ys[k], NB_SCALAR) && nb_tensor_dtype(ys[k]) == dts[d]);
-            CHECK(check_max_error(ys[k], k % 2 ? rm : rs, 1) <= tol_of(dts[d]));
+            CHECK(check_max_error(ys[k], k % 2 ? rm : rs, 1) <= value_tol(dts[d]));
         }
         free(v);
     }
@@ -245,13 +222,13 @@ static void test_logsumexp_stable(void)
         }
         nb_tensor *y = nb_logsumexp(x, NB_AXES(-1), false);
         CHECK(has_shape(y, NB_SHAPE(3)));
-        CHECK(check_max_error(y, ref, 3) <= tol_of(dts[d]));
+        CHECK(check_max_error(y, ref, 3) <= value_tol(dts[d]));
         /* random data shifted by 1000 */
         nb_tensor *z = nb_add_scalar(nb_random_normal(dts[d], NB_SHAPE(4, 6), 0, 3, 50 + d), 1000);
-        CHECK(reduce_error(R_LSE, z, NB_AXES(1), true) <= tol_of(dts[d]));
-        CHECK(reduce_error(R_LSE, z, NB_ALL_AXES, false) <= tol_of(dts[d]));
+        CHECK(reduce_error(R_LSE, z, NB_AXES(1), true) <= value_tol(dts[d]));
+        CHECK(reduce_error(R_LSE, z, NB_ALL_AXES, false) <= value_tol(dts[d]));
         nb_tensor *zn = nb_add_scalar(nb_random_normal(dts[d], NB_SHAPE(4, 6), 0, 3, 52 + d), -1000);
-        CHECK(reduce_error(R_LSE, zn, NB_AXES(0), false) <= tol_of(dts[d]));
+        CHECK(reduce_error(R_LSE, zn, NB_AXES(0), false) <= value_tol(dts[d]));
     }
     /* its gradient at large values is the softmax of each row, finite */
     const double v[8] = {1000, 1001, 999, 1000.5, -1000, -999.5, -1001, -1000};

@@ -10,15 +10,6 @@
 static nb_tensor *randn(nb_dtype dt, nb_shape s, uint64_t seed) { return nb_random_normal(dt, s, 0, 1, seed); }
 static nb_tensor *randn64(nb_shape s, uint64_t seed) { return randn(NB_F64, s, seed); }
 
-static bool shape_is(const nb_tensor *t, nb_shape s)
-{
-    if (!t || nb_tensor_ndim(t) != s.ndim)
-        return false;
-    for (int i = 0; i < s.ndim; i++)
-        if (nb_tensor_dim(t, i) != s.dims[i])
-            return false;
-    return true;
-}
 
 static void unravel(int64_t f, int nd, const int64_t *shape, int64_t *idx)
 {
@@ -165,14 +156,14 @@ static void test_reshape(void)
     nb_tensor *x = randn(NB_F32, NB_SHAPE(2, 3, 4), 11);
     double *xv = check_values(x);
     nb_tensor *y = nb_reshape(x, NB_SHAPE(4, -1));
-    CHECK(shape_is(y, NB_SHAPE(4, 6)));
+    CHECK(has_shape(y, NB_SHAPE(4, 6)));
     CHECK(nb_tensor_is_contiguous(y));
     CHECK_EXACT(y, xv, 24);
-    CHECK(shape_is(nb_reshape(x, NB_SHAPE(24)), NB_SHAPE(24)));
-    CHECK(shape_is(nb_reshape(nb_reshape(x, NB_SHAPE(1, 24, 1)), NB_SHAPE(2, -1, 3)), NB_SHAPE(2, 4, 3)));
+    CHECK(has_shape(nb_reshape(x, NB_SHAPE(24)), NB_SHAPE(24)));
+    CHECK(has_shape(nb_reshape(nb_reshape(x, NB_SHAPE(1, 24, 1)), NB_SHAPE(2, -1, 3)), NB_SHAPE(2, 4, 3)));
     /* A one-element tensor to 0-d and back. */
     nb_tensor *s = nb_reshape(nb_slice(x, NB_SHAPE(1, 2, 3), NB_SHAPE(1, 1, 1)), NB_SCALAR);
-    CHECK(shape_is(s, NB_SCALAR) && nb_tensor_item(s) == xv[23]);
+    CHECK(has_shape(s, NB_SCALAR) && nb_tensor_item(s) == xv[23]);
 
     /* Non-contiguous input: a copy in the transposed order. */
     nb_tensor *t = nb_transpose(x, 0, 2);
@@ -180,7 +171,7 @@ static void test_reshape(void)
     double ref[24];
     ref_permute(xv, 3, (int64_t[]){2, 3, 4}, (int[]){2, 1, 0}, ref);
     nb_tensor *r = nb_reshape(t, NB_SHAPE(6, 4));
-    CHECK(shape_is(r, NB_SHAPE(6, 4)) && nb_tensor_is_contiguous(r));
+    CHECK(has_shape(r, NB_SHAPE(6, 4)) && nb_tensor_is_contiguous(r));
     CHECK_EXACT(r, ref, 24);
     free(xv);
 
@@ -198,14 +189,14 @@ static void test_transpose_permute(void)
     double *xv = check_values(x);
     double ref[24];
     nb_tensor *t = nb_transpose(x, 0, -1);
-    CHECK(shape_is(t, NB_SHAPE(4, 3, 2)));
+    CHECK(has_shape(t, NB_SHAPE(4, 3, 2)));
     ref_permute(xv, 3, (int64_t[]){2, 3, 4}, (int[]){2, 1, 0}, ref);
     CHECK_EXACT(t, ref, 24);
     /* A view: strides swapped, no copy. */
     CHECK(nb_tensor_stride(t, 0) == 4 && nb_tensor_stride(t, 2) == 48);
 
     nb_tensor *p = nb_permute(x, NB_AXES(2, 0, 1));
-    CHECK(shape_is(p, NB_SHAPE(4, 2, 3)));
+    CHECK(has_shape(p, NB_SHAPE(4, 2, 3)));
     ref_permute(xv, 3, (int64_t[]){2, 3, 4}, (int[]){2, 0, 1}, ref);
     CHECK_EXACT(p, ref, 24);
     /* Transposing twice gives x back. */
@@ -224,21 +215,21 @@ static void test_expand_squeeze(void)
 {
     nb_tensor *x = randn(NB_F32, NB_SHAPE(2, 3), 31);
     double *xv = check_values(x);
-    CHECK(shape_is(nb_expand_dims(x, 0), NB_SHAPE(1, 2, 3)));
-    CHECK(shape_is(nb_expand_dims(x, 1), NB_SHAPE(2, 1, 3)));
-    CHECK(shape_is(nb_expand_dims(x, 2), NB_SHAPE(2, 3, 1)));
-    CHECK(shape_is(nb_expand_dims(x, -1), NB_SHAPE(2, 3, 1)));
+    CHECK(has_shape(nb_expand_dims(x, 0), NB_SHAPE(1, 2, 3)));
+    CHECK(has_shape(nb_expand_dims(x, 1), NB_SHAPE(2, 1, 3)));
+    CHECK(has_shape(nb_expand_dims(x, 2), NB_SHAPE(2, 3, 1)));
+    CHECK(has_shape(nb_expand_dims(x, -1), NB_SHAPE(2, 3, 1)));
     nb_tensor *e = nb_expand_dims(x, 1);
     CHECK(nb_tensor_is_contiguous(e));
     CHECK_EXACT(e, xv, 6);
     nb_tensor *s = nb_squeeze(e, -2);
-    CHECK(shape_is(s, NB_SHAPE(2, 3)));
+    CHECK(has_shape(s, NB_SHAPE(2, 3)));
     CHECK_EXACT(s, xv, 6);
     /* On a transposed view. */
     nb_tensor *te = nb_expand_dims(nb_transpose(x, 0, 1), 2);
     double ref[6];
     ref_permute(xv, 2, (int64_t[]){2, 3}, (int[]){1, 0}, ref);
-    CHECK(shape_is(te, NB_SHAPE(3, 2, 1)));
+    CHECK(has_shape(te, NB_SHAPE(3, 2, 1)));
     CHECK_EXACT(te, ref, 6);
     free(xv);
 
@@ -268,7 +259,7 @@ static void check_slice(nb_tensor *x, nb_shape begin, nb_shape size)
         ref[f] = xv[ravel(xs.ndim, xs.dims, xi)];
     }
     nb_tensor *y = nb_slice(x, begin, size);
-    CHECK(shape_is(y, os));
+    CHECK(has_shape(y, os));
     CHECK_EXACT(y, ref, n);
     free(ref);
     free(xv);
@@ -302,7 +293,7 @@ static void test_broadcast_to(void)
     nb_tensor *x = randn(NB_F32, NB_SHAPE(3, 1), 51);
     double *xv = check_values(x);
     nb_tensor *y = nb_broadcast_to(x, NB_SHAPE(2, 3, 4));
-    CHECK(shape_is(y, NB_SHAPE(2, 3, 4)));
+    CHECK(has_shape(y, NB_SHAPE(2, 3, 4)));
     CHECK(nb_tensor_stride(y, 0) == 0 && nb_tensor_stride(y, 2) == 0 && nb_tensor_stride(y, 1) == 4);
     double ref[24];
     for (int i = 0; i < 24; i++)
@@ -331,7 +322,7 @@ static void test_contiguous(void)
     ref_permute(xv, 2, (int64_t[]){3, 5}, (int[]){1, 0}, ref);
     nb_tensor *t = nb_transpose(x, 0, 1);
     nb_tensor *c = nb_contiguous(t);
-    CHECK(c != t && nb_tensor_is_contiguous(c) && shape_is(c, NB_SHAPE(5, 3)));
+    CHECK(c != t && nb_tensor_is_contiguous(c) && has_shape(c, NB_SHAPE(5, 3)));
     CHECK(nb_tensor_stride(c, 0) == 12 && nb_tensor_stride(c, 1) == 4);
     CHECK_EXACT(c, ref, 15);
     free(xv);
@@ -349,7 +340,7 @@ static void test_concat(void)
               *c = randn(NB_F32, NB_SHAPE(2, 2), 73);
     double *av = check_values(a), *bv = check_values(b), *cv = check_values(c);
     nb_tensor *y = nb_concat(NB_TENSORS(a, b, c), 1);
-    CHECK(shape_is(y, NB_SHAPE(2, 6)));
+    CHECK(has_shape(y, NB_SHAPE(2, 6)));
     double ref[12];
     for (int i = 0; i < 2; i++) {
         for (int j = 0; j < 3; j++)
@@ -366,7 +357,7 @@ static void test_concat(void)
     double *dv = check_values(d);
     nb_tensor *e = nb_zeros(NB_F32, NB_SHAPE(0, 3));
     nb_tensor *z = nb_concat(NB_TENSORS(a, e, nb_transpose(d, 0, 1)), 0);
-    CHECK(shape_is(z, NB_SHAPE(4, 3)));
+    CHECK(has_shape(z, NB_SHAPE(4, 3)));
     double ref0[12];
     for (int i = 0; i < 6; i++)
         ref0[i] = av[i];
@@ -383,7 +374,7 @@ static void test_concat(void)
     int32_t iv[4] = {3, -7, 11, 5};
     nb_tensor *ia = nb_from_buffer(NB_I32, NB_SHAPE(2, 2), iv);
     nb_tensor *ic = nb_concat(NB_TENSORS(ia, ia), 1);
-    CHECK(nb_tensor_dtype(ic) == NB_I32 && shape_is(ic, NB_SHAPE(2, 4)));
+    CHECK(nb_tensor_dtype(ic) == NB_I32 && has_shape(ic, NB_SHAPE(2, 4)));
     double iref[8] = {3, -7, 3, -7, 11, 5, 11, 5};
     CHECK_EXACT(ic, iref, 8);
     free(av);
@@ -413,7 +404,7 @@ static void test_concat(void)
             mref[i * 3 + j] = mv[(19 - i) * 3 + j];
     }
     nb_tensor *mc = nb_concat(20, rev, 0);
-    CHECK(shape_is(mc, NB_SHAPE(20, 3)));
+    CHECK(has_shape(mc, NB_SHAPE(20, 3)));
     CHECK_EXACT(mc, mref, 60);
     free(mv);
     nb_tensor *m64 = randn64(NB_SHAPE(20, 2), 86);
@@ -427,14 +418,14 @@ static void test_stack(void)
     double *av = check_values(a), *bv = check_values(b);
     double ref[12];
     nb_tensor *s0 = nb_stack(NB_TENSORS(a, b), 0);
-    CHECK(shape_is(s0, NB_SHAPE(2, 2, 3)));
+    CHECK(has_shape(s0, NB_SHAPE(2, 2, 3)));
     for (int i = 0; i < 6; i++) {
         ref[i] = av[i];
         ref[6 + i] = bv[i];
     }
     CHECK_EXACT(s0, ref, 12);
     nb_tensor *s1 = nb_stack(NB_TENSORS(a, b), 1);
-    CHECK(shape_is(s1, NB_SHAPE(2, 2, 3)));
+    CHECK(has_shape(s1, NB_SHAPE(2, 2, 3)));
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 3; j++) {
             ref[i * 6 + j] = av[i * 3 + j];
@@ -442,7 +433,7 @@ static void test_stack(void)
         }
     CHECK_EXACT(s1, ref, 12);
     nb_tensor *s2 = nb_stack(NB_TENSORS(a, b), -1);
-    CHECK(shape_is(s2, NB_SHAPE(2, 3, 2)));
+    CHECK(has_shape(s2, NB_SHAPE(2, 3, 2)));
     for (int i = 0; i < 6; i++) {
         ref[2 * i] = av[i];
         ref[2 * i + 1] = bv[i];
@@ -465,7 +456,7 @@ static void test_split(void)
     nb_tensor *p[3];
     CHECK_OK(nb_split(x, 3, NULL, 1, p));
     for (int k = 0; k < 3; k++) {
-        CHECK(shape_is(p[k], NB_SHAPE(2, 2, 3)));
+        CHECK(has_shape(p[k], NB_SHAPE(2, 2, 3)));
         double ref[12];
         for (int i = 0; i < 2; i++)
             for (int j = 0; j < 2; j++)
@@ -475,7 +466,7 @@ static void test_split(void)
     }
     const int64_t sizes[3] = {1, 0, 5};
     CHECK_OK(nb_split(x, 3, sizes, -2, p));
-    CHECK(shape_is(p[0], NB_SHAPE(2, 1, 3)) && shape_is(p[1], NB_SHAPE(2, 0, 3)) && shape_is(p[2], NB_SHAPE(2, 5, 3)));
+    CHECK(has_shape(p[0], NB_SHAPE(2, 1, 3)) && has_shape(p[1], NB_SHAPE(2, 0, 3)) && has_shape(p[2], NB_SHAPE(2, 5, 3)));
     double ref[30];
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 5; j++)
@@ -499,7 +490,7 @@ static void test_gather(void)
     const int64_t idx[6] = {4, 0, 4, 1, 1, 2}; /* repeats */
     nb_tensor *ix = nb_from_buffer(NB_I64, NB_SHAPE(2, 3), idx);
     nb_tensor *y = nb_gather(params, ix);
-    CHECK(shape_is(y, NB_SHAPE(2, 3, 3)));
+    CHECK(has_shape(y, NB_SHAPE(2, 3, 3)));
     double ref[18];
     for (int i = 0; i < 6; i++)
         for (int j = 0; j < 3; j++)
@@ -512,7 +503,7 @@ static void test_gather(void)
     const int32_t idx32[4] = {3, 3, 0, 2};
     nb_tensor *ix32 = nb_from_buffer(NB_I32, NB_SHAPE(4), idx32);
     nb_tensor *y3 = nb_gather(p3, ix32);
-    CHECK(shape_is(y3, NB_SHAPE(4, 2, 3)));
+    CHECK(has_shape(y3, NB_SHAPE(4, 2, 3)));
     double ref3[24];
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 6; j++)
@@ -523,14 +514,14 @@ static void test_gather(void)
     const int64_t small[6] = {2, 0, 1, 1, 0, 2};
     nb_tensor *ixs = nb_transpose(nb_from_buffer(NB_I64, NB_SHAPE(2, 3), small), 0, 1); /* [3,2]: 2,1,0,0,1,2 */
     nb_tensor *yt = nb_gather(pt, ixs);
-    CHECK(shape_is(yt, NB_SHAPE(3, 2, 5)));
+    CHECK(has_shape(yt, NB_SHAPE(3, 2, 5)));
     const int64_t ixs_flat[6] = {2, 1, 0, 0, 1, 2};
     double reft[30];
     for (int i = 0; i < 6; i++)
         for (int j = 0; j < 5; j++)
             reft[i * 5 + j] = pv[j * 3 + ixs_flat[i]];
     CHECK_EXACT(yt, reft, 30);
-    CHECK(shape_is(ixt, NB_SHAPE(3, 2)));
+    CHECK(has_shape(ixt, NB_SHAPE(3, 2)));
 
     /* Integer params. */
     const int32_t ip[6] = {10, -20, 30, -40, 50, -60};
@@ -568,7 +559,7 @@ static void test_one_hot(void)
     const int64_t idx[6] = {0, 3, 1, 2, 3, 1};
     nb_tensor *ix = nb_from_buffer(NB_I64, NB_SHAPE(2, 3), idx);
     nb_tensor *y = nb_one_hot(ix, 4, NB_F32);
-    CHECK(shape_is(y, NB_SHAPE(2, 3, 4)) && nb_tensor_dtype(y) == NB_F32);
+    CHECK(has_shape(y, NB_SHAPE(2, 3, 4)) && nb_tensor_dtype(y) == NB_F32);
     double ref[24];
     for (int i = 0; i < 6; i++)
         for (int k = 0; k < 4; k++)
@@ -581,7 +572,7 @@ static void test_one_hot(void)
     CHECK(nb_tensor_dtype(y32) == NB_I32);
     CHECK_EXACT(y32, ref32, 9);
     nb_tensor *yt = nb_one_hot(nb_transpose(ix, 0, 1), 4, NB_F64);
-    CHECK(shape_is(yt, NB_SHAPE(3, 2, 4)));
+    CHECK(has_shape(yt, NB_SHAPE(3, 2, 4)));
     double reft[24];
     for (int i = 0; i < 3; i++)
         for (int j = 0; j < 2; j++)
@@ -597,7 +588,7 @@ static void test_cast(void)
     nb_tensor *x = randn64(NB_SHAPE(3, 4), 111);
     double *xv = check_values(x), ref[12];
     nb_tensor *f = nb_cast(x, NB_F32);
-    CHECK(nb_tensor_dtype(f) == NB_F32 && shape_is(f, NB_SHAPE(3, 4)));
+    CHECK(nb_tensor_dtype(f) == NB_F32 && has_shape(f, NB_SHAPE(3, 4)));
     for (int i = 0; i < 12; i++)
         ref[i] = (double)(float)xv[i];
     CHECK_EXACT(f, ref, 12);
@@ -661,7 +652,7 @@ static void check_pad(nb_tensor *x, nb_shape before, nb_shape after, double valu
         ref[f] = inside ? xv[ravel(xs.ndim, xs.dims, xi)] : value;
     }
     nb_tensor *y = nb_pad(x, before, after, value);
-    CHECK(shape_is(y, os));
+    CHECK(has_shape(y, os));
     CHECK(check_max_error(y, ref, n) <= 1e-7);
     free(ref);
     free(xv);
@@ -690,7 +681,7 @@ static void test_stop_gradient(void)
     nb_tape *tape = nb_tape_begin_persistent();
     nb_tape_watch(tape, x);
     nb_tensor *s = nb_stop_gradient(x);
-    CHECK(s && s != x && shape_is(s, NB_SHAPE(2, 3)));
+    CHECK(s && s != x && has_shape(s, NB_SHAPE(2, 3)));
     CHECK_EXACT(s, xv, 6);
     /* d/dx sum(sg(x) * x) = x, not 2x. */
     nb_tensor *l = nb_sum_all(nb_mul(s, x));
@@ -732,7 +723,7 @@ static void test_devices(void)
         nb_device_push("/cpu:1");
         nb_tensor *c = nb_concat(NB_TENSORS(x, y), 0);
         nb_device_pop();
-        CHECK(c && strcmp(nb_tensor_device(c), "/cpu:1") == 0 && shape_is(c, NB_SHAPE(4, 3)));
+        CHECK(c && strcmp(nb_tensor_device(c), "/cpu:1") == 0 && has_shape(c, NB_SHAPE(4, 3)));
         CHECK(nb_concat(NB_TENSORS(x, y), 0) == NULL);
         CHECK_ERROR(NB_ERR_DEVICE, "concat", "/cpu:0", "/cpu:1");
 
