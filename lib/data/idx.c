@@ -11,7 +11,56 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "nb_config.h"
+
+#if NB_HAVE_ZLIB
 #include <zlib.h>
+#else
+/* Without zlib (a build machine lacking its headers) plain files still read;
+ * a gzip-compressed one is refused with a message that says why. */
+#include <stdio.h>
+typedef struct nb_plain_file {
+    FILE *fp;
+    const char *problem;
+} *gzFile;
+#define Z_ERRNO (-1)
+static gzFile gzopen(const char *path, const char *mode)
+{
+    FILE *fp = fopen(path, mode);
+    if (!fp)
+        return NULL;
+    gzFile f = calloc(1, sizeof *f);
+    if (!f) {
+        fclose(fp);
+        return NULL;
+    }
+    f->fp = fp;
+    int b0 = fgetc(fp), b1 = fgetc(fp);
+    if (b0 == 0x1f && b1 == 0x8b)
+        f->problem = "the file is gzip-compressed and this nabla was built without zlib; gunzip it first";
+    rewind(fp);
+    return f;
+}
+static int gzread(gzFile f, void *dst, unsigned n)
+{
+    if (f->problem)
+        return -1;
+    size_t r = fread(dst, 1, n, f->fp);
+    return r == 0 && ferror(f->fp) ? -1 : (int)r;
+}
+static const char *gzerror(gzFile f, int *errnum)
+{
+    *errnum = f->problem ? 0 : Z_ERRNO;
+    return f->problem ? f->problem : "";
+}
+static int gzclose(gzFile f)
+{
+    fclose(f->fp);
+    free(f);
+    return 0;
+}
+#endif
 
 #define IDX_WHO "nb_idx_read"
 

@@ -1,0 +1,244 @@
+/* Device-memory bandwidth on /gpu:0: a device-to-device copy of a large f32 tensor
+ * (nb_cast to its own dtype, which is one cudaMemcpyAsync) as the ceiling, then
+ * x * 2, a + b and exp((a + b) * c) as a percentage of it, beside the same ops in
+ * PyTorch from Python (bench/gpu_bandwidth.py, timed with torch.cuda.Event).
+ *
+ *   gpu_bandwidth [--mib M] [--batch B] [--reps R] [--no-peer]
+ *
+ * Each tensor holds M MiB (default 256: far larger than the L2 cache, so no
+ * buffer rotation is needed). Each figure is the median over R batches of B ops
+ * (after a warm-up), timed by the host clock between two nb_synchronize() calls,
+ * per op. GB/s count the bytes each op reads plus the bytes it writes; the
+ * three-op chain runs as three kernels (add, mul, exp) that move 8 tensors' worth
+ * of bytes in all. Inputs are uniform random, and every op's output is checked
+ * against a double-precision reference (outputs poisoned with NaN first) before
+ * anything is timed. Prints "no GPU: skipped" and exits 0 where there is no GPU. */
+#include "bench_util.h"
+#include <math.h>
+#include <nabla/nabla.h>
+
+#define TITLE "Device-memory bandwidth on /gpu:0"
+
+static int B = 10, R = 30;
+static int64_t N;
+static nb_tensor *a, *b, *c;
+
+static void op_copy(void)
+{
+    for (int i = 0; i < B; i++) {
+        nb_scope *s = nb_scope_begin();
+        nb_cast(a, NB_F32);
+        nb_scope_end(s);
+    }
+}
+
+static void op_scale(void)
+{
+    for (int i = 0; i < B; i++) {
+        nb_scope *s = nb_scope_begin();
+        nb_mul_scalar(a, 2.0);
+        nb_scope_end(s);
+    }
+}
+
+static void op_add(void)
+{
+    for (int i = 0; i < B; i++) {
+        nb_scope *s = nb_scope_begin();
+        nb_add(a, b);
+        nb_scope_end(s);
+    }
+}
+
+static void op_chain(void)
+{
+    for (int i = 0; i < B; i++) {
+        nb_scope *s = nb_scope_begin();
+        nb_exp(nb_mul(nb_add(a, b), c));
+        nb_scope_end(s);
+    }
+}
+
+/* Median milliseconds per op of fn, which queues B ops. */
+static double median_ms(void (*fn)(void))
+{
+    for (int i = 0; i < 3; i++)
+        fn();
+    nb_synchronize();
+    double *v = malloc(sizeof *v * (size_t)R);
+    for (int i = 0; i < R; i++) {
+        nb_synchronize();
+        double t0 = bench_now();
+        fn();
+        nb_synchronize();
+        v[i] = (bench_now() - t0) / B * 1e3;
+    }
+    double m = bench_median(v, R);
+    free(v);
+    return m;
+}
+
+/* Leaves a few blocks of the output's size full of NaN in the allocator's cache,
+ * so that an output the op fails to write shows up in the check. */
+static void poison(void)
+{
+    nb_tensor *p[4];
+    for (int i = 0; i < 4; i++)
+        p[i] = nb_full(NB_F32, NB_SHAPE(N), NAN);
+    for (int i = 0; i < 4; i++)
+        nb_release(p[i]);
+}
+
+enum { K_COPY, K_SCALE, K_ADD, K_CHAIN };
+
+/* ||out - ref|| / ||ref|| of one op, the reference in double from the host
+ * copies of the inputs. NaN when any output element is NaN. */
+static double check(int kind, const float *ha, const float *hb, const float *hc, float *hout)
+{
+    poison();
+    nb_scope *s = nb_scope_begin();
+    nb_tensor *y = kind == K_COPY    ? nb_cast(a, NB_F32)
+                   : kind == K_SCALE ? nb_mul_scalar(a, 2.0)
+                   : kind == K_ADD   ? nb_add(a, b)
+                                     : nb_exp(nb_mul(nb_add(a, b), c));
+    nb_tensor_read(y, hout, (size_t)N * sizeof(float));
+    nb_scope_end(s);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < N; i++) {
+        double r = kind == K_COPY    ? ha[i]
+                   : kind == K_SCALE ? 2.0 * ha[i]
+                   : kind == K_ADD   ? (double)ha[i] + hb[i]
+                                     : exp(((double)ha[i] + hb[i]) * hc[i]);
+        double d = hout[i] - r;
+        if (isnan(hout[i]))
+            return NAN;
+        num += d * d;
+        den += r * r;
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* One row of the GB/s table: both sides' rate and share of the ceiling. */
+static void gbs_row(const char *what, double bytes, double ours_ms, double theirs_ms, double roof)
+{
+    double ours = bytes / (ours_ms * 1e-3) / 1e9;
+    if (theirs_ms > 0) {
+        double theirs = bytes / (theirs_ms * 1e-3) / 1e9;
+        printf("%-40s %10.1f %6.1f%% %10.1f %6.1f%%\n", what, ours, 100 * ours / roof, theirs,
+               100 * theirs / roof);
+    } else {
+        printf("%-40s %10.1f %6.1f%% %10s %7s\n", what, ours, 100 * ours / roof, "-", "-");
+    }
+}
+
+int main(int argc, char **argv)
+{
+    int mib = 256;
+    bool peer = true;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--mib") && i + 1 < argc)
+            mib = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
+            B = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            R = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--no-peer"))
+            peer = false;
+        else {
+            fprintf(stderr, "usage: %s [--mib M] [--batch B] [--reps R] [--no-peer]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (mib < 1)
+        mib = 1;
+    if (B < 1)
+        B = 1;
+    if (R < 1)
+        R = 1;
+    nb_set_error_handler(nb_error_handler_exit, NULL);
+    if (nb_device_count(NB_DEVICE_GPU) == 0) {
+        printf("\n%s\n(no GPU: skipped%s)\n", TITLE, nb_cuda_built() ? "" : "; this build has no CUDA");
+        return 0;
+    }
+    nb_set_soft_placement(false); /* never time the CPU by mistake */
+    nb_device_push("/gpu:0");
+    nb_gpu_properties props;
+    nb_gpu_device_properties("/gpu:0", &props);
+
+    N = (int64_t)mib * (1 << 20) / (int64_t)sizeof(float);
+    a = nb_random_uniform(NB_F32, NB_SHAPE(N), -1, 1, 1);
+    b = nb_random_uniform(NB_F32, NB_SHAPE(N), -1, 1, 2);
+    c = nb_random_uniform(NB_F32, NB_SHAPE(N), -1, 1, 3);
+
+    /* Correct first: each op against a double reference. */
+    size_t bytes = (size_t)N * sizeof(float);
+    float *ha = malloc(bytes), *hb = malloc(bytes), *hc = malloc(bytes), *hout = malloc(bytes);
+    if (!ha || !hb || !hc || !hout) {
+        fprintf(stderr, "gpu_bandwidth: no host memory for the check (try --mib 64)\n");
+        return 1;
+    }
+    nb_tensor_read(a, ha, bytes);
+    nb_tensor_read(b, hb, bytes);
+    nb_tensor_read(c, hc, bytes);
+    const char *names[4] = {"copy", "x * 2", "a + b", "exp((a + b) * c)"};
+    double err[4];
+    bool ok = true;
+    for (int k = 0; k < 4; k++) {
+        err[k] = check(k, ha, hb, hc, hout);
+        ok = ok && err[k] < 1e-5; /* NaN fails too */
+    }
+    free(ha);
+    free(hb);
+    free(hc);
+    free(hout);
+
+    double t_copy = median_ms(op_copy);
+    double t_scale = median_ms(op_scale);
+    double t_add = median_ms(op_add);
+    double t_chain = median_ms(op_chain);
+
+    bench_peer p = {0};
+    if (peer) {
+        nb_gpu_empty_cache("/gpu:0"); /* leave the card's memory to PyTorch */
+        char args[64];
+        snprintf(args, sizeof args, "%d %d %d", mib, B, R);
+        bench_run_peer(&p, "gpu_bandwidth.py", args);
+    } else {
+        snprintf(p.status, sizeof p.status, "PyTorch: not run (--no-peer)");
+    }
+    char title[512];
+    snprintf(title, sizeof title,
+             "%s (%s), f32 tensors of %d MiB\n(median of %d batches of %d ops, warm-up first, "
+             "host clock between two synchronizes)",
+             TITLE, props.name, mib, R, B);
+    bench_header(title, "milliseconds per op", &p);
+    bench_row("copy: nb_cast to f32 (cudaMemcpyAsync)", t_copy, bench_peer_get(&p, "copy"));
+    bench_row("x * 2 (nb_mul_scalar)", t_scale, bench_peer_get(&p, "scale"));
+    bench_row("a + b (nb_add)", t_add, bench_peer_get(&p, "add"));
+    bench_row("exp((a + b) * c): 3 ops", t_chain, bench_peer_get(&p, "chain"));
+
+    /* The ceiling: the faster of the two copies (both one cudaMemcpyAsync). */
+    double tb = (double)bytes;
+    double roof = 2 * tb / (t_copy * 1e-3) / 1e9;
+    double their_copy = bench_peer_get(&p, "copy");
+    if (their_copy > 0 && 2 * tb / (their_copy * 1e-3) / 1e9 > roof)
+        roof = 2 * tb / (their_copy * 1e-3) / 1e9;
+    printf("\nGB/s, bytes read + written; %% of the copy ceiling, %.1f GB/s (the faster copy)\n", roof);
+    printf("%-40s %10s %7s %10s %7s\n", "", "nabla", "%", "PyTorch", "%");
+    gbs_row("copy (1 read, 1 write)", 2 * tb, t_copy, their_copy, roof);
+    gbs_row("x * 2 (1 read, 1 write)", 2 * tb, t_scale, bench_peer_get(&p, "scale"), roof);
+    gbs_row("a + b (2 reads, 1 write)", 3 * tb, t_add, bench_peer_get(&p, "add"), roof);
+    gbs_row("exp((a + b) * c) (5 reads, 3 writes)", 8 * tb, t_chain, bench_peer_get(&p, "chain"), roof);
+    printf("(fused into one kernel the chain would move 4 tensors: %.3f ms at the ceiling)\n",
+           4 * tb / (roof * 1e9) * 1e3);
+    printf("check, ||nabla - f64 reference|| / ||reference||:");
+    for (int k = 0; k < 4; k++)
+        printf("%s %s %.1e", k ? "," : "", names[k], err[k]);
+    printf("\n%s\n", ok ? "(all under 1e-5)" : "CHECK FAILED: an output is wrong; the times above mean nothing");
+
+    nb_release(a);
+    nb_release(b);
+    nb_release(c);
+    nb_device_pop();
+    return ok ? 0 : 1;
+}

@@ -1,0 +1,75 @@
+"""PyTorch side of bench/gpu_matmul.c: an N x N x N float32 matmul on cuda:0 with
+TF32 off and on.
+
+Arguments: N, matmuls per timed batch, timed batches. Prints "version V", then
+"f32" and "tf32" (median milliseconds per matmul, timed with torch.cuda.Event
+around each batch) and "f32_err", "tf32_err" (||C - ref|| / ||ref|| on 16 rows,
+the reference in float64), or "PyTorch: ..." when PyTorch or CUDA is missing."""
+import statistics
+import sys
+import warnings
+
+warnings.filterwarnings("ignore")
+try:
+    import torch
+except Exception:  # ImportError, or a broken install
+    print("PyTorch: not installed")
+    sys.exit(0)
+if not torch.cuda.is_available():
+    print("PyTorch: no CUDA device")
+    sys.exit(0)
+
+N = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
+B = int(sys.argv[2]) if len(sys.argv) > 2 else 10  # matmuls per timed batch
+R = int(sys.argv[3]) if len(sys.argv) > 3 else 20  # timed batches
+
+
+def set_tf32(on):
+    m = torch.backends.cuda.matmul
+    if hasattr(m, "fp32_precision"):  # PyTorch 2.9 and later
+        m.fp32_precision = "tf32" if on else "ieee"
+    else:
+        m.allow_tf32 = on
+
+
+torch.set_grad_enabled(False)
+dev = torch.device("cuda:0")
+g = torch.Generator(device=dev).manual_seed(1)
+a = torch.rand(N, N, device=dev, generator=g) * 2 - 1
+b = torch.rand(N, N, device=dev, generator=g) * 2 - 1
+rows = torch.arange(16, device=dev) * 2654435761 % N
+ref = a[rows].double() @ b.double()
+
+
+def median_ms():
+    def batch():
+        for _ in range(B):
+            a @ b
+
+    for _ in range(3):  # warm-up
+        batch()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(R):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        batch()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / B)
+    return statistics.median(samples)
+
+
+def rel_err():
+    c = (a @ b)[rows].double()
+    return ((c - ref).norm() / ref.norm()).item()
+
+
+print("version", torch.__version__)
+for name, on in (("f32", False), ("tf32", True)):
+    set_tf32(on)
+    print(name + "_err", rel_err())
+    print(name, median_ms())
+    sys.stdout.flush()
+set_tf32(False)
