@@ -197,11 +197,13 @@ static void test_devices(void)
     if (ngpu < 8) {
         nb_log_callback old = nb_set_log_callback(count_log, NULL);
         CHECK_OK(nb_device_push("/gpu:7"));
+        CHECK_OK(nb_device_push("/gpu:99")); /* any index is a name; a missing one falls back */
+        CHECK_OK(nb_device_pop());
         CHECK(strcmp(nb_device_current(), "/cpu:0") == 0);
         nb_tensor *x = nb_ones(NB_F32, NB_SHAPE(2));
         CHECK(strcmp(nb_tensor_device(x), "/cpu:0") == 0);
         CHECK_OK(nb_device_pop());
-        CHECK(warnings == 1);
+        CHECK(warnings == 1); /* the /gpu:99 warning names /gpu:99, not /gpu:7 */
         nb_set_log_callback(old, NULL);
         /* Strict placement: an error naming the device. */
         nb_set_soft_placement(false);

@@ -110,7 +110,7 @@ static bool parse_name(const char *name, nb_device_kind *kind, int *index)
         return false;
     char *end;
     long v = strtol(p + 1, &end, 10);
-    if (*end != '\0' || v < 0 || v >= NB_MAX_DEVICES)
+    if (*end != '\0' || v < 0 || v > 1000000)
         return false;
     *index = (int)v;
     return true;
