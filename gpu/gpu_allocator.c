@@ -342,7 +342,9 @@ static cudaError_t flush_cache(nb_gpu_allocator *a, const char **call)
     if (a->cached == 0)
         return cudaSuccess;
     /* Queued kernels may still use cached blocks; arena blocks could otherwise go
-     * to another stream at once. */
+     * to another stream at once. One host wait for the card (the cudaFree calls
+     * below then find it idle). */
+    nb__gpu_count_card_wait(a->phys);
     cudaError_t first = cudaDeviceSynchronize();
     if (first == cudaSuccess)
         *call = "cudaFree";
@@ -425,6 +427,7 @@ void *nb__gpu_malloc(nb_gpu_ctx *c, size_t nbytes)
                 if (in_arena)
                     arena_put(a, p, size);
                 else {
+                    nb__gpu_count_card_wait(a->phys); /* cudaFree waits for the card */
                     (void)cudaFree(p);
                     a->outside_arena -= size;
                 }
@@ -509,6 +512,7 @@ void nb__gpu_free(nb_gpu_ctx *c, void *ptr)
         } else {
             /* No event: make the block safe for everyone the slow way. */
             (void)cudaGetLastError();
+            nb__gpu_count_wait(c);
             (void)cudaStreamSynchronize(c->stream);
         }
     }
@@ -662,6 +666,7 @@ nb_status nb_gpu_set_reserve(const char *device, size_t bytes, bool allow_growth
     }
     if (a->arena) {
         /* The new mode stands even if this fails; the failure is reported below. */
+        nb__gpu_count_card_wait(a->phys); /* cudaFree waits for the card */
         e = cudaFree(a->arena);
         if (e != cudaSuccess)
             (void)cudaGetLastError();

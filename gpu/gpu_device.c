@@ -185,10 +185,12 @@ nb_status nb__gpu_index_error_record(nb_gpu_ctx *c, nb_gpu_index_error **out)
             } else if ((e = cudaHostAlloc(&h, sizeof(nb_gpu_index_error), cudaHostAllocDefault)) !=
                        cudaSuccess) {
                 st = nb__gpu_cuda_fail(e, "cudaHostAlloc", c->dev->name);
+                nb__gpu_count_card_wait(c->phys); /* cudaFree waits for the card */
                 (void)cudaFree(d);
             } else if ((e = cudaMemsetAsync(d, 0, sizeof(nb_gpu_index_error), c->stream)) !=
                        cudaSuccess) {
                 st = nb__gpu_cuda_fail(e, "cudaMemsetAsync", c->dev->name);
+                nb__gpu_count_card_wait(c->phys);
                 (void)cudaFree(d);
                 (void)cudaFreeHost(h);
             } else {
@@ -213,6 +215,7 @@ nb_status nb__gpu_index_error_check(nb_gpu_ctx *c, const char *op, int64_t rows)
 {
     nb_gpu_index_error *h = c->index_err_host;
     NB_GPU_CALL(c, cudaMemcpyAsync, h, c->index_err, sizeof *h, cudaMemcpyDeviceToHost, c->stream);
+    nb__gpu_count_wait(c);
     NB_GPU_CALL(c, cudaStreamSynchronize, c->stream);
     if (!h->set)
         return NB_OK;
@@ -221,6 +224,16 @@ nb_status nb__gpu_index_error_check(nb_gpu_ctx *c, const char *op, int64_t rows)
     NB_GPU_CALL(c, cudaMemsetAsync, c->index_err, 0, sizeof *h, c->stream);
     return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: index %lld at position %lld is outside [0, %lld) on %s",
                     op, val, pos, (long long)rows, c->dev->name);
+}
+
+int64_t nb_gpu_host_waits(const char *device)
+{
+    nb_device *dev = nb__gpu_device_named(device, "nb_gpu_host_waits");
+    if (!dev)
+        return -1;
+    const nb_gpu_ctx *c = dev->ctx;
+    return __atomic_load_n(&c->host_waits, __ATOMIC_RELAXED) +
+           __atomic_load_n(&c->phys->card_waits, __ATOMIC_RELAXED);
 }
 
 nb_status nb_gpu_device_properties(const char *device, nb_gpu_properties *out)

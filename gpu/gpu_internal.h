@@ -45,6 +45,7 @@ typedef struct nb_gpu_phys {
     int clock_khz, bus_width;
     nb_gpu_allocator *alloc;  /* gpu_allocator.c */
     struct nb_gpu_ctx *first; /* logical device 0 of this card, for messages */
+    int64_t card_waits;       /* host waits for the whole card (__atomic) */
 } nb_gpu_phys;
 
 /* Where a gather/scatter kernel records the first out-of-range index it met. */
@@ -79,7 +80,18 @@ typedef struct nb_gpu_ctx {
     void *stage[NB_GPU_STAGE_SLOTS];
     cudaEvent_t stage_event[NB_GPU_STAGE_SLOTS];
     bool stage_used[NB_GPU_STAGE_SLOTS];
+    int64_t host_waits;       /* host waits for this stream (__atomic) */
 } nb_gpu_ctx;
+
+/* ---- host waits (nb_gpu_host_waits) -------------------------------------------
+ * Every place the backend makes the host wait for the GPU counts one, just
+ * before the waiting call: cudaStreamSynchronize, a cudaEventSynchronize that
+ * may block, a blocking copy to the host. A wait for the whole card
+ * (cudaDeviceSynchronize, cudaFree, cudaFreeHost) counts on the card, and so on
+ * every logical device of it. cudaMalloc and the one-time setup calls
+ * (cudaHostAlloc, cublasCreate, stream creation) are not counted. */
+static inline void nb__gpu_count_wait(nb_gpu_ctx *c) { __atomic_add_fetch(&c->host_waits, 1, __ATOMIC_RELAXED); }
+static inline void nb__gpu_count_card_wait(nb_gpu_phys *p) { __atomic_add_fetch(&p->card_waits, 1, __ATOMIC_RELAXED); }
 
 /* ---- gpu_device.c ------------------------------------------------------------ */
 

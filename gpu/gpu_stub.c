@@ -57,6 +57,12 @@ bool nb_gpu_set_tf32(bool on)
 
 bool nb_gpu_tf32(void) { return false; }
 
+int64_t nb_gpu_host_waits(const char *device)
+{
+    (void)device;
+    return 0; /* no GPU, so the host never waited for one */
+}
+
 nb_status nb_gpu_device_properties(const char *device, nb_gpu_properties *out)
 {
     (void)device;

@@ -23,8 +23,10 @@ static void stage_init(nb_gpu_ctx *c)
             cudaEventCreateWithFlags(&c->stage_event[i], cudaEventDisableTiming) != cudaSuccess) {
             (void)cudaGetLastError();
             for (int j = 0; j <= i; j++) {
-                if (c->stage[j])
+                if (c->stage[j]) {
+                    nb__gpu_count_card_wait(c->phys); /* cudaFreeHost waits for the card */
                     (void)cudaFreeHost(c->stage[j]);
+                }
                 if (c->stage_event[j])
                     (void)cudaEventDestroy(c->stage_event[j]);
                 c->stage[j] = NULL;
@@ -48,6 +50,7 @@ nb_status nb__gpu_copy_from_host(nb_device *dev, void *dst, const void *src, siz
     if (nbytes > STAGE_LIMIT) {
         /* The caller may free src when we return: wait for the copy. */
         NB_GPU_CALL(c, cudaMemcpyAsync, dst, src, nbytes, cudaMemcpyHostToDevice, c->stream);
+        nb__gpu_count_wait(c);
         NB_GPU_CALL(c, cudaStreamSynchronize, c->stream);
         return NB_OK;
     }
@@ -57,6 +60,7 @@ nb_status nb__gpu_copy_from_host(nb_device *dev, void *dst, const void *src, siz
     if (c->stage_state < 0) {
         pthread_mutex_unlock(&c->stage_lock);
         NB_GPU_CALL(c, cudaMemcpyAsync, dst, src, nbytes, cudaMemcpyHostToDevice, c->stream);
+        nb__gpu_count_wait(c);
         NB_GPU_CALL(c, cudaStreamSynchronize, c->stream);
         return NB_OK;
     }
@@ -65,9 +69,18 @@ nb_status nb__gpu_copy_from_host(nb_device *dev, void *dst, const void *src, siz
     for (size_t done = 0; done < nbytes && e == cudaSuccess;) {
         int s = c->stage_next;
         c->stage_next = (s + 1) % NB_GPU_STAGE_SLOTS;
-        if (c->stage_used[s] && (e = cudaEventSynchronize(c->stage_event[s])) != cudaSuccess) {
-            call = "cudaEventSynchronize";
-            break;
+        if (c->stage_used[s]) {
+            /* The slot's last DMA has usually finished: wait (and count it) only
+             * when it has not. */
+            call = "cudaEventQuery";
+            e = cudaEventQuery(c->stage_event[s]);
+            if (e == cudaErrorNotReady) {
+                nb__gpu_count_wait(c);
+                call = "cudaEventSynchronize";
+                e = cudaEventSynchronize(c->stage_event[s]);
+            }
+            if (e != cudaSuccess)
+                break;
         }
         size_t k = nbytes - done < NB_GPU_STAGE_BYTES ? nbytes - done : NB_GPU_STAGE_BYTES;
         memcpy(c->stage[s], (const char *)src + done, k);
@@ -79,6 +92,7 @@ nb_status nb__gpu_copy_from_host(nb_device *dev, void *dst, const void *src, siz
         if ((e = cudaEventRecord(c->stage_event[s], c->stream)) != cudaSuccess) {
             call = "cudaEventRecord";
             /* the slot may still be read by the DMA: wait before anyone reuses it */
+            nb__gpu_count_wait(c);
             (void)cudaStreamSynchronize(c->stream);
             break;
         }
@@ -98,6 +112,7 @@ nb_status nb__gpu_copy_to_host(nb_device *dev, void *dst, const void *src, size_
     if (st)
         return st;
     NB_GPU_CALL(c, cudaMemcpyAsync, dst, src, nbytes, cudaMemcpyDeviceToHost, c->stream);
+    nb__gpu_count_wait(c);
     NB_GPU_CALL(c, cudaStreamSynchronize, c->stream);
     return NB_OK;
 }
@@ -180,6 +195,7 @@ nb_status nb__gpu_synchronize(nb_device *dev)
     nb_status st = nb__gpu_set_device(c->ordinal, dev->name);
     if (st)
         return st;
+    nb__gpu_count_wait(c);
     NB_GPU_CALL(c, cudaStreamSynchronize, c->stream);
     return NB_OK;
 }

@@ -1,8 +1,13 @@
 /* The CUDA backend against the CPU: every op on /gpu:0 is compared with the
  * same op on /cpu:0 on random inputs by normalised error; then the caching
  * allocator (statistics, cache reuse, reserve mode), recovery from running out
- * of device memory, random tensors, copies between devices and the fused
- * optimizer updates. Exits 77 (skipped) where there is no GPU.
+ * of device memory, random tensors, copies between devices, the fused
+ * optimizer updates, the f64 gradient checker on /gpu:0 for every op group,
+ * inputs on two devices and soft/strict placement, and a stress run of small
+ * ops that must not make the host wait (nb_gpu_host_waits). Exits 77
+ * (skipped) where there is no GPU. Every setting a case changes (placement,
+ * log callback, TF32) is put back, and nothing but main's first call touches
+ * the logical device split.
  *
  * Each physical GPU is split into two logical GPUs, so /gpu:0 and /gpu:1 share
  * card 0 with a stream each: that exercises cross-stream copies and the
@@ -39,11 +44,12 @@ static double *host_values(const nb_tensor *t, int64_t *n)
     return v;
 }
 
-/* Largest |g - c| / (1 + |c|): g must lie on a GPU, c have its shape and dtype.
- * INFINITY when either is missing or they differ in shape, dtype or NaN-ness. */
-static double gpu_cpu_error(const nb_tensor *g, const nb_tensor *c)
+/* Largest |g - c| / (1 + |c|) between two tensors on any devices; c must have
+ * g's shape and dtype. INFINITY when either is missing or they differ in shape,
+ * dtype or NaN-ness. */
+static double tensor_error(const nb_tensor *g, const nb_tensor *c)
 {
-    if (!g || !c || !on_gpu_device(g) || nb_tensor_dtype(g) != nb_tensor_dtype(c))
+    if (!g || !c || nb_tensor_dtype(g) != nb_tensor_dtype(c))
         return INFINITY;
     nb_shape sg = nb_tensor_shape(g), sc = nb_tensor_shape(c);
     if (sg.ndim != sc.ndim)
@@ -73,6 +79,12 @@ static double gpu_cpu_error(const nb_tensor *g, const nb_tensor *c)
     free(a);
     free(b);
     return worst;
+}
+
+/* tensor_error, and g must lie on a GPU. */
+static double gpu_cpu_error(const nb_tensor *g, const nb_tensor *c)
+{
+    return on_gpu_device(g) ? tensor_error(g, c) : INFINITY;
 }
 
 #define CHECK_MATCH(what, g, c, tol)                                                                \
@@ -668,6 +680,518 @@ static void test_reserve(void)
     CHECK_ERROR(NB_ERR_DEVICE, "not a GPU");
 }
 
+/* ---- the f64 gradient checker on the GPU --------------------------------------------------------
+ * Every op group through nb_gradient_check on /gpu:0; then the same function's
+ * value and tape gradients on /gpu:0 against /cpu:0. */
+
+#define GPU_GC_EPS 1e-6
+#define GPU_GC_TOL 1e-6
+
+enum {
+    GG_UNARY, GG_LEAKY_RELU, GG_ADD_SCALAR, GG_MUL_SCALAR, GG_POW_SCALAR, GG_BINARY, GG_WHERE,
+    GG_SUM, GG_MEAN, GG_MAX, GG_MIN, GG_PROD, GG_LOGSUMEXP, GG_SUM_ALL, GG_MEAN_ALL,
+    GG_MATMUL, GG_SOFTMAX, GG_LOG_SOFTMAX,
+    GG_SOFTMAX_CE, GG_SPARSE_CE, GG_SIGMOID_CE, GG_MSE,
+    GG_RESHAPE, GG_TRANSPOSE, GG_PERMUTE, GG_SLICE, GG_CONCAT, GG_STACK, GG_PAD, GG_GATHER, GG_BROADCAST,
+};
+
+typedef struct gpu_gc {
+    int op;
+    unary_fn unary;      /* GG_UNARY */
+    binary_fn binary;    /* GG_BINARY */
+    nb_axes axes;        /* reductions */
+    bool keepdims;
+    int axis;            /* softmax */
+    bool strided;        /* fn first transposes in[0] (dims 0 and -1): a strided input */
+    bool ta, tb;         /* matmul: transpose the last two dims of a, b */
+    const nb_tensor *aux; /* on the CPU: sparse labels, gather indices, where's mask */
+} gpu_gc;
+
+static nb_tensor *gpu_gc_fn(int n, nb_tensor *const *in, void *user)
+{
+    const gpu_gc *c = user;
+    const nb_tensor *x = c->strided ? nb_transpose(in[0], 0, -1) : in[0];
+    const nb_tensor *y = n > 1 ? in[1] : NULL;
+    /* aux lives on the CPU; the op takes it beside the inputs */
+    const nb_tensor *aux = c->aux ? nb_to_device((nb_tensor *)c->aux, nb_tensor_device(in[0])) : NULL;
+    switch (c->op) {
+    case GG_UNARY: return c->unary(x);
+    case GG_LEAKY_RELU: return nb_leaky_relu(x, 0.2);
+    case GG_ADD_SCALAR: return nb_mul(nb_add_scalar(x, -0.75), x);
+    case GG_MUL_SCALAR: return nb_mul_scalar(nb_square(x), -1.25);
+    case GG_POW_SCALAR: return nb_pow_scalar(x, 1.7);
+    case GG_BINARY: return c->binary(x, y);
+    case GG_WHERE: return nb_where(aux, nb_square(x), nb_sin(y));
+    case GG_SUM: return nb_sum(nb_square(x), c->axes, c->keepdims);
+    case GG_MEAN: return nb_mean(nb_square(x), c->axes, c->keepdims);
+    case GG_MAX: return nb_max(x, c->axes, c->keepdims);
+    case GG_MIN: return nb_min(x, c->axes, c->keepdims);
+    case GG_PROD: return nb_prod(x, c->axes, c->keepdims);
+    case GG_LOGSUMEXP: return nb_logsumexp(x, c->axes, c->keepdims);
+    case GG_SUM_ALL: return nb_sum_all(nb_square(x));
+    case GG_MEAN_ALL: return nb_mean_all(nb_sin(x));
+    case GG_MATMUL:
+        return nb_matmul(c->ta ? nb_transpose(x, -1, -2) : x, c->tb ? nb_transpose(y, -1, -2) : y);
+    case GG_SOFTMAX: return nb_softmax(x, c->axis);
+    case GG_LOG_SOFTMAX: return nb_log_softmax(x, c->axis);
+    case GG_SOFTMAX_CE: return nb_softmax_cross_entropy(x, y);
+    case GG_SPARSE_CE: return nb_sparse_softmax_cross_entropy(x, aux);
+    case GG_SIGMOID_CE: return nb_sigmoid_cross_entropy(x, y);
+    case GG_MSE: return nb_mean_squared_error(x, y);
+    case GG_RESHAPE: return nb_mul(nb_reshape(x, NB_SHAPE(4, -1)), nb_reshape(nb_transpose(x, 0, 2), NB_SHAPE(4, 6)));
+    case GG_TRANSPOSE: return nb_mul(nb_transpose(x, 0, 2), nb_contiguous(nb_transpose(nb_sin(x), 0, 2)));
+    case GG_PERMUTE: return nb_square(nb_permute(x, NB_AXES(2, 0, 1)));
+    case GG_SLICE:
+        return nb_add(nb_square(nb_slice(x, NB_SHAPE(0, 1, 1), NB_SHAPE(2, -1, 2))),
+                      nb_slice(nb_transpose(x, 0, 2), NB_SHAPE(1, 0, 0), NB_SHAPE(2, 2, 2)));
+    case GG_CONCAT: return nb_concat(NB_TENSORS(nb_square(in[0]), in[1], nb_transpose(in[2], 0, 1)), 1);
+    case GG_STACK: return nb_stack(NB_TENSORS(nb_sin(x), nb_transpose(y, 0, 1)), 1);
+    case GG_PAD: return nb_square(nb_pad(x, NB_SHAPE(1, 0, 2), NB_SHAPE(0, 2, 1), 0.5));
+    case GG_GATHER: return nb_square(nb_gather(x, aux));
+    case GG_BROADCAST: return nb_mul(nb_broadcast_to(x, NB_SHAPE(2, 3, 4)), y);
+    }
+    return NULL;
+}
+
+/* The tape's value and gradients of sum(fn(in) * w), w fixed uniform weights. */
+static nb_tensor *tape_gradients(gpu_gc *c, int n, nb_tensor *const *in, nb_tensor **grads)
+{
+    nb_tape *tape = nb_tape_begin();
+    for (int i = 0; i < n; i++)
+        CHECK_OK(nb_tape_watch(tape, in[i]));
+    nb_tensor *y = gpu_gc_fn(n, in, c);
+    if (!y)
+        return NULL;
+    CHECK_OK(nb_device_push(nb_tensor_device(y)));
+    nb_tensor *w = nb_random_uniform(NB_F64, nb_tensor_shape(y), 0.5, 1.5, 4242);
+    CHECK_OK(nb_device_pop());
+    CHECK_OK(nb_tape_gradient_ex(tape, nb_sum_all(nb_mul(y, w)), NULL, n, in, grads, NB_UNCONNECTED_ZERO));
+    return y;
+}
+
+/* in: CPU f64 tensors. The checker on their GPU copies, then value and gradients
+ * GPU against CPU. */
+static void gpu_gradient_check(const char *name, gpu_gc c, int n, nb_tensor *const *in)
+{
+    nb_scope *sc = nb_scope_begin();
+    nb_tensor *g_in[4] = {0}, *gg[4] = {0}, *gc[4] = {0};
+    for (int i = 0; i < n; i++)
+        g_in[i] = gpu(in[i]);
+    double err = INFINITY;
+    nb_status st = nb_gradient_check(gpu_gc_fn, &c, n, g_in, GPU_GC_EPS, GPU_GC_TOL, &err);
+    if (st)
+        fprintf(stderr, "[%s] %s: %s\n", check_current, name, nb_error_message());
+    CHECK_OK(st);
+    CHECK(err >= 0 && err <= GPU_GC_TOL);
+    nb_tensor *yg = tape_gradients(&c, n, g_in, gg), *yc = tape_gradients(&c, n, in, gc);
+    CHECK_MATCH(name, yg, yc, 1e-10);
+    for (int i = 0; i < n; i++)
+        CHECK_MATCH(name, gg[i], gc[i], 1e-10);
+    nb_scope_end(sc);
+}
+
+static nb_tensor *uniform64(nb_shape s, double lo, double hi, uint64_t seed)
+{
+    return nb_random_uniform(NB_F64, s, lo, hi, seed);
+}
+
+static void test_gradient_checker(void)
+{
+    uint64_t seed = 7000;
+    /* unary, on a contiguous and a strided input */
+    static const struct {
+        const char *name;
+        unary_fn fn;
+        bool positive;
+    } un[] = {
+        {"neg", nb_neg, false},         {"abs", nb_abs, false},         {"sign", nb_sign, false},
+        {"exp", nb_exp, false},         {"log", nb_log, true},          {"sqrt", nb_sqrt, true},
+        {"rsqrt", nb_rsqrt, true},      {"square", nb_square, false},   {"sin", nb_sin, false},
+        {"cos", nb_cos, false},         {"tanh", nb_tanh, false},       {"erf", nb_erf, false},
+        {"sigmoid", nb_sigmoid, false}, {"relu", nb_relu, false},       {"gelu", nb_gelu, false},
+        {"softplus", nb_softplus, false},
+    };
+    for (size_t i = 0; i < sizeof un / sizeof *un; i++) {
+        for (int strided = 0; strided < 2; strided++) {
+            nb_shape s = strided ? NB_SHAPE(4, 3) : NB_SHAPE(3, 4);
+            nb_tensor *x = un[i].positive ? uniform64(s, 0.5, 2.0, seed++) : uniform64(s, -2.0, 2.0, seed++);
+            gpu_gradient_check(un[i].name, (gpu_gc){.op = GG_UNARY, .unary = un[i].fn, .strided = strided}, 1, &x);
+        }
+    }
+    nb_tensor *x = uniform64(NB_SHAPE(3, 4), -2.0, 2.0, seed++), *xp = uniform64(NB_SHAPE(3, 4), 0.5, 2.0, seed++);
+    gpu_gradient_check("leaky_relu", (gpu_gc){.op = GG_LEAKY_RELU}, 1, &x);
+    gpu_gradient_check("add_scalar", (gpu_gc){.op = GG_ADD_SCALAR}, 1, &x);
+    gpu_gradient_check("mul_scalar", (gpu_gc){.op = GG_MUL_SCALAR}, 1, &x);
+    gpu_gradient_check("pow_scalar", (gpu_gc){.op = GG_POW_SCALAR}, 1, &xp);
+
+    /* binary, broadcasting both ways, same shapes, a 0-d operand, a strided one */
+    static const struct {
+        const char *name;
+        binary_fn fn;
+        bool pos_a, pos_b;
+    } bin[] = {
+        {"add", nb_add, false, false}, {"sub", nb_sub, false, false},         {"mul", nb_mul, false, false},
+        {"div", nb_div, false, true},  {"pow", nb_pow, true, false},          {"maximum", nb_maximum, false, false},
+        {"minimum", nb_minimum, false, false},
+    };
+    const nb_shape pairs[][2] = {
+        {NB_SHAPE(2, 1, 3), NB_SHAPE(4, 1)},
+        {NB_SHAPE(3, 4), NB_SHAPE(3, 4)},
+        {NB_SCALAR, NB_SHAPE(2, 3)},
+        {NB_SHAPE(4, 3), NB_SHAPE(4)}, /* the first transposed inside fn: [3, 4] with [4] */
+    };
+    for (size_t i = 0; i < sizeof bin / sizeof *bin; i++) {
+        for (size_t p = 0; p < sizeof pairs / sizeof *pairs; p++) {
+            nb_tensor *ab[2] = {bin[i].pos_a ? uniform64(pairs[p][0], 0.5, 2.0, seed++)
+                                             : uniform64(pairs[p][0], -2.0, 2.0, seed++),
+                                bin[i].pos_b ? uniform64(pairs[p][1], 0.5, 2.0, seed++)
+                                             : uniform64(pairs[p][1], -2.0, 2.0, seed++)};
+            gpu_gradient_check(bin[i].name, (gpu_gc){.op = GG_BINARY, .binary = bin[i].fn, .strided = p == 3}, 2, ab);
+        }
+    }
+    const bool mask[4] = {true, false, false, true};
+    nb_tensor *cond = nb_from_buffer(NB_BOOL, NB_SHAPE(4, 1), mask);
+    nb_tensor *wab[2] = {uniform64(NB_SHAPE(2, 1, 3), -2, 2, seed++), uniform64(NB_SHAPE(3), -2, 2, seed++)};
+    gpu_gradient_check("where", (gpu_gc){.op = GG_WHERE, .aux = cond}, 2, wab);
+
+    /* reductions over several axis sets, with and without keepdims, and a strided input */
+    static const struct {
+        const char *name;
+        int op;
+    } red[] = {{"sum", GG_SUM}, {"mean", GG_MEAN}, {"max", GG_MAX}, {"min", GG_MIN}, {"prod", GG_PROD},
+               {"logsumexp", GG_LOGSUMEXP}};
+    const nb_axes sets[] = {NB_ALL_AXES, NB_AXES(1), NB_AXES(0, 2), NB_AXES(-1)};
+    for (size_t i = 0; i < sizeof red / sizeof *red; i++) {
+        for (size_t a = 0; a < sizeof sets / sizeof *sets; a++) {
+            for (int strided = 0; strided < 2; strided++) {
+                if (strided && a != 2)
+                    continue;
+                nb_shape s = strided ? NB_SHAPE(4, 3, 2) : NB_SHAPE(2, 3, 4);
+                nb_tensor *r = red[i].op == GG_PROD ? uniform64(s, 0.5, 1.5, seed++) : uniform64(s, -2, 2, seed++);
+                gpu_gc c = {.op = red[i].op, .axes = sets[a], .keepdims = a % 2 == 1, .strided = strided};
+                gpu_gradient_check(red[i].name, c, 1, &r);
+            }
+        }
+    }
+    gpu_gradient_check("sum_all", (gpu_gc){.op = GG_SUM_ALL}, 1, &x);
+    gpu_gradient_check("mean_all", (gpu_gc){.op = GG_MEAN_ALL}, 1, &x);
+
+    /* matmul: plain, batched with broadcasting, transposed operands, vectors */
+    static const struct {
+        nb_shape a, b;
+        bool ta, tb;
+    } mm[] = {
+        {NB_SHAPE(3, 4), NB_SHAPE(4, 2), false, false},
+        {NB_SHAPE(2, 1, 3, 4), NB_SHAPE(3, 4, 2), false, false},
+        {NB_SHAPE(2, 1, 4, 3), NB_SHAPE(3, 4, 2), true, false}, /* a stored transposed */
+        {NB_SHAPE(2, 3, 4), NB_SHAPE(2, 2, 4), false, true},    /* b stored transposed */
+        {NB_SHAPE(4), NB_SHAPE(2, 4, 3), false, false},
+        {NB_SHAPE(2, 3, 4), NB_SHAPE(4), false, false},
+    };
+    for (size_t i = 0; i < sizeof mm / sizeof *mm; i++) {
+        nb_tensor *ab[2] = {uniform64(mm[i].a, -1, 1, seed++), uniform64(mm[i].b, -1, 1, seed++)};
+        gpu_gradient_check("matmul", (gpu_gc){.op = GG_MATMUL, .ta = mm[i].ta, .tb = mm[i].tb}, 2, ab);
+    }
+
+    /* softmax and log_softmax on several axes and a strided input */
+    const int sm_axes[] = {-1, 0, 1};
+    for (int lg = 0; lg < 2; lg++) {
+        for (size_t a = 0; a < 3; a++) {
+            nb_tensor *s = nb_mul_scalar(uniform64(NB_SHAPE(2, 3, 4), -1, 1, seed++), 3.0);
+            gpu_gradient_check(lg ? "log_softmax" : "softmax",
+                               (gpu_gc){.op = lg ? GG_LOG_SOFTMAX : GG_SOFTMAX, .axis = sm_axes[a]}, 1, &s);
+        }
+        nb_tensor *s = uniform64(NB_SHAPE(5, 3), -2, 2, seed++);
+        gpu_gradient_check(lg ? "log_softmax strided" : "softmax strided",
+                           (gpu_gc){.op = lg ? GG_LOG_SOFTMAX : GG_SOFTMAX, .axis = -1, .strided = true}, 1, &s);
+    }
+
+    /* the four losses (dense labels get a gradient too) */
+    nb_tensor *sce[2] = {uniform64(NB_SHAPE(4, 5), -2, 2, seed++), nb_softmax(uniform64(NB_SHAPE(4, 5), -1, 1, seed++), -1)};
+    gpu_gradient_check("softmax_cross_entropy", (gpu_gc){.op = GG_SOFTMAX_CE}, 2, sce);
+    const int64_t l64[4] = {1, 0, 4, 4};
+    const int32_t l32[4] = {3, 2, 0, 1};
+    nb_tensor *logits = uniform64(NB_SHAPE(4, 5), -2, 2, seed++);
+    gpu_gradient_check("sparse_softmax_cross_entropy i64",
+                       (gpu_gc){.op = GG_SPARSE_CE, .aux = nb_from_buffer(NB_I64, NB_SHAPE(4), l64)}, 1, &logits);
+    gpu_gradient_check("sparse_softmax_cross_entropy i32",
+                       (gpu_gc){.op = GG_SPARSE_CE, .aux = nb_from_buffer(NB_I32, NB_SHAPE(4), l32)}, 1, &logits);
+    nb_tensor *sig[2] = {uniform64(NB_SHAPE(3, 4), -3, 3, seed++), uniform64(NB_SHAPE(3, 4), 0, 1, seed++)};
+    gpu_gradient_check("sigmoid_cross_entropy", (gpu_gc){.op = GG_SIGMOID_CE}, 2, sig);
+    nb_tensor *mse[2] = {uniform64(NB_SHAPE(3, 4), -2, 2, seed++), uniform64(NB_SHAPE(3, 4), -2, 2, seed++)};
+    gpu_gradient_check("mean_squared_error", (gpu_gc){.op = GG_MSE}, 2, mse);
+
+    /* shape ops */
+    nb_tensor *x3 = uniform64(NB_SHAPE(2, 3, 4), -2, 2, seed++);
+    gpu_gradient_check("reshape", (gpu_gc){.op = GG_RESHAPE}, 1, &x3);
+    gpu_gradient_check("transpose", (gpu_gc){.op = GG_TRANSPOSE}, 1, &x3);
+    gpu_gradient_check("permute", (gpu_gc){.op = GG_PERMUTE}, 1, &x3);
+    gpu_gradient_check("slice", (gpu_gc){.op = GG_SLICE}, 1, &x3);
+    gpu_gradient_check("pad", (gpu_gc){.op = GG_PAD}, 1, &x3);
+    nb_tensor *cat[3] = {uniform64(NB_SHAPE(2, 1), -2, 2, seed++), uniform64(NB_SHAPE(2, 3), -2, 2, seed++),
+                         uniform64(NB_SHAPE(2, 2), -2, 2, seed++)}; /* the last transposed: [2, 2] */
+    gpu_gradient_check("concat", (gpu_gc){.op = GG_CONCAT}, 3, cat);
+    nb_tensor *st[2] = {uniform64(NB_SHAPE(2, 3), -2, 2, seed++), uniform64(NB_SHAPE(3, 2), -2, 2, seed++)};
+    gpu_gradient_check("stack", (gpu_gc){.op = GG_STACK}, 2, st);
+    nb_tensor *bc[2] = {uniform64(NB_SHAPE(3, 1), -2, 2, seed++), uniform64(NB_SHAPE(2, 3, 4), -2, 2, seed++)};
+    gpu_gradient_check("broadcast_to", (gpu_gc){.op = GG_BROADCAST}, 2, bc);
+    /* repeated indices: the gradient (scatter_add) accumulates */
+    const int64_t i64[6] = {0, 4, 2, 2, 1, 4};
+    const int32_t i32[5] = {3, 3, 3, 0, 2};
+    nb_tensor *params = uniform64(NB_SHAPE(5, 3), -2, 2, seed++), *pt = uniform64(NB_SHAPE(3, 5), -2, 2, seed++);
+    gpu_gradient_check("gather i64", (gpu_gc){.op = GG_GATHER, .aux = nb_from_buffer(NB_I64, NB_SHAPE(2, 3), i64)}, 1,
+                       &params);
+    gpu_gradient_check("gather i32 strided",
+                       (gpu_gc){.op = GG_GATHER, .strided = true, .aux = nb_from_buffer(NB_I32, NB_SHAPE(5), i32)}, 1,
+                       &pt);
+}
+
+/* ---- placement: inputs on two devices, soft and strict placement ----------------------------- */
+
+static int placement_warnings;
+static void count_placement_warning(nb_log_level level, const char *message, void *user)
+{
+    (void)user;
+    if (level == NB_LOG_WARNING && strstr(message, "/gpu:99"))
+        placement_warnings++;
+}
+
+static void test_mixed_devices(void)
+{
+    nb_tensor *a = rnd(NB_F64, NB_SHAPE(3, 4), 60), *bc = rnd(NB_F64, NB_SHAPE(3, 4), 61), *b = gpu(bc);
+    CHECK(strcmp(nb_tensor_device(a), CPU) == 0 && b && strcmp(nb_tensor_device(b), GPU) == 0);
+
+    /* nothing pushed: an error naming the op and both devices */
+    CHECK(nb_add(a, b) == NULL);
+    CHECK_ERROR(NB_ERR_DEVICE, "add", CPU, GPU);
+    CHECK(nb_matmul(b, nb_transpose(a, 0, 1)) == NULL);
+    CHECK_ERROR(NB_ERR_DEVICE, "matmul", CPU, GPU);
+    CHECK(nb_where(nb_greater(a, a), b, b) == NULL);
+    CHECK_ERROR(NB_ERR_DEVICE, "where", CPU, GPU);
+
+    /* /gpu:0 pushed: the CPU input is copied there, by a recorded op, so its
+     * gradient comes back to the CPU */
+    nb_tape *tape = nb_tape_begin();
+    CHECK_OK(nb_tape_watch(tape, a));
+    CHECK_OK(nb_tape_watch(tape, b));
+    CHECK_OK(nb_device_push(GPU));
+    nb_tensor *p = nb_mul(nb_sin(a), b);
+    nb_tensor *y = nb_sum_all(nb_mul(p, p));
+    nb_tensor *e = nb_exp(a); /* only CPU inputs: runs on the pushed device */
+    CHECK_OK(nb_device_pop());
+    CHECK(y && strcmp(nb_tensor_device(y), GPU) == 0);
+    CHECK(e && strcmp(nb_tensor_device(e), GPU) == 0);
+    CHECK(strcmp(nb_tensor_device(a), CPU) == 0); /* the input stays where it was */
+    CHECK_MATCH("exp of a pushed CPU input", e, nb_exp(a), 1e-11);
+    nb_tensor *g[2] = {NULL, NULL};
+    CHECK_OK(nb_tape_gradient(tape, y, NB_TENSORS(a, b), g));
+    CHECK(g[0] && strcmp(nb_tensor_device(g[0]), CPU) == 0);
+    CHECK(g[1] && strcmp(nb_tensor_device(g[1]), GPU) == 0);
+    /* y = sum((sin a * b)^2): dy/da = 2 sin a cos a b^2, dy/db = 2 sin(a)^2 b, on the CPU */
+    nb_tensor *sa = nb_sin(a);
+    nb_tensor *ref_a = nb_mul_scalar(nb_mul(nb_mul(sa, nb_cos(a)), nb_square(bc)), 2.0);
+    nb_tensor *ref_b = nb_mul_scalar(nb_mul(nb_square(sa), bc), 2.0);
+    double ea = tensor_error(g[0], ref_a);
+    if (!(ea <= 1e-11))
+        fprintf(stderr, "[%s] d a on the CPU: error %g\n", check_current, ea);
+    CHECK(ea <= 1e-11);
+    CHECK_MATCH("d b", g[1], ref_b, 1e-11);
+    CHECK_MATCH("y", y, nb_sum_all(nb_square(nb_mul(sa, bc))), 1e-11);
+
+    /* a GPU that does not exist: soft placement means /cpu:0 and one warning */
+    nb_log_callback old = nb_set_log_callback(count_placement_warning, NULL);
+    placement_warnings = 0;
+    nb_status st = nb_device_push("/gpu:99");
+    CHECK_OK(st);
+    if (st == NB_OK) {
+        CHECK(strcmp(nb_device_current(), CPU) == 0);
+        nb_tensor *o = nb_ones(NB_F32, NB_SHAPE(2));
+        CHECK(o && strcmp(nb_tensor_device(o), CPU) == 0);
+        CHECK_OK(nb_device_pop());
+    }
+    nb_set_log_callback(old, NULL);
+    CHECK(placement_warnings == 1);
+    /* strict placement: an error naming the device; an existing GPU still works */
+    bool soft = nb_set_soft_placement(false);
+    CHECK(soft);
+    CHECK(nb_device_push("/gpu:99") == NB_ERR_DEVICE);
+    CHECK_ERROR(NB_ERR_DEVICE, "/gpu:99", "strict");
+    CHECK(strcmp(nb_device_current(), CPU) == 0);
+    CHECK_OK(nb_device_push(GPU));
+    CHECK(strcmp(nb_device_current(), GPU) == 0);
+    CHECK_OK(nb_device_pop());
+    nb_set_soft_placement(soft);
+}
+
+/* ---- no host waits on the hot path ------------------------------------------------------------
+ * About 10,000 small recorded ops on /gpu:0 (forward, backward, optimizer) must
+ * leave nb_gpu_host_waits where it was; reading a value moves it. Ops that wait
+ * on purpose are kept out of the loop and checked to wait:
+ *  - gather and its gradient (scatter_add): the index range check reads back;
+ *  - sparse_softmax_cross_entropy: reads the labels' min and max back;
+ *  - uploads from the host of more than 32 MiB (the caller may free the
+ *    source), and small uploads that find both staging buffers busy;
+ *  - nb_synchronize, nb_tensor_read/item/get, copies to the CPU;
+ *  - nb_gpu_empty_cache, nb_gpu_set_reserve and the out-of-memory retry (a
+ *    wait for the whole card). */
+
+typedef struct busy {
+    nb_tensor *x, *labels, *target; /* [16, 32]; [16, 8] probabilities; [16, 8] in (0, 1) */
+    nb_variable *w, *b;             /* [32, 8], [8] */
+    nb_optimizer *opt;
+} busy;
+
+/* One step, every op recorded on a tape that watches x: elementwise with
+ * broadcasting, comparisons and where, reductions, a batched matmul, softmax,
+ * a dense layer and three losses; then the backward pass and a momentum step
+ * on w and b. Returns a 0-d summary of it all. */
+static nb_tensor *busy_step(busy *k)
+{
+    nb_tape *tape = nb_tape_begin();
+    if (nb_tape_watch(tape, k->x))
+        return NULL;
+    nb_tensor *x = k->x, *w = nb_read(k->w), *b = nb_read(k->b), *zero = nb_zeros_like(x);
+    nb_tensor *e = nb_add(nb_mul(nb_tanh(x), nb_sigmoid(x)), nb_mul_scalar(nb_exp(nb_neg(nb_square(x))), 0.5));
+    e = nb_sub(nb_div(e, nb_add_scalar(nb_abs(x), 1.0)), nb_minimum(x, zero));
+    e = nb_where(nb_greater(x, zero), e, nb_gelu(x));
+    e = nb_add(e, nb_mul(nb_softplus(x), nb_mean(x, NB_AXES(1), true))); /* [16, 32] * [16, 1] */
+    nb_tensor *r = nb_sub(nb_add(nb_mean(e, NB_AXES(0), false), nb_max(e, NB_AXES(0), false)),
+                          nb_min(e, NB_AXES(0), false)); /* [32] */
+    nb_tensor *lse = nb_logsumexp(e, NB_AXES(1), false); /* [16] */
+    nb_tensor *am = nb_cast(nb_argmax(e, 1, false), NB_F64);
+    nb_tensor *e3 = nb_reshape(e, NB_SHAPE(4, 4, 32));
+    nb_tensor *mm = nb_mul_scalar(nb_matmul(e3, nb_transpose(e3, 1, 2)), 0.1); /* [4, 4, 4] */
+    nb_tensor *sm = nb_sum_all(nb_mul(nb_softmax(mm, -1), nb_log_softmax(mm, 1)));
+    nb_tensor *h = nb_add(nb_matmul(x, w), b); /* [16, 8] */
+    nb_tensor *loss = nb_mean_all(nb_softmax_cross_entropy(h, k->labels));
+    loss = nb_add(loss, nb_mean_all(nb_sigmoid_cross_entropy(h, k->target)));
+    loss = nb_add(loss, nb_mean_squared_error(nb_sigmoid(nb_relu(h)), k->target));
+    nb_tensor *extra = nb_add(nb_add(nb_mean_all(r), nb_mean_all(lse)), nb_add(sm, nb_mean_all(am)));
+    nb_tensor *total = nb_add(loss, nb_mul_scalar(extra, 1e-3));
+    nb_tensor *g[3] = {NULL, NULL, NULL};
+    if (nb_tape_gradient(tape, total, NB_TENSORS(x, w, b), g) || nb_tape_stop(tape))
+        return NULL;
+    if (nb_optimizer_apply(k->opt, NB_VARS(k->w, k->b), (nb_tensor *const[]){g[1], g[2]}))
+        return NULL;
+    return nb_add(total, nb_mul_scalar(nb_mean_all(nb_square(g[0])), 1e-3));
+}
+
+static int busy_ops;
+static void count_ops(nb_log_level level, const char *message, void *user)
+{
+    (void)level, (void)user;
+    if (strstr(message, "on " GPU))
+        busy_ops++;
+}
+
+/* Runs steps of busy_step on k's device and sums their summaries into *acc
+ * (kept in the caller's scope). *waits: /gpu:0's host waits after the first
+ * step (a warm-up) when non-NULL. */
+static void busy_run(busy *k, int steps, nb_tensor **acc, int64_t *waits)
+{
+    for (int i = 0; i < steps; i++) {
+        if (i == 1 && waits)
+            *waits = nb_gpu_host_waits(GPU);
+        nb_scope *s = nb_scope_begin();
+        nb_tensor *t = busy_step(k);
+        nb_tensor *sum = t && *acc ? nb_add(*acc, t) : t;
+        *acc = sum ? nb_keep(sum) : NULL;
+        nb_scope_end(s);
+        if (!*acc)
+            break;
+    }
+    CHECK(*acc != NULL);
+}
+
+static void busy_setup(busy *k, const char *dev)
+{
+    nb_tensor *x = nb_random_normal(NB_F64, NB_SHAPE(16, 32), 0, 1, 80);
+    nb_tensor *labels = nb_softmax(nb_random_normal(NB_F64, NB_SHAPE(16, 8), 0, 2, 81), -1);
+    nb_tensor *target = nb_random_uniform(NB_F64, NB_SHAPE(16, 8), 0.05, 0.95, 82);
+    nb_tensor *w = nb_random_normal(NB_F64, NB_SHAPE(32, 8), 0, 0.3, 83), *b = nb_zeros(NB_F64, NB_SHAPE(8));
+    k->x = nb_to_device(x, dev);
+    k->labels = nb_to_device(labels, dev);
+    k->target = nb_to_device(target, dev);
+    k->w = nb_variable_new("busy/w", nb_to_device(w, dev));
+    k->b = nb_variable_new("busy/b", nb_to_device(b, dev));
+    k->opt = nb_sgd_momentum_new(0.05, 0.9, false);
+    CHECK(k->x && k->labels && k->target && k->w && k->b && k->opt);
+}
+
+static void busy_free(busy *k)
+{
+    nb_variable_free(k->w);
+    nb_variable_free(k->b);
+    nb_optimizer_free(k->opt);
+}
+
+static void test_no_host_waits(void)
+{
+    enum { STEPS = 50 }; /* about 245 ops each */
+    CHECK(nb_gpu_host_waits(CPU) == -1);
+    CHECK_ERROR(NB_ERR_DEVICE, "not a GPU");
+    CHECK(nb_gpu_host_waits("/gpu:63") == -1);
+    CHECK_ERROR(NB_ERR_DEVICE, "/gpu:63");
+
+    busy kg, kc;
+    busy_setup(&kg, GPU);
+    busy_setup(&kc, CPU);
+    nb_tensor *acc_g = NULL, *acc_c = NULL;
+    int64_t before = -1;
+    /* count the ops through the placement log */
+    nb_log_callback old = nb_set_log_callback(count_ops, NULL);
+    bool logged = nb_set_log_device_placement(true);
+    busy_ops = 0;
+    busy_run(&kg, STEPS, &acc_g, &before);
+    int64_t after = nb_gpu_host_waits(GPU);
+    nb_set_log_device_placement(logged);
+    nb_set_log_callback(old, NULL);
+    CHECK(before >= 0);
+    if (after != before)
+        fprintf(stderr, "[%s] %lld host waits in %d ops that read nothing\n", check_current,
+                (long long)(after - before), busy_ops);
+    CHECK(after == before);
+    CHECK(busy_ops >= 10000);
+
+    /* reading a value waits */
+    double v = nb_tensor_item(acc_g);
+    CHECK(isfinite(v));
+    CHECK(nb_gpu_host_waits(GPU) > after);
+
+    /* the same steps on the CPU give the same numbers */
+    busy_run(&kc, STEPS, &acc_c, NULL);
+    CHECK_MATCH("stress summary", acc_g, acc_c, 1e-9);
+    CHECK_MATCH("stress w", nb_read(kg.w), nb_read(kc.w), 1e-9);
+    CHECK_MATCH("stress b", nb_read(kg.b), nb_read(kc.b), 1e-9);
+
+    /* the ops that wait on purpose do move the counter */
+    const int64_t idx[3] = {2, 0, 2};
+    nb_tensor *ig = gpu(nb_from_buffer(NB_I64, NB_SHAPE(3), idx));
+    int64_t n1 = nb_gpu_host_waits(GPU);
+    CHECK(nb_gather(kg.x, ig) != NULL);
+    int64_t n2 = nb_gpu_host_waits(GPU);
+    CHECK(n2 > n1);
+    CHECK(nb_sparse_softmax_cross_entropy(nb_slice(kg.labels, NB_SHAPE(0, 0), NB_SHAPE(3, -1)), ig) != NULL);
+    int64_t n3 = nb_gpu_host_waits(GPU);
+    CHECK(n3 > n2);
+    CHECK_OK(nb_synchronize());
+    int64_t n4 = nb_gpu_host_waits(GPU);
+    CHECK(n4 > n3);
+    /* an upload larger than the staging limit (32 MiB) waits for its copy */
+    const int64_t big = (int64_t)10 << 20; /* 40 MiB of f32 */
+    float *host = calloc((size_t)big, sizeof *host);
+    CHECK(host != NULL);
+    if (host) {
+        CHECK_OK(nb_device_push(GPU));
+        CHECK(nb_from_buffer(NB_F32, NB_SHAPE(big), host) != NULL);
+        CHECK_OK(nb_device_pop());
+        CHECK(nb_gpu_host_waits(GPU) > n4);
+        free(host);
+    }
+    busy_free(&kg);
+    busy_free(&kc);
+}
+
 int main(void)
 {
     /* before any device is used: two logical GPUs per card */
@@ -689,6 +1213,9 @@ int main(void)
     RUN(test_optimizers);
     RUN(test_random);
     RUN(test_transfers);
+    RUN(test_gradient_checker);
+    RUN(test_mixed_devices);
+    RUN(test_no_host_waits);
     RUN(test_allocator_stats);
     RUN(test_reserve);
     RUN(test_out_of_memory);

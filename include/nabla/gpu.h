@@ -10,7 +10,8 @@
  *
  * A device argument names any GPU ("/gpu:0", "gpu:1", "/device:GPU:0"); a CPU
  * or an unknown name is NB_ERR_DEVICE. In a build without CUDA every function
- * here returns NB_ERR_UNSUPPORTED (and zeroes its output). */
+ * here returns NB_ERR_UNSUPPORTED (and zeroes its output), except the TF32
+ * switch and nb_gpu_host_waits, which say what they do then. */
 #ifndef NABLA_GPU_H
 #define NABLA_GPU_H
 
@@ -75,6 +76,23 @@ bool nb_gpu_set_tf32(bool on);
 
 /* Whether TF32 is on. */
 bool nb_gpu_tf32(void);
+
+/* How many times the backend has made the host wait for the GPU under device
+ * since the process started; for tests and profiling. Each wait counts one:
+ * - reading values: nb_tensor_read, nb_tensor_item, nb_tensor_get, a copy to a
+ *   CPU device, and nb_synchronize (per GPU it waits for);
+ * - ops that read back to check their input: gather and its gradient (the
+ *   index range), sparse_softmax_cross_entropy (the label range);
+ * - uploads from the host larger than 32 MiB, and an upload that finds both
+ *   pinned staging buffers still in use;
+ * - emptying the allocator's cache (nb_gpu_empty_cache, nb_gpu_set_reserve,
+ *   the out-of-memory retry): a wait for the whole card, counted on every
+ *   logical GPU of it.
+ * Other ops on GPU tensors, tapes and optimizer steps never wait, so the count
+ * stays put until a program reads a value. cudaMalloc (on a cache miss) and
+ * one-time setup are not counted. Returns the count, or -1 and NB_ERR_DEVICE
+ * for a name that is not a GPU; 0 in a build without CUDA. */
+int64_t nb_gpu_host_waits(const char *device);
 
 /* Properties of the physical card under a GPU device. */
 typedef struct nb_gpu_properties {
