@@ -17,13 +17,14 @@ using namespace nbg;
 namespace {
 
 template <nb_dtype D>
-__global__ void __launch_bounds__(kThreads) k_sgd(T_of<D> *param, const T_of<D> *grad, T_of<D> *mom, int64_t n,
-                                                  double lr_, double momentum_, double wd_, bool nesterov)
+__global__ void __launch_bounds__(kThreads) k_sgd(T_of<D> *param, const T_of<D> *source, const T_of<D> *grad,
+                                                  T_of<D> *mom, int64_t n, double lr_, double momentum_, double wd_,
+                                                  bool nesterov)
 {
     using C = typename DT<D>::Acc;
     const C lr = (C)lr_, momentum = (C)momentum_, wd = (C)wd_;
     for (int64_t i = gtid(); i < n; i += gstride()) {
-        C p = ld<D>(param[i]);
+        C p = ld<D>(source[i]); // param itself for an in-place update
         C g = ld<D>(grad[i]) + wd * p;
         if (mom) {
             C m = momentum * static_cast<C>(ld<D>(mom[i])) + g;
@@ -36,14 +37,15 @@ __global__ void __launch_bounds__(kThreads) k_sgd(T_of<D> *param, const T_of<D> 
 
 template <nb_dtype D>
 __global__ void __launch_bounds__(kThreads)
-    k_adam(T_of<D> *param, const T_of<D> *grad, T_of<D> *m1, T_of<D> *m2, int64_t n, double lr_, double b1_,
+    k_adam(T_of<D> *param, const T_of<D> *source, const T_of<D> *grad, T_of<D> *m1, T_of<D> *m2, int64_t n,
+           double lr_, double b1_,
            double b2_, double eps_, double wd_, double bc1_, double bc2_)
 {
     using C = typename DT<D>::Acc;
     const C lr = (C)lr_, b1 = (C)b1_, b2 = (C)b2_, eps = (C)eps_, wd = (C)wd_;
     const C inv_bc1 = (C)(1.0 / bc1_), inv_bc2 = (C)(1.0 / bc2_);
     for (int64_t i = gtid(); i < n; i += gstride()) {
-        const C p = ld<D>(param[i]), g = ld<D>(grad[i]);
+        const C p = ld<D>(source[i]), g = ld<D>(grad[i]);
         const C m = b1 * static_cast<C>(ld<D>(m1[i])) + (C(1) - b1) * g;
         const C v = b2 * static_cast<C>(ld<D>(m2[i])) + (C(1) - b2) * g * g;
         m1[i] = st<D>(m);
@@ -78,8 +80,9 @@ extern "C" nb_status nb__gpu_sgd_update(nb_gpu_ctx *c, const nb_view *param, con
     return dispatch_float(param->dtype, c, op, [&](auto tag) -> nb_status {
         constexpr nb_dtype D = decltype(tag)::value;
         k_sgd<D><<<grid_for(c, n), kThreads, 0, c->stream>>>(
-            static_cast<T_of<D> *>(param->data), static_cast<const T_of<D> *>(grad->data),
-            slot1 ? static_cast<T_of<D> *>(slot1->data) : nullptr, n, p->lr, p->momentum, p->weight_decay,
+            static_cast<T_of<D> *>(param->data),
+            static_cast<const T_of<D> *>(p->source ? p->source : param->data),
+            static_cast<const T_of<D> *>(grad->data), slot1 ? static_cast<T_of<D> *>(slot1->data) : nullptr, n, p->lr, p->momentum, p->weight_decay,
             p->nesterov);
         return nb__gpu_launched(c, op);
     });
@@ -105,8 +108,9 @@ extern "C" nb_status nb__gpu_adam_update(nb_gpu_ctx *c, const nb_view *param, co
     return dispatch_float(param->dtype, c, op, [&](auto tag) -> nb_status {
         constexpr nb_dtype D = decltype(tag)::value;
         k_adam<D><<<grid_for(c, n), kThreads, 0, c->stream>>>(
-            static_cast<T_of<D> *>(param->data), static_cast<const T_of<D> *>(grad->data),
-            static_cast<T_of<D> *>(slot1->data), static_cast<T_of<D> *>(slot2->data), n, p->lr, p->beta1,
+            static_cast<T_of<D> *>(param->data),
+            static_cast<const T_of<D> *>(p->source ? p->source : param->data),
+            static_cast<const T_of<D> *>(grad->data), static_cast<T_of<D> *>(slot1->data), static_cast<T_of<D> *>(slot2->data), n, p->lr, p->beta1,
             p->beta2, p->epsilon, p->weight_decay, bc1, bc2);
         return nb__gpu_launched(c, op);
     });

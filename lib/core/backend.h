@@ -45,6 +45,10 @@ typedef struct nb_update_params {
     double lr, momentum, beta1, beta2, epsilon, weight_decay;
     bool nesterov;
     int64_t step; /* 1 on the first Adam step, for bias correction */
+    /* NULL: param is updated in place. Otherwise the parameter's current values
+     * are read from here (param's layout) and the result is written to param, so
+     * a value still shared with a read costs no extra copy. */
+    const void *source;
 } nb_update_params;
 
 struct nb_backend {

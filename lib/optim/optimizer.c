@@ -5,9 +5,9 @@
  * zero-filled on the variable's device the first time the variable is updated.
  * Slots are keyed on the variable's unique id, never on its address (a freed
  * variable's address may come back for a new one). The update itself is one
- * fused kernel of the variable's device, run in place on the variable's value
- * once it is safe to write (see nb__variable_writable). Nothing is recorded on
- * tapes. */
+ * fused kernel of the variable's device: in place, or out of place into a fresh
+ * buffer when a read still holds the value (see nb__variable_update_target).
+ * Nothing is recorded on tapes. */
 #include "lib/core/backend.h"
 #include "lib/variable/variable_impl.h"
 #include "ops/op.h"
@@ -276,26 +276,41 @@ nb_status nb_optimizer_apply(nb_optimizer *opt, int n, nb_variable *const *vars,
     /* 2. Gradients on their variables' devices, slots allocated, values writable:
      * what can fail for want of memory fails here, before any variable moves. */
     const nb_tensor *small[16];
+    nb_tensor *small_targets[16];
     const nb_tensor **ready = n <= 16 ? small : malloc(sizeof *ready * (size_t)n);
-    if (!ready)
+    nb_tensor **targets = n <= 16 ? small_targets : calloc((size_t)n, sizeof *targets);
+    if (!ready || !targets) {
+        if (ready != small)
+            free(ready);
+        if (targets != small_targets)
+            free(targets);
         return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+    }
     int token = nb__tapes_pause();
     nb_scope *scope = nb_scope_begin();
     nb_status st = scope ? NB_OK : nb_error();
+    for (int i = 0; i < n; i++)
+        ready[i] = NULL, targets[i] = NULL;
     for (int i = 0; i < n && !st; i++) {
-        ready[i] = NULL;
         if (!grads[i])
             continue;
         nb_tensor *x = nb__variable_value(vars[i]);
         if (!(ready[i] = prepare_grad(grads[i], x->device)) || !slots_for(opt, vars[i], who))
             st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
     }
-    /* Copy-on-write only after every gradient is ready: a gradient that is a view
-     * of some variable's value has been copied if it had to be, and otherwise
-     * keeps the old storage alive (which is what makes the variable move). */
-    for (int i = 0; i < n && !st; i++)
-        if (grads[i] && !nb__variable_writable(vars[i], who))
+    /* Where a read (or a gradient that is a view of it) still holds a value, the
+     * update writes a fresh buffer from the old one: copy-on-write at no extra
+     * pass. Those buffers are allocated here, after every gradient is ready. */
+    for (int i = 0; i < n && !st; i++) {
+        if (!ready[i])
+            continue;
+        nb_tensor *cur = nb__variable_value(vars[i]);
+        nb_tensor *t = nb__variable_update_target(vars[i], who);
+        if (!t)
             st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
+        else if (t != cur)
+            targets[i] = t;
+    }
 
     /* 3. The updates. */
     nb_update_params p = opt->params;
@@ -303,28 +318,31 @@ nb_status nb_optimizer_apply(nb_optimizer *opt, int n, nb_variable *const *vars,
     for (int i = 0; i < n && !st; i++) {
         if (!ready[i])
             continue;
-        /* A variable listed twice, or one whose value another's gradient reads,
-         * may have become shared again since step 2. */
-        nb_tensor *x = nb__variable_writable(vars[i], who);
-        if (!x) {
-            st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
-            break;
-        }
+        /* The value read now: a variable listed twice sees its first update. */
+        nb_tensor *cur = nb__variable_value(vars[i]);
+        nb_tensor *x = targets[i] ? targets[i] : cur;
+        p.source = x == cur ? NULL : nb__data(cur);
         nb_device *dev = x->device;
         nb_view xv = nb__view(x), gv = nb__view(ready[i]);
         if (opt->kind == OPT_SGD) {
             st = dev->backend->sgd_update(dev, &xv, &gv, NULL, &p);
-            continue;
-        }
-        slot_entry *e = slot_lookup(opt->slots, opt->cap, nb__variable_uid(vars[i]));
-        nb_view s1 = nb__view(e->s1);
-        if (opt->kind == OPT_MOMENTUM) {
-            st = dev->backend->sgd_update(dev, &xv, &gv, &s1, &p);
         } else {
-            nb_view s2 = nb__view(e->s2);
-            st = dev->backend->adam_update(dev, &xv, &gv, &s1, &s2, &p);
+            slot_entry *e = slot_lookup(opt->slots, opt->cap, nb__variable_uid(vars[i]));
+            nb_view s1 = nb__view(e->s1);
+            if (opt->kind == OPT_MOMENTUM) {
+                st = dev->backend->sgd_update(dev, &xv, &gv, &s1, &p);
+            } else {
+                nb_view s2 = nb__view(e->s2);
+                st = dev->backend->adam_update(dev, &xv, &gv, &s1, &s2, &p);
+            }
+        }
+        if (!st && targets[i]) {
+            nb__variable_commit(vars[i], targets[i]);
+            targets[i] = NULL;
         }
     }
+    for (int i = 0; i < n; i++)
+        nb__release(targets[i]); /* left over after a failure */
     if (!st)
         opt->iterations++;
 
@@ -333,5 +351,7 @@ nb_status nb_optimizer_apply(nb_optimizer *opt, int n, nb_variable *const *vars,
     nb__tapes_resume(token);
     if (ready != small)
         free(ready);
+    if (targets != small_targets)
+        free(targets);
     return st;
 }

@@ -125,25 +125,22 @@ static bool value_shared(const nb_tensor *t)
     return atomic_load(&t->refs) > 1 || atomic_load(&t->storage->refs) > 1;
 }
 
-nb_tensor *nb__variable_writable(nb_variable *v, const char *who)
+nb_tensor *nb__variable_update_target(nb_variable *v, const char *who)
 {
     if (!v)
         return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: variable is NULL", who);
     nb_tensor *cur = v->value;
     if (!value_shared(cur))
         return cur;
-    nb_device *dev = cur->device;
-    nb_tensor *t = nb__tensor_new(dev, cur->dtype, cur->ndim, cur->shape);
-    if (!t)
-        return NULL;
-    nb_view out = nb__view(t), in = nb__view(cur);
-    if (dev->backend->copy(dev, &out, &in) != NB_OK) {
-        nb__release(t);
-        return NULL;
-    }
+    return nb__tensor_new(cur->device, cur->dtype, cur->ndim, cur->shape);
+}
+
+void nb__variable_commit(nb_variable *v, nb_tensor *t)
+{
+    if (t == v->value)
+        return;
+    nb__release(v->value);
     v->value = t;
-    nb__release(cur);
-    return t;
 }
 
 /* ---- assignment ----------------------------------------------------------------- */

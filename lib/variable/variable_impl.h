@@ -10,14 +10,19 @@
 uint64_t nb__variable_uid(const nb_variable *v);
 
 /* The variable's current value: contiguous, owned by the variable, no new
- * reference. It may be shared with tensors already read (see nb__variable_writable). */
+ * reference. It may be shared with tensors already read (see nb__variable_update_target). */
 nb_tensor *nb__variable_value(nb_variable *v);
 
-/* Makes v's value safe to update in place: when a tensor read from v (or a view
- * of its storage) is still alive, copies the value into a fresh tensor the
- * variable alone holds, so earlier reads keep their snapshot. Returns the value
- * to write into (no new reference), or NULL with the error recorded. who names
- * the calling function in messages. */
-nb_tensor *nb__variable_writable(nb_variable *v, const char *who);
+/* The tensor an update of v should write: v's value itself when nothing else
+ * holds it, else a new uninitialised tensor of its shape (refs = 1) for an
+ * out-of-place update that reads the old value. Hand the result to
+ * nb__variable_commit once written (or nb__release it on failure). NULL and the
+ * error recorded when memory runs out. */
+nb_tensor *nb__variable_update_target(nb_variable *v, const char *who);
+
+/* Makes t (from nb__variable_update_target) v's value; the old value stays alive
+ * for the reads that hold it. */
+void nb__variable_commit(nb_variable *v, nb_tensor *t);
+
 
 #endif

@@ -11,6 +11,7 @@
 
 typedef struct opt_job {
     char *p;
+    const char *src; /* the parameter's current values (p itself when in place) */
     const char *g;
     char *m, *v;
     double lr, mom, wd, b1, b2, eps, bc1, bc2;
@@ -21,32 +22,34 @@ typedef struct opt_job {
     static void NAME(void *ctx, int64_t b, int64_t e)                                         \
     {                                                                                         \
         const opt_job *j = ctx;                                                               \
-        T *restrict p = (T *)j->p;                                                            \
+        T *p = (T *)j->p; /* may alias x: element i is read before it is written */          \
+        const T *x = (const T *)j->src;                                                       \
         const T *restrict g = (const T *)j->g;                                                \
         T *restrict m = (T *)j->m;                                                            \
         const T lr = (T)j->lr, mom = (T)j->mom, wd = (T)j->wd;                                \
         if (!m) {                                                                             \
             for (int64_t i = b; i < e; i++)                                                   \
-                p[i] -= lr * (g[i] + wd * p[i]);                                              \
+                p[i] = x[i] - lr * (g[i] + wd * x[i]);                                        \
         } else if (j->nesterov) {                                                             \
             for (int64_t i = b; i < e; i++) {                                                 \
-                const T gi = g[i] + wd * p[i];                                                \
+                const T gi = g[i] + wd * x[i];                                                \
                 const T mi = mom * m[i] + gi;                                                 \
                 m[i] = mi;                                                                    \
-                p[i] -= lr * (gi + mom * mi);                                                 \
+                p[i] = x[i] - lr * (gi + mom * mi);                                           \
             }                                                                                 \
         } else {                                                                              \
             for (int64_t i = b; i < e; i++) {                                                 \
-                const T mi = mom * m[i] + g[i] + wd * p[i];                                   \
+                const T mi = mom * m[i] + g[i] + wd * x[i];                                   \
                 m[i] = mi;                                                                    \
-                p[i] -= lr * mi;                                                              \
+                p[i] = x[i] - lr * mi;                                                        \
             }                                                                                 \
         }                                                                                     \
     }                                                                                         \
     static void NAME##_adam(void *ctx, int64_t b, int64_t e)                                  \
     {                                                                                         \
         const opt_job *j = ctx;                                                               \
-        T *restrict p = (T *)j->p;                                                            \
+        T *p = (T *)j->p;                                                                     \
+        const T *x = (const T *)j->src;                                                       \
         const T *restrict g = (const T *)j->g;                                                \
         T *restrict m = (T *)j->m, *restrict v = (T *)j->v;                                   \
         const T lr = (T)j->lr, wd = (T)j->wd, b1 = (T)j->b1, b2 = (T)j->b2, eps = (T)j->eps;  \
@@ -57,7 +60,7 @@ typedef struct opt_job {
             const T vi = b2 * v[i] + c2 * gi * gi;                                            \
             m[i] = mi;                                                                        \
             v[i] = vi;                                                                        \
-            p[i] -= lr * (mi * bc1 / (SQRT(vi * bc2) + eps) + wd * p[i]);                     \
+            p[i] = x[i] - lr * (mi * bc1 / (SQRT(vi * bc2) + eps) + wd * x[i]);               \
         }                                                                                     \
     }
 SGD_IMPL(sgd_f32, float, sqrtf)
@@ -97,6 +100,7 @@ nb_status nb__cpu_sgd_update(nb_device *dev, const nb_view *param, const nb_view
         return st;
     opt_job j = {0};
     j.p = param->data;
+    j.src = p->source ? p->source : param->data;
     j.g = grad->data;
     j.m = slot1 ? slot1->data : NULL;
     j.lr = p->lr;
@@ -124,6 +128,7 @@ nb_status nb__cpu_adam_update(nb_device *dev, const nb_view *param, const nb_vie
     double t = p->step < 1 ? 1.0 : (double)p->step;
     opt_job j = {0};
     j.p = param->data;
+    j.src = p->source ? p->source : param->data;
     j.g = grad->data;
     j.m = slot1->data;
     j.v = slot2->data;
