@@ -1,11 +1,15 @@
 /* The cost of a tiny op: a one-element add with no tape, the same add recorded by
- * a tape, and forward + backward of (x*x + x).sum() for a 16-element x, on /cpu:0,
- * beside the same work in PyTorch from Python (bench/overhead.py).
+ * a tape, and forward + backward of (x*x + x).sum() for a 16-element x, beside the
+ * same work in PyTorch from Python (bench/overhead.py). On /cpu:0, and on /gpu:0
+ * too when there is one (or on the one device --device names).
  *
- *   overhead [--ops K] [--reps R] [--no-peer]
+ *   overhead [--device NAME] [--ops K] [--reps R] [--no-peer]
  *
  * Each figure is the median over R batches of K ops (after a warm-up), per op,
- * including the scope (or tape) that releases what the batch made. */
+ * including the scope (or tape) that releases what the batch made, timed by the
+ * host clock. A batch ends with one nb_synchronize() (torch.cuda.synchronize() on
+ * the PyTorch side), so on a GPU the figure is an op's launch cost, or its device
+ * time if that is longer, not one round trip each. */
 #include "bench_util.h"
 #include <nabla/nabla.h>
 
@@ -17,6 +21,7 @@ static void add_plain(void)
     nb_scope *s = nb_scope_begin();
     for (int i = 0; i < K; i++)
         nb_add(xa, xb);
+    nb_synchronize();
     nb_scope_end(s);
 }
 
@@ -27,6 +32,7 @@ static void add_taped(void)
     nb_tape_watch(tape, xa);
     for (int i = 0; i < K; i++)
         nb_add(xa, xb);
+    nb_synchronize();
     nb_scope_end(s); /* frees the tape and its record */
 }
 
@@ -41,6 +47,7 @@ static void fwd_bwd(void)
         nb_tape_gradient(tape, z, 1, &x16, &g);
         nb_scope_end(s);
     }
+    nb_synchronize();
 }
 
 /* Median microseconds per op of fn, which does `per` ops. */
@@ -59,18 +66,54 @@ static double median_us(void (*fn)(void), int per)
     return m;
 }
 
+/* Measures on one device and prints its table. */
+static void measure(const char *device, bool peer)
+{
+    bool gpu = strncmp(device, "/gpu", 4) == 0;
+    nb_device_push(device);
+    xa = nb_random_uniform(NB_F32, NB_SHAPE(1), 1, 2, 1);
+    xb = nb_random_uniform(NB_F32, NB_SHAPE(1), 1, 2, 2);
+    x16 = nb_random_normal(NB_F32, NB_SHAPE(16), 0, 1, 3);
+    double plain = median_us(add_plain, K);
+    double taped = median_us(add_taped, K);
+    double fb = median_us(fwd_bwd, K / 10);
+
+    bench_peer p = {0};
+    if (peer) {
+        char args[64];
+        snprintf(args, sizeof args, "%s %d %d", gpu ? "cuda" : "cpu", K, R);
+        bench_run_peer(&p, "overhead.py", args);
+    } else {
+        snprintf(p.status, sizeof p.status, "PyTorch: not run (--no-peer)");
+    }
+    char title[256];
+    snprintf(title, sizeof title, "Small-op overhead on %s (median of %d batches of %d ops, warm-up first)",
+             device, R, K);
+    bench_header(title, "microseconds per op", &p);
+    bench_row("add, 1 element, no tape", plain, bench_peer_get(&p, "add_plain"));
+    bench_row("add, 1 element, recorded by a tape", taped, bench_peer_get(&p, "add_taped"));
+    bench_row("(x*x + x).sum() fwd+bwd, 16 elements", fb, bench_peer_get(&p, "fwd_bwd"));
+    nb_release(xa);
+    nb_release(xb);
+    nb_release(x16);
+    nb_device_pop();
+}
+
 int main(int argc, char **argv)
 {
     bool peer = true;
+    const char *device = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--ops") && i + 1 < argc)
             K = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             R = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc)
+            device = argv[++i];
         else if (!strcmp(argv[i], "--no-peer"))
             peer = false;
         else {
-            fprintf(stderr, "usage: %s [--ops K] [--reps R] [--no-peer]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--device NAME] [--ops K] [--reps R] [--no-peer]\n", argv[0]);
             return 2;
         }
     }
@@ -79,30 +122,15 @@ int main(int argc, char **argv)
     if (R < 1)
         R = 1;
     nb_set_error_handler(nb_error_handler_exit, NULL);
-
-    xa = nb_ones(NB_F32, NB_SHAPE(1));
-    xb = nb_ones(NB_F32, NB_SHAPE(1));
-    x16 = nb_random_normal(NB_F32, NB_SHAPE(16), 0, 1, 1);
-    double plain = median_us(add_plain, K);
-    double taped = median_us(add_taped, K);
-    double fb = median_us(fwd_bwd, K / 10);
-
-    bench_peer p = {0};
-    if (peer) {
-        char args[64];
-        snprintf(args, sizeof args, "%d %d", K, R);
-        bench_run_peer(&p, "overhead.py", args);
-    } else {
-        snprintf(p.status, sizeof p.status, "PyTorch: not run (--no-peer)");
+    nb_set_soft_placement(false); /* never time the CPU in place of a missing GPU */
+    if (device) {
+        measure(device, peer);
+        return 0;
     }
-    bench_header("Small-op overhead on /cpu:0 (median of batches, warm-up first)",
-                 "microseconds per op", &p);
-    bench_row("add, 1 element, no tape", plain, bench_peer_get(&p, "add_plain"));
-    bench_row("add, 1 element, recorded by a tape", taped, bench_peer_get(&p, "add_taped"));
-    bench_row("(x*x + x).sum() fwd+bwd, 16 elements", fb, bench_peer_get(&p, "fwd_bwd"));
-
-    nb_release(xa);
-    nb_release(xb);
-    nb_release(x16);
+    measure("/cpu:0", peer);
+    if (nb_device_count(NB_DEVICE_GPU) > 0)
+        measure("/gpu:0", peer);
+    else
+        printf("\nSmall-op overhead on /gpu:0\n(no GPU: skipped%s)\n", nb_cuda_built() ? "" : "; this build has no CUDA");
     return 0;
 }

@@ -1,6 +1,9 @@
-"""PyTorch side of bench/overhead.c: per-op overhead of tiny ops on the CPU.
+"""PyTorch side of bench/overhead.c: per-op overhead of tiny ops.
 
-Prints one line per figure, "name microseconds", or "PyTorch: not installed"."""
+Arguments: device ("cpu" or "cuda"), ops per timed batch, timed batches. On
+CUDA each batch ends with one torch.cuda.synchronize(). Prints one line per
+figure, "name microseconds", or "PyTorch: ..." when PyTorch or the device is
+missing."""
 import statistics
 import sys
 import time
@@ -13,8 +16,19 @@ except Exception:  # ImportError, or a broken install
     print("PyTorch: not installed")
     sys.exit(0)
 
-K = int(sys.argv[1]) if len(sys.argv) > 1 else 1000  # ops per timed batch
-R = int(sys.argv[2]) if len(sys.argv) > 2 else 200   # timed batches
+DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cpu"
+K = int(sys.argv[2]) if len(sys.argv) > 2 else 1000  # ops per timed batch
+R = int(sys.argv[3]) if len(sys.argv) > 3 else 200   # timed batches
+cuda = DEVICE == "cuda"
+if cuda and not torch.cuda.is_available():
+    print("PyTorch: no CUDA device")
+    sys.exit(0)
+dev = torch.device("cuda:0" if cuda else "cpu")
+
+
+def sync():
+    if cuda:
+        torch.cuda.synchronize()
 
 
 def median_us(fn, per):
@@ -29,35 +43,34 @@ def median_us(fn, per):
 
 
 torch.set_grad_enabled(True)
-x = torch.ones(1)
-y = torch.ones(1)
+x = torch.rand(1, device=dev) + 1
+y = torch.rand(1, device=dev) + 1
+xg = (torch.rand(1, device=dev) + 1).requires_grad_()
+x16 = torch.randn(16, device=dev, requires_grad=True)
 
 
 def add_plain():
     for _ in range(K):
         x + y
-
-
-xg = torch.ones(1, requires_grad=True)
+    sync()
 
 
 def add_taped():
     for _ in range(K):
         xg + y
-
-
-x16 = torch.randn(16, requires_grad=True)
+    sync()
 
 
 def fwd_bwd():
     for _ in range(K // 10):
         x16.grad = None
         (x16 * x16 + x16).sum().backward()
+    sync()
 
 
 print("version", torch.__version__)
-print("threads", torch.get_num_threads())
+if not cuda:
+    print("threads", torch.get_num_threads())
 print("add_plain", median_us(add_plain, K))
 print("add_taped", median_us(add_taped, K))
 print("fwd_bwd", median_us(fwd_bwd, K // 10))
-sys.stdout.flush()
