@@ -140,6 +140,14 @@ uint64_t nb__next_tensor_id(void);
 
 /* ---- threads ---------------------------------------------------------------- */
 
+/* Makes sure the calling thread's caches (pooled tensors and storage headers,
+ * spare scopes) are freed when it exits. Cheap after the first call. */
+void nb__thread_track(void);
+/* Each frees its part of the calling thread's caches (called at thread exit). */
+void nb__tensor_pool_drain(void);
+void nb__storage_pool_drain(void);
+void nb__scope_spares_drain(void);
+
 /* Runs fn(ctx, begin, end) over [0, n) in chunks of at least grain, on the pool's
  * threads and the caller; returns when all are done. Runs inline when n < 2*grain
  * or the pool has one thread. */

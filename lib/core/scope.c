@@ -25,6 +25,7 @@ nb_scope *nb_scope_begin(void)
     if (s) {
         tl_spare = s->parent;
     } else {
+        nb__thread_track();
         s = calloc(1, sizeof *s);
         if (!s)
             return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "nb_scope_begin: out of host memory");
@@ -148,8 +149,7 @@ void nb__scope_forget_tape(nb_scope *s, nb_tape *tape)
             s->tapes[i] = NULL;
 }
 
-/* Frees the spare scopes when the thread exits. */
-__attribute__((destructor)) static void scope_cleanup(void)
+void nb__scope_spares_drain(void)
 {
     while (tl_spare) {
         nb_scope *s = tl_spare;
@@ -159,3 +159,6 @@ __attribute__((destructor)) static void scope_cleanup(void)
         free(s);
     }
 }
+
+/* The main thread's spares at process exit (other threads drain at their exit). */
+__attribute__((destructor)) static void scope_cleanup(void) { nb__scope_spares_drain(); }

@@ -36,12 +36,24 @@ nb_storage *nb__storage_new(nb_device *dev, size_t nbytes)
     return s;
 }
 
+void nb__storage_pool_drain(void)
+{
+    while (tl_pool) {
+        nb_storage *s = tl_pool;
+        tl_pool = s->next_free;
+        free(s);
+    }
+    tl_pool_n = 0;
+}
+
 void nb__storage_release(nb_storage *s)
 {
     if (!s || atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
         return;
     s->device->backend->free(s->device, s->data, s->nbytes);
     if (tl_pool_n < NB_STORAGE_POOL_MAX) {
+        if (tl_pool_n == 0)
+            nb__thread_track();
         s->next_free = tl_pool;
         tl_pool = s;
         tl_pool_n++;

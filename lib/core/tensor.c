@@ -43,11 +43,23 @@ static nb_tensor *tensor_alloc(void)
     return t;
 }
 
+void nb__tensor_pool_drain(void)
+{
+    while (tl_pool) {
+        nb_tensor *t = tl_pool;
+        tl_pool = t->next_free;
+        free(t);
+    }
+    tl_pool_n = 0;
+}
+
 static void tensor_free(nb_tensor *t)
 {
     nb__storage_release(t->storage);
     atomic_fetch_sub_explicit(&g_live, 1, memory_order_relaxed);
     if (tl_pool_n < NB_TENSOR_POOL_MAX) {
+        if (tl_pool_n == 0)
+            nb__thread_track();
         t->next_free = tl_pool;
         tl_pool = t;
         tl_pool_n++;

@@ -76,6 +76,32 @@ static void pool_init(void)
     g_pool.n_threads = started;
 }
 
+/* ---- per-thread caches ---- */
+
+static pthread_key_t g_exit_key;
+static pthread_once_t g_exit_once = PTHREAD_ONCE_INIT;
+static _Thread_local bool tl_tracked;
+
+static void thread_exit(void *unused)
+{
+    (void)unused;
+    nb__scope_spares_drain();
+    nb__tensor_pool_drain();
+    nb__storage_pool_drain();
+}
+
+static void exit_key_init(void) { (void)pthread_key_create(&g_exit_key, thread_exit); }
+
+void nb__thread_track(void)
+{
+    if (tl_tracked)
+        return;
+    tl_tracked = true;
+    pthread_once(&g_exit_once, exit_key_init);
+    /* Any non-NULL value makes the destructor run at thread exit. */
+    (void)pthread_setspecific(g_exit_key, &tl_tracked);
+}
+
 int nb__thread_count(void)
 {
     pthread_once(&g_pool_once, pool_init);
