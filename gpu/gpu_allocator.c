@@ -259,8 +259,7 @@ static bool usable_by(block *b, nb_gpu_ctx *c)
         b->event_pending = false;
         return true;
     }
-    if (e != cudaErrorNotReady)
-        (void)cudaGetLastError();
+    (void)cudaGetLastError(); /* NotReady too, so that no later launch check reports it */
     return false;
 }
 

@@ -22,7 +22,8 @@ __global__ void __launch_bounds__(kThreads) k_arange(Geo<1> g, char *out, Idx n,
     for (Idx i = (Idx)gtid(); i < n; i += (Idx)gstride()) {
         int64_t off[1];
         geo_offsets<Idx, 1>(g, i, off);
-        *reinterpret_cast<T_of<D> *>(out + off[0]) = st<D>(start + (double)i * step);
+        // _rn: no FMA contraction, so the values are the CPU's (a mul, then an add)
+        *reinterpret_cast<T_of<D> *>(out + off[0]) = st<D>(__dadd_rn(start, __dmul_rn((double)i, step)));
     }
 }
 
@@ -90,7 +91,7 @@ template <nb_unary_op OP, nb_dtype D> struct UnaryF {
             else
                 r = x < zero ? -x : x;
         } else if constexpr (OP == NB_UN_SIGN) {
-            r = m_isnan(x) ? x : C((x > zero) - (x < zero));
+            r = x > zero ? one : x < zero ? -one : x * zero; // as the CPU: NaN and -0 kept
         } else if constexpr (OP == NB_UN_EXP) {
             r = m_exp(x);
         } else if constexpr (OP == NB_UN_LOG) {
@@ -136,7 +137,8 @@ template <nb_unary_op OP, nb_dtype D> struct UnaryF {
             r = x * alpha;
         } else {
             static_assert(OP == NB_UN_POW_SCALAR, "unhandled unary op");
-            r = m_pow(x, alpha);
+            // exact for the exponents the CPU special-cases (CUDA's pow is within 2 ulp)
+            r = alpha == C(2) ? x * x : alpha == C(1) ? x : alpha == C(-1) ? one / x : m_pow(x, alpha);
         }
         return st<D>(r);
     }
@@ -208,15 +210,15 @@ template <nb_binary_op OP, nb_dtype D> struct BinaryF {
             } else if constexpr (OP == NB_BIN_DIV) {
                 if constexpr (is_float_v<D>)
                     r = a / b;
-                else
-                    r = b == C(0) ? C(0) : a / b; // integer division truncates; x / 0 gives 0
+                else // integer division truncates; x / 0 gives 0; MIN / -1 wraps (no UB)
+                    r = b == C(0) ? C(0) : b == C(-1) ? (C)((W)0 - (W)a) : a / b;
             } else if constexpr (OP == NB_BIN_POW) {
                 r = m_pow(a, b);
             } else if constexpr (OP == NB_BIN_MAX) {
-                r = (m_isnan(a) || a >= b) ? a : b; // NaN propagates from either side
+                r = (m_isnan(a) || a > b) ? a : b; // NaN propagates from either side; as the CPU on ties
             } else {
                 static_assert(OP == NB_BIN_MIN, "unhandled binary op");
-                r = (m_isnan(a) || a <= b) ? a : b;
+                r = (m_isnan(a) || a < b) ? a : b;
             }
             return st<D>(r);
         }
@@ -327,7 +329,7 @@ extern "C" nb_status nb__gpu_arange(nb_gpu_ctx *c, const nb_view *out, double st
     char *p = static_cast<char *>(out->data);
     return dispatch(out->dtype, [&](auto tag) -> nb_status {
         constexpr nb_dtype D = decltype(tag)::value;
-        if (n <= (int64_t)UINT32_MAX)
+        if (n <= (int64_t)INT32_MAX) // not UINT32_MAX: i += stride must not wrap
             k_arange<D, uint32_t><<<grid_for(c, n), kThreads, 0, c->stream>>>(g, p, (uint32_t)n, start, step);
         else
             k_arange<D, uint64_t><<<grid_for(c, n), kThreads, 0, c->stream>>>(g, p, (uint64_t)n, start, step);

@@ -85,6 +85,9 @@ template <nb_dtype D, class V> NBG_HD T_of<D> st(V v)
             return __float2bfloat16(static_cast<float>(v));
     } else if constexpr (D == NB_BOOL) {
         return v != V(0) ? 1 : 0;
+    } else if constexpr (D == NB_U8 && std::is_floating_point_v<V>) {
+        // through int32 as the CPU does (a direct float -> u8 conversion saturates)
+        return static_cast<uint8_t>(static_cast<int32_t>(v));
     } else {
         return static_cast<T_of<D>>(v);
     }
@@ -309,7 +312,7 @@ nb_status ew_launch(nb_gpu_ctx *c, const char *what, const F &f, const nb_view *
         vec = g.st[a][0] == (int64_t)sizes[a] && (uintptr_t)p.p[a] % (V * sizes[a]) == 0;
     if (vec) {
         k_ew_vec<V, F, Out, Ins...><<<grid_for(c, (n + V - 1) / V), kThreads, 0, c->stream>>>(f, n, p);
-    } else if (n <= (int64_t)UINT32_MAX) {
+    } else if (n <= (int64_t)INT32_MAX) { // not UINT32_MAX: i += stride must not wrap
         if (g.nd == 0) { // a single element
             g.nd = 1;
             g.shape[0] = 1;

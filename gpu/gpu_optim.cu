@@ -44,10 +44,11 @@ __global__ void __launch_bounds__(kThreads)
     using C = typename DT<D>::Acc;
     const C lr = (C)lr_, b1 = (C)b1_, b2 = (C)b2_, eps = (C)eps_, wd = (C)wd_;
     const C inv_bc1 = (C)(1.0 / bc1_), inv_bc2 = (C)(1.0 / bc2_);
+    const C c1 = (C)(1.0 - b1_), c2 = (C)(1.0 - b2_); // in double, as the CPU
     for (int64_t i = gtid(); i < n; i += gstride()) {
         const C p = ld<D>(source[i]), g = ld<D>(grad[i]);
-        const C m = b1 * static_cast<C>(ld<D>(m1[i])) + (C(1) - b1) * g;
-        const C v = b2 * static_cast<C>(ld<D>(m2[i])) + (C(1) - b2) * g * g;
+        const C m = b1 * static_cast<C>(ld<D>(m1[i])) + c1 * g;
+        const C v = b2 * static_cast<C>(ld<D>(m2[i])) + c2 * g * g;
         m1[i] = st<D>(m);
         m2[i] = st<D>(v);
         const C step = (m * inv_bc1) / (m_sqrt(v * inv_bc2) + eps);

@@ -102,13 +102,14 @@ __global__ void __launch_bounds__(kThreads) k_random(Geo<1> g, char *out, Idx n,
     for (Idx i = (Idx)gtid(); i < n; i += (Idx)gstride()) {
         T_of<D> v;
         if constexpr (DIST == NB_RAND_UNIFORM) {
-            v = st<D>(a + (b - a) * uniform01(seed, (uint64_t)i));
+            // _rn: no FMA contraction, so the values are the CPU's (a mul, then an add)
+            v = st<D>(__dadd_rn(a, __dmul_rn(b - a, uniform01(seed, (uint64_t)i))));
             if (b > a && (double)ld<D>(v) >= b)
                 v = below<D>(b, a);
         } else if constexpr (DIST == NB_RAND_NORMAL) {
-            v = st<D>(a + b * normal01(seed, (uint64_t)i, 0));
+            v = st<D>(__dadd_rn(a, __dmul_rn(b, normal01(seed, (uint64_t)i, 0))));
         } else {
-            v = st<D>(a + b * truncated01(seed, (uint64_t)i));
+            v = st<D>(__dadd_rn(a, __dmul_rn(b, truncated01(seed, (uint64_t)i))));
         }
         int64_t off[1];
         geo_offsets<Idx, 1>(g, i, off);
@@ -155,7 +156,7 @@ extern "C" nb_status nb__gpu_random(nb_gpu_ctx *c, const nb_view *out, nb_random
     char *p = static_cast<char *>(out->data);
     return dispatch_float(out->dtype, c, "random", [&](auto tag) -> nb_status {
         constexpr nb_dtype D = decltype(tag)::value;
-        if (n <= (int64_t)UINT32_MAX)
+        if (n <= (int64_t)INT32_MAX) // not UINT32_MAX: i += stride must not wrap
             return launch<D, uint32_t>(c, g, p, (uint32_t)n, dist, a, b, seed);
         return launch<D, uint64_t>(c, g, p, (uint64_t)n, dist, a, b, seed);
     });

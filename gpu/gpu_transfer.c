@@ -75,6 +75,7 @@ nb_status nb__gpu_copy_from_host(nb_device *dev, void *dst, const void *src, siz
             call = "cudaEventQuery";
             e = cudaEventQuery(c->stage_event[s]);
             if (e == cudaErrorNotReady) {
+                (void)cudaGetLastError(); /* not an error: keep it from a later launch check */
                 nb__gpu_count_wait(c);
                 call = "cudaEventSynchronize";
                 e = cudaEventSynchronize(c->stage_event[s]);
