@@ -3,22 +3,6 @@
 
 #include <string.h>
 
-#define SHAPE_OF(t) (t)->ndim, (t)->shape
-
-/* Whether a hand-made view of part of a tensor is row-major with no gaps. */
-static bool view_is_contiguous(const nb_view *v)
-{
-    if (v->numel == 0)
-        return true;
-    int64_t expect = (int64_t)nb_dtype_size(v->dtype);
-    for (int d = v->ndim - 1; d >= 0; d--) {
-        if (v->shape[d] != 1 && v->strides[d] != expect)
-            return false;
-        expect *= v->shape[d];
-    }
-    return true;
-}
-
 /* ---- cast --------------------------------------------------------------------- */
 
 static nb_status cast_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
@@ -107,7 +91,7 @@ nb_tensor *nb_pad(const nb_tensor *x, nb_shape before, nb_shape after, double va
             part.shape[i] = x->shape[i];
         }
         part.numel = x->numel;
-        part.contiguous = view_is_contiguous(&part);
+        part.contiguous = nb__view_is_contiguous(&part);
         nb_view vi = nb__view(in[0]);
         out = nb__kernel_done(dev->backend->copy(dev, &part, &vi), out);
     }

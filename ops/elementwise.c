@@ -30,8 +30,6 @@ static nb_tensor *binary(const nb_op_def *def, nb_binary_op kop, unsigned mask, 
     return cmp ? nb__own(out) : nb__finish(def, 2, in, out, NULL);
 }
 
-#define SHAPE_OF(t) (t)->ndim, (t)->shape
-
 static nb_status add_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
 {
     gi[0] = nb__sum_to(g[0], SHAPE_OF(n->in[0]));

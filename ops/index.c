@@ -4,7 +4,6 @@
 
 #include <string.h>
 
-#define SHAPE_OF(t) (t)->ndim, (t)->shape
 
 /* t itself when contiguous, else a private contiguous copy on t's device (not
  * scoped, not recorded: the caller records the op with t itself). *tmp receives

@@ -7,6 +7,9 @@
 #include "lib/core/core.h"
 #include "tape/record.h"
 
+/* A tensor's (ndim, shape) as two arguments, for nb__sum_to and friends. */
+#define SHAPE_OF(t) (t)->ndim, (t)->shape
+
 /* Bit masks of dtypes an op accepts. */
 #define NB_MASK(d) (1u << (d))
 #define NB_FLOATS (NB_MASK(NB_F32) | NB_MASK(NB_F64) | NB_MASK(NB_F16) | NB_MASK(NB_BF16))

@@ -7,27 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SHAPE_OF(t) (t)->ndim, (t)->shape
-
 static nb_shape shape_of(const nb_tensor *t)
 {
     nb_shape s = {t->ndim, {0}};
     memcpy(s.dims, t->shape, sizeof(int64_t) * (size_t)t->ndim);
     return s;
-}
-
-/* Whether a hand-made view of part of a tensor is row-major with no gaps. */
-static bool view_is_contiguous(const nb_view *v)
-{
-    if (v->numel == 0)
-        return true;
-    int64_t expect = (int64_t)nb_dtype_size(v->dtype);
-    for (int d = v->ndim - 1; d >= 0; d--) {
-        if (v->shape[d] != 1 && v->strides[d] != expect)
-            return false;
-        expect *= v->shape[d];
-    }
-    return true;
 }
 
 /* Copies in (any strides) into a fresh contiguous tensor of in's shape laid out
@@ -502,7 +486,7 @@ static nb_tensor *join(const nb_op_def *def, bool stacking, int n, nb_tensor *co
             pos += x->shape[a];
         }
         part.numel = x->numel;
-        part.contiguous = view_is_contiguous(&part);
+        part.contiguous = nb__view_is_contiguous(&part);
         if (x->numel == 0)
             continue;
         nb_view vx = nb__view(x);

@@ -55,6 +55,9 @@ nb_view nb__view(const nb_tensor *t);
 /* The kernel view of t broadcast to shape (ndim >= t's; stride 0 on new dims). */
 nb_view nb__view_broadcast(const nb_tensor *t, int ndim, const int64_t *shape);
 
+/* Whether a view (say, of part of a tensor) is row-major with no gaps. */
+bool nb__view_is_contiguous(const nb_view *v);
+
 /* A new contiguous tensor with uninitialised storage on dev, not owned by any
  * scope (refs = 1). NULL and an error on failure. */
 nb_tensor *nb__tensor_new(nb_device *dev, nb_dtype dtype, int ndim, const int64_t *shape);

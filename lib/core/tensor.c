@@ -201,6 +201,19 @@ nb_view nb__view(const nb_tensor *t)
     return v;
 }
 
+bool nb__view_is_contiguous(const nb_view *v)
+{
+    if (v->numel == 0)
+        return true;
+    int64_t expect = (int64_t)nb_dtype_size(v->dtype);
+    for (int d = v->ndim - 1; d >= 0; d--) {
+        if (v->shape[d] != 1 && v->strides[d] != expect)
+            return false;
+        expect *= v->shape[d];
+    }
+    return true;
+}
+
 nb_view nb__view_broadcast(const nb_tensor *t, int ndim, const int64_t *shape)
 {
     nb_view v;
