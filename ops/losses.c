@@ -18,9 +18,7 @@ static bool check_logits_2d(const char *op, const nb_tensor *logits)
 
 static bool same_shape(const char *op, const nb_tensor *a, const char *an, const nb_tensor *b, const char *bn)
 {
-    bool same = a->ndim == b->ndim;
-    for (int i = 0; same && i < a->ndim; i++)
-        same = a->shape[i] == b->shape[i];
+    bool same = nb__same_shape(a, b);
     if (!same) {
         char sa[NB_SHAPE_STR_MAX], sb[NB_SHAPE_STR_MAX];
         nb__fail(NB_ERR_SHAPE, "%s: %s %s and %s %s must have the same shape", op, an,

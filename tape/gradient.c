@@ -20,10 +20,7 @@ static nb_status accumulate(nb_idmap *grads, uint64_t id, nb_tensor *g)
 static nb_status check_grad(const nb_node *node, int k, const nb_tensor *g)
 {
     const nb_tensor *x = node->in[k];
-    bool same = g->ndim == x->ndim && g->dtype == x->dtype;
-    for (int i = 0; same && i < x->ndim; i++)
-        same = g->shape[i] == x->shape[i];
-    if (same)
+    if (g->dtype == x->dtype && nb__same_shape(g, x))
         return NB_OK;
     char a[NB_SHAPE_STR_MAX], b[NB_SHAPE_STR_MAX];
     return nb__fail(NB_ERR_INTERNAL, "nb_tape_gradient: gradient of %s input %d is %s %s, expected %s %s",
@@ -88,16 +85,6 @@ done:
     return st;
 }
 
-static bool same_shape(const nb_tensor *a, const nb_tensor *b)
-{
-    if (a->ndim != b->ndim)
-        return false;
-    for (int i = 0; i < a->ndim; i++)
-        if (a->shape[i] != b->shape[i])
-            return false;
-    return true;
-}
-
 static nb_status gradient_ids(nb_tape *tape, const nb_tensor *target, const nb_tensor *seed, int n,
                               const uint64_t *ids, nb_tensor *const *like, nb_tensor **out,
                               nb_unconnected unconnected)
@@ -121,7 +108,7 @@ static nb_status gradient_ids(nb_tape *tape, const nb_tensor *target, const nb_t
         return nb__fail(NB_ERR_DTYPE, "%s: target is %s: only floating dtypes have gradients", who,
                         nb_dtype_name(target->dtype));
     if (seed) {
-        if (seed->dtype != target->dtype || !same_shape(seed, target)) {
+        if (seed->dtype != target->dtype || !nb__same_shape(seed, target)) {
             char a[NB_SHAPE_STR_MAX], b[NB_SHAPE_STR_MAX];
             return nb__fail(NB_ERR_SHAPE, "%s: output gradient %s %s does not match target %s %s", who,
                             nb_dtype_name(seed->dtype), nb__shape_str(seed->ndim, seed->shape, a, sizeof a),

@@ -70,6 +70,8 @@ void nb__release(nb_tensor *t);
 /* Hands a fresh reference to the current scope (or the caller) and returns t. */
 nb_tensor *nb__own(nb_tensor *t);
 
+/* Whether a and b have the same dims (dtype and strides aside). */
+bool nb__same_shape(const nb_tensor *a, const nb_tensor *b);
 /* Recomputes numel and the contiguous flag from shape and strides. */
 void nb__tensor_finish_geometry(nb_tensor *t);
 /* Row-major byte strides for a shape. */

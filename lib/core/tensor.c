@@ -201,6 +201,16 @@ nb_view nb__view(const nb_tensor *t)
     return v;
 }
 
+bool nb__same_shape(const nb_tensor *a, const nb_tensor *b)
+{
+    if (a->ndim != b->ndim)
+        return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] != b->shape[i])
+            return false;
+    return true;
+}
+
 bool nb__view_is_contiguous(const nb_view *v)
 {
     if (v->numel == 0)

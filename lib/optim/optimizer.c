@@ -223,9 +223,7 @@ static nb_status check_pair(const char *who, int i, nb_variable *v, const nb_ten
     if (!nb__is_floating(x->dtype))
         return nb__fail(NB_ERR_DTYPE, "%s: variable '%s' is %s: only floating variables can be trained", who,
                         name, nb_dtype_name(x->dtype));
-    bool same_shape = g->ndim == x->ndim;
-    for (int d = 0; same_shape && d < x->ndim; d++)
-        same_shape = g->shape[d] == x->shape[d];
+    bool same_shape = nb__same_shape(g, x);
     if (!same_shape || g->dtype != x->dtype) {
         char sx[NB_SHAPE_STR_MAX], sg[NB_SHAPE_STR_MAX];
         return nb__fail(!same_shape ? NB_ERR_SHAPE : NB_ERR_DTYPE, "%s: variable '%s' is %s %s, gradient %d is %s %s",

@@ -155,9 +155,7 @@ static nb_status assign(nb_variable *v, const nb_tensor *value, assign_kind kind
         return nb_error() ? nb_error()
                           : nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: value for variable '%s' is NULL", who, v->name);
     nb_tensor *cur = v->value;
-    bool same_shape = value->ndim == cur->ndim;
-    for (int i = 0; same_shape && i < cur->ndim; i++)
-        same_shape = value->shape[i] == cur->shape[i];
+    bool same_shape = nb__same_shape(value, cur);
     if (!same_shape || value->dtype != cur->dtype) {
         char sv[NB_SHAPE_STR_MAX], sx[NB_SHAPE_STR_MAX];
         return nb__fail(!same_shape ? NB_ERR_SHAPE : NB_ERR_DTYPE, "%s: variable '%s' is %s %s, value is %s %s", who,
