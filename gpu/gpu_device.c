@@ -11,6 +11,16 @@ static int g_n_phys;
 bool nb__gpu_built(void) { return true; }
 
 int nb__gpu_phys_count(void) { return g_n_phys; }
+
+int nb__gpu_physical_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError(); /* no driver, no device: simply none */
+        return 0;
+    }
+    return n < NB_GPU_MAX_PHYS ? n : NB_GPU_MAX_PHYS;
+}
 nb_gpu_phys *nb__gpu_phys_at(int i) { return i >= 0 && i < g_n_phys ? &g_phys[i] : NULL; }
 
 static void read_properties(nb_gpu_phys *p)

@@ -16,6 +16,8 @@ int nb__gpu_discover(nb_device *devices, int max, int logical_per_gpu)
 
 bool nb__gpu_built(void) { return false; }
 
+int nb__gpu_physical_count(void) { return 0; }
+
 static nb_status unsupported(const char *who)
 {
     return nb__fail(NB_ERR_UNSUPPORTED, "%s: this build of nabla has no CUDA backend", who);

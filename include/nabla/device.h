@@ -28,6 +28,11 @@ typedef enum nb_device_kind { NB_DEVICE_CPU = 0, NB_DEVICE_GPU = 1 } nb_device_k
 nb_status nb_set_logical_cpu_devices(int n);
 nb_status nb_set_logical_gpu_devices(int n_per_gpu);
 
+/* Number of physical GPUs (0 when none is found or CUDA is off). Unlike
+ * nb_device_count it does not fix the device settings, so a program can ask it
+ * before choosing how to split GPUs with nb_set_logical_gpu_devices. */
+int nb_physical_gpu_count(void);
+
 /* Number of devices of a kind (GPUs: 0 when none is found or CUDA is off). */
 int nb_device_count(nb_device_kind kind);
 

@@ -12,6 +12,7 @@
 #include <nabla/optimizer.h>
 #include <nabla/data.h>
 #include <nabla/gpu.h>
+#include <nabla/distribute.h>
 
 #define NB_VERSION_MAJOR 0
 #define NB_VERSION_MINOR 1

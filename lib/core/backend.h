@@ -51,8 +51,32 @@ typedef struct nb_update_params {
     const void *source;
 } nb_update_params;
 
+/* A collective library over several devices of one kind (NCCL on GPUs): what the
+ * mirrored strategy uses when every replica is a distinct physical device. The
+ * same shape serves a later multi-process (MPI) path. Every rank's calls come
+ * from that rank's own thread, all ranks making the same calls in the same order. */
+typedef struct nb_collective {
+    const char *name; /* "nccl" */
+    /* A communicator over n devices, rank r being devs[r]: writes it to *comm.
+     * NB_ERR_UNSUPPORTED (recorded) when these devices cannot share one (two
+     * logical devices on one card, a device of another kind, too few devices);
+     * NB_ERR_BACKEND when the library fails. */
+    nb_status (*comm_new)(int n, nb_device *const *devs, void **comm);
+    /* Sums count elements of dtype across ranks: recv[i] = sum over ranks of
+     * send[i] (send == recv is in place). Queued on rank's device in stream order
+     * after the work already queued there; returns once queued. n_bufs calls are
+     * made as one group. NB_ERR_DTYPE for a dtype it cannot sum. */
+    nb_status (*all_reduce_sum)(void *comm, int rank, int n_bufs, const void *const *send,
+                                void *const *recv, const int64_t *counts, nb_dtype dtype);
+    /* Frees the communicator after waiting for its queued work; NULL is ignored. */
+    void (*comm_free)(void *comm);
+} nb_collective;
+
 struct nb_backend {
     const char *name;
+
+    /* Collectives across devices of this kind; NULL when there are none. */
+    const nb_collective *collective;
 
     /* ---- memory ---- */
     /* nbytes of device memory (16-byte aligned at least), or NULL and
@@ -135,5 +159,8 @@ extern const nb_backend nb__cpu_backend;
  * driver or CUDA off all give 0. */
 int nb__gpu_discover(nb_device *devices, int max, int logical_per_gpu);
 bool nb__gpu_built(void);
+/* Number of physical GPUs the driver reports (0 with no GPU, no driver or CUDA
+ * off), without creating any device state: callable before the registry exists. */
+int nb__gpu_physical_count(void);
 
 #endif

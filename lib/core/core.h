@@ -143,6 +143,17 @@ void nb__log_op(const char *op, const nb_device *dev);
 
 uint64_t nb__next_tensor_id(void);
 
+/* ---- replicas ----------------------------------------------------------------- */
+
+/* Marks the calling thread as running replica index of the strategy with the
+ * given id (lib/distribute), until nb__replica_leave. */
+void nb__replica_enter(uint64_t strategy, int index);
+void nb__replica_leave(void);
+/* The replica of that strategy the calling thread runs; -1 when none. */
+int nb__replica_of(uint64_t strategy);
+/* The id of the strategy the calling thread runs a replica of; 0 when none. */
+uint64_t nb__replica_strategy(void);
+
 /* ---- threads ---------------------------------------------------------------- */
 
 /* Makes sure the calling thread's caches (pooled tensors and storage headers,

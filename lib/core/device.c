@@ -79,6 +79,8 @@ const char *nb_device_name(nb_device_kind kind, int index)
 
 bool nb_cuda_built(void) { return nb__gpu_built(); }
 
+int nb_physical_gpu_count(void) { return nb__gpu_physical_count(); }
+
 nb_device *nb__device_cpu0(void)
 {
     ensure_init();

@@ -7,7 +7,15 @@
  * variable's address may come back for a new one). The update itself is one
  * fused kernel of the variable's device: in place, or out of place into a fresh
  * buffer when a read still holds the value (see nb__variable_update_target).
- * Nothing is recorded on tapes. */
+ * Nothing is recorded on tapes.
+ *
+ * A mirrored variable is updated copy by copy with the same gradient and one
+ * step count, and each copy keeps its own slots on its own device. The mirrored
+ * strategy drives the same machinery in three parts (optimizer_impl.h): slots
+ * are made first on one thread, then each replica updates its own copies
+ * concurrently, then the iteration is counted once. */
+#include "optimizer_impl.h"
+
 #include "lib/core/backend.h"
 #include "lib/variable/variable_impl.h"
 #include "ops/op.h"
@@ -190,12 +198,21 @@ static nb_tensor *zeros_like_value(const nb_tensor *t)
     return z;
 }
 
-/* Makes sure the variable's slots exist; returns the entry or NULL. */
-static slot_entry *slots_for(nb_optimizer *opt, nb_variable *v, const char *who)
+/* Makes sure the variable's slots exist (or with create false, that they do:
+ * the table is then only read, so replicas may call it at once); returns the
+ * entry or NULL. */
+static slot_entry *slots_for(nb_optimizer *opt, nb_variable *v, bool create, const char *who)
 {
     static slot_entry none;
     if (opt->kind == OPT_SGD)
         return &none;
+    if (!create) {
+        slot_entry *e = opt->cap ? slot_lookup(opt->slots, opt->cap, nb__variable_uid(v)) : NULL;
+        if (!e || e->uid != nb__variable_uid(v) || !e->s1 || (opt->kind == OPT_ADAM && !e->s2))
+            return nb__fail_null(NB_ERR_INTERNAL, "%s: the slots of '%s' were not prepared", who,
+                                 nb_variable_name(v));
+        return e;
+    }
     slot_entry *e = slot_entry_for(opt, nb__variable_uid(v), who);
     if (!e)
         return NULL;
@@ -254,25 +271,44 @@ static const nb_tensor *prepare_grad(const nb_tensor *g, nb_device *dev)
     return nb__own(c);
 }
 
-nb_status nb_optimizer_apply(nb_optimizer *opt, int n, nb_variable *const *vars, nb_tensor *const *grads)
+/* Checks the arguments of an apply and every (variable, gradient) pair. */
+static nb_status check_apply(const char *who, nb_optimizer *opt, int n, nb_variable *const *vars,
+                             nb_tensor *const *grads)
 {
-    const char *who = "nb_optimizer_apply";
     if (!opt)
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: optimizer is NULL", who);
     if (n < 0)
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: n is %d", who, n);
     if (n > 0 && (!vars || !grads))
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: the %s array is NULL", who, !vars ? "variable" : "gradient");
-
-    /* 1. Check everything before anything changes. */
     for (int i = 0; i < n; i++) {
         nb_status st = check_pair(who, i, vars[i], grads[i]);
         if (st)
             return st;
     }
+    return NB_OK;
+}
 
-    /* 2. Gradients on their variables' devices, slots allocated, values writable:
-     * what can fail for want of memory fails here, before any variable moves. */
+nb_status nb__optimizer_prepare(nb_optimizer *opt, int n, nb_variable *const *vars, const char *who)
+{
+    nb_status st = NB_OK;
+    int token = nb__tapes_pause();
+    for (int i = 0; i < n && !st; i++)
+        if (vars[i] && !slots_for(opt, vars[i], true, who))
+            st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
+    nb__tapes_resume(token);
+    return st;
+}
+
+void nb__optimizer_advance(nb_optimizer *opt) { opt->iterations++; }
+
+int64_t nb__optimizer_next_step(const nb_optimizer *opt) { return opt->iterations + 1; }
+
+nb_status nb__optimizer_update(nb_optimizer *opt, int n, nb_variable *const *vars, nb_tensor *const *grads,
+                               int64_t step, const char *who)
+{
+    /* Gradients on their variables' devices, slots found, values writable: what
+     * can fail for want of memory fails here, before any variable moves. */
     const nb_tensor *small[16];
     nb_tensor *small_targets[16];
     const nb_tensor **ready = n <= 16 ? small : malloc(sizeof *ready * (size_t)n);
@@ -293,7 +329,7 @@ nb_status nb_optimizer_apply(nb_optimizer *opt, int n, nb_variable *const *vars,
         if (!grads[i])
             continue;
         nb_tensor *x = nb__variable_value(vars[i]);
-        if (!(ready[i] = prepare_grad(grads[i], x->device)) || !slots_for(opt, vars[i], who))
+        if (!(ready[i] = prepare_grad(grads[i], x->device)) || !slots_for(opt, vars[i], false, who))
             st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
     }
     /* Where a read (or a gradient that is a view of it) still holds a value, the
@@ -310,9 +346,9 @@ nb_status nb_optimizer_apply(nb_optimizer *opt, int n, nb_variable *const *vars,
             targets[i] = t;
     }
 
-    /* 3. The updates. */
+    /* The updates. */
     nb_update_params p = opt->params;
-    p.step = opt->iterations + 1;
+    p.step = step;
     for (int i = 0; i < n && !st; i++) {
         if (!ready[i])
             continue;
@@ -341,8 +377,6 @@ nb_status nb_optimizer_apply(nb_optimizer *opt, int n, nb_variable *const *vars,
     }
     for (int i = 0; i < n; i++)
         nb__release(targets[i]); /* left over after a failure */
-    if (!st)
-        opt->iterations++;
 
     if (scope)
         nb_scope_end(scope);
@@ -351,5 +385,57 @@ nb_status nb_optimizer_apply(nb_optimizer *opt, int n, nb_variable *const *vars,
         free(ready);
     if (targets != small_targets)
         free(targets);
+    return st;
+}
+
+nb_status nb_optimizer_apply(nb_optimizer *opt, int n, nb_variable *const *vars, nb_tensor *const *grads)
+{
+    const char *who = "nb_optimizer_apply";
+    nb_status st = check_apply(who, opt, n, vars, grads);
+    if (st)
+        return st;
+
+    /* Mirrored variables become one pair per copy, all with the same gradient. */
+    int total = 0;
+    for (int i = 0; i < n; i++) {
+        int copies = nb_variable_replicas(vars[i]);
+        if (copies && nb__replica_strategy() == nb__variable_mirror_owner(vars[i]))
+            return nb__fail(NB_ERR_INVALID_ARGUMENT,
+                            "%s: mirrored variable '%s' cannot be updated inside a replica function; "
+                            "nb_mirrored_step applies the update to every replica", who, nb_variable_name(vars[i]));
+        total += copies ? copies : 1;
+    }
+    nb_variable *small_vars[16];
+    nb_tensor *small_grads[16];
+    nb_variable **pv = (nb_variable **)vars;
+    nb_tensor **pg = (nb_tensor **)grads;
+    if (total != n) {
+        pv = total <= 16 ? small_vars : malloc(sizeof *pv * (size_t)total);
+        pg = total <= 16 ? small_grads : malloc(sizeof *pg * (size_t)total);
+        if (!pv || !pg) {
+            if (pv != small_vars)
+                free(pv);
+            if (pg != small_grads)
+                free(pg);
+            return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+        }
+        int k = 0;
+        for (int i = 0; i < n; i++) {
+            int copies = nb_variable_replicas(vars[i]);
+            for (int r = 0; r < (copies ? copies : 1); r++) {
+                pv[k] = nb__variable_copy(vars[i], r);
+                pg[k++] = grads[i];
+            }
+        }
+    }
+    st = nb__optimizer_prepare(opt, total, pv, who);
+    if (!st)
+        st = nb__optimizer_update(opt, total, pv, pg, opt->iterations + 1, who);
+    if (!st)
+        opt->iterations++;
+    if (pv != (nb_variable **)vars && pv != small_vars)
+        free(pv);
+    if (pg != (nb_tensor **)grads && pg != small_grads)
+        free(pg);
     return st;
 }

@@ -6,7 +6,13 @@
  * value, the writer checks whether anyone else holds the tensor or a view of its
  * storage; if so the variable moves to a fresh tensor (copy-on-write) and the
  * tensors already read keep their values. Otherwise it is updated in place.
- * Nothing here is recorded on tapes. */
+ * Nothing here is recorded on tapes.
+ *
+ * A mirrored variable (made by a mirrored strategy) has no value of its own: it
+ * holds one plain variable per replica, all made from one initial value. Reads
+ * and the internal accessors go to the copy of the replica the calling thread
+ * runs (lib/core/replica.c), or to copy 0 outside any replica; assignments write
+ * every copy, so they stay equal. */
 #include "variable_impl.h"
 
 #include "lib/core/backend.h"
@@ -19,9 +25,23 @@
 struct nb_variable {
     char *name;
     bool trainable;
-    nb_tensor *value; /* contiguous, offset 0, one reference held by the variable */
+    nb_tensor *value; /* contiguous, offset 0, one reference held by the variable;
+                         NULL for a mirrored variable */
     uint64_t uid;
+    uint64_t mirror_owner; /* the strategy's id for a mirrored variable, else 0 */
+    int n_copies;
+    nb_variable **copies;  /* one plain variable per replica */
 };
+
+/* The variable the calling thread's reads and updates of v go to. */
+static inline nb_variable *local(nb_variable *v)
+{
+    if (!v->copies)
+        return v;
+    int r = nb__replica_of(v->mirror_owner);
+    return v->copies[r >= 0 ? r : 0];
+}
+static inline const nb_variable *local_const(const nb_variable *v) { return local((nb_variable *)v); }
 
 static atomic_uint_fast64_t g_next_uid = 1;
 
@@ -67,9 +87,63 @@ void nb_variable_free(nb_variable *v)
 {
     if (!v)
         return;
+    for (int i = 0; i < v->n_copies; i++)
+        nb_variable_free(v->copies[i]);
+    free(v->copies);
     nb__release(v->value);
     free(v->name);
     free(v);
+}
+
+nb_variable *nb__variable_mirrored_new(uint64_t owner, const char *name, int n, nb_device *const *devices,
+                                       const nb_tensor *initial, const char *who)
+{
+    if (!initial)
+        return nb_error() ? NULL
+                          : nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: initial value of '%s' is NULL", who,
+                                          name ? name : "");
+    nb_variable *v = calloc(1, sizeof *v);
+    char *copy = strdup(name ? name : "");
+    nb_variable **copies = calloc((size_t)n, sizeof *copies);
+    if (!v || !copy || !copies) {
+        free(v);
+        free(copy);
+        free(copies);
+        return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+    }
+    v->name = copy;
+    v->trainable = true;
+    v->uid = atomic_fetch_add_explicit(&g_next_uid, 1, memory_order_relaxed);
+    v->mirror_owner = owner;
+    v->copies = copies;
+    /* Every copy comes from the one initial value, so all start equal. */
+    int token = nb__tapes_pause();
+    nb_scope *scope = nb_scope_begin();
+    for (int r = 0; r < n && scope; r++) {
+        const nb_tensor *src = initial->device == devices[r] ? initial : nb__copy_to_device(initial, devices[r]);
+        if (!src || !(v->copies[r] = nb_variable_new(copy, src)))
+            break;
+        v->n_copies++;
+    }
+    if (scope)
+        nb_scope_end(scope);
+    nb__tapes_resume(token);
+    if (v->n_copies < n) {
+        nb_variable_free(v);
+        return nb_error() ? NULL : nb__fail_null(NB_ERR_INTERNAL, "%s: could not copy '%s' to every replica", who, name);
+    }
+    return v;
+}
+
+int nb_variable_replicas(const nb_variable *v) { return v ? v->n_copies : 0; }
+
+uint64_t nb__variable_mirror_owner(const nb_variable *v) { return v ? v->mirror_owner : 0; }
+
+nb_variable *nb__variable_copy(nb_variable *v, int r)
+{
+    if (!v || !v->copies)
+        return v;
+    return r >= 0 && r < v->n_copies ? v->copies[r] : NULL;
 }
 
 /* ---- reading -------------------------------------------------------------------- */
@@ -78,7 +152,7 @@ nb_tensor *nb_read(nb_variable *v)
 {
     if (!v)
         return nb__null_input("nb_read", 0);
-    nb_tensor *t = v->value;
+    nb_tensor *t = local(v)->value;
     nb__retain(t);
     if (!nb__own(t))
         return NULL;
@@ -95,8 +169,11 @@ bool nb_variable_trainable(const nb_variable *v) { return v && v->trainable; }
 
 void nb_variable_set_trainable(nb_variable *v, bool trainable)
 {
-    if (v)
-        v->trainable = trainable;
+    if (!v)
+        return;
+    v->trainable = trainable;
+    for (int i = 0; i < v->n_copies; i++)
+        v->copies[i]->trainable = trainable;
 }
 
 nb_shape nb_variable_shape(const nb_variable *v)
@@ -104,18 +181,19 @@ nb_shape nb_variable_shape(const nb_variable *v)
     nb_shape s = {0, {0}};
     if (!v)
         return s;
-    s.ndim = v->value->ndim;
-    memcpy(s.dims, v->value->shape, sizeof(int64_t) * (size_t)s.ndim);
+    const nb_tensor *t = local_const(v)->value;
+    s.ndim = t->ndim;
+    memcpy(s.dims, t->shape, sizeof(int64_t) * (size_t)s.ndim);
     return s;
 }
 
-nb_dtype nb_variable_dtype(const nb_variable *v) { return v ? v->value->dtype : NB_F32; }
+nb_dtype nb_variable_dtype(const nb_variable *v) { return v ? local_const(v)->value->dtype : NB_F32; }
 
-const char *nb_variable_device(const nb_variable *v) { return v ? v->value->device->name : NULL; }
+const char *nb_variable_device(const nb_variable *v) { return v ? local_const(v)->value->device->name : NULL; }
 
-uint64_t nb__variable_uid(const nb_variable *v) { return v ? v->uid : 0; }
+uint64_t nb__variable_uid(const nb_variable *v) { return v ? local_const(v)->uid : 0; }
 
-nb_tensor *nb__variable_value(nb_variable *v) { return v ? v->value : NULL; }
+nb_tensor *nb__variable_value(nb_variable *v) { return v ? local(v)->value : NULL; }
 
 /* ---- copy-on-write -------------------------------------------------------------- */
 
@@ -129,7 +207,7 @@ nb_tensor *nb__variable_update_target(nb_variable *v, const char *who)
 {
     if (!v)
         return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: variable is NULL", who);
-    nb_tensor *cur = v->value;
+    nb_tensor *cur = local(v)->value;
     if (!value_shared(cur))
         return cur;
     return nb__tensor_new(cur->device, cur->dtype, cur->ndim, cur->shape);
@@ -137,6 +215,7 @@ nb_tensor *nb__variable_update_target(nb_variable *v, const char *who)
 
 void nb__variable_commit(nb_variable *v, nb_tensor *t)
 {
+    v = local(v);
     if (t == v->value)
         return;
     nb__release(v->value);
@@ -147,6 +226,24 @@ void nb__variable_commit(nb_variable *v, nb_tensor *t)
 
 typedef enum { ASSIGN_SET, ASSIGN_ADD, ASSIGN_SUB } assign_kind;
 
+static nb_status assign(nb_variable *v, const nb_tensor *value, assign_kind kind, const char *who);
+
+/* Writes every copy of a mirrored variable; the checks run on copy 0 first so a
+ * bad value changes none of them. */
+static nb_status assign_mirrored(nb_variable *v, const nb_tensor *value, assign_kind kind, const char *who)
+{
+    if (nb__replica_strategy() == v->mirror_owner)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT,
+                        "%s: mirrored variable '%s' cannot be assigned inside a replica function (the "
+                        "replicas would race); assign it between steps", who, v->name);
+    for (int r = 0; r < v->n_copies; r++) {
+        nb_status st = assign(v->copies[r], value, kind, who);
+        if (st)
+            return st;
+    }
+    return NB_OK;
+}
+
 static nb_status assign(nb_variable *v, const nb_tensor *value, assign_kind kind, const char *who)
 {
     if (!v)
@@ -154,6 +251,8 @@ static nb_status assign(nb_variable *v, const nb_tensor *value, assign_kind kind
     if (!value)
         return nb_error() ? nb_error()
                           : nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: value for variable '%s' is NULL", who, v->name);
+    if (v->copies)
+        return assign_mirrored(v, value, kind, who);
     nb_tensor *cur = v->value;
     bool same_shape = nb__same_shape(value, cur);
     if (!same_shape || value->dtype != cur->dtype) {

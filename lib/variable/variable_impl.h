@@ -24,5 +24,17 @@ nb_tensor *nb__variable_update_target(nb_variable *v, const char *who);
  * for the reads that hold it. */
 void nb__variable_commit(nb_variable *v, nb_tensor *t);
 
+/* ---- mirrored variables (lib/distribute) ---------------------------------------
+ * The functions above act on the copy of the replica the calling thread runs
+ * (copy 0 outside any replica). */
+
+/* A trainable variable with one plain copy of initial on each of n devices,
+ * owned by the strategy with id owner. NULL and the error (naming who) on failure. */
+nb_variable *nb__variable_mirrored_new(uint64_t owner, const char *name, int n, nb_device *const *devices,
+                                       const nb_tensor *initial, const char *who);
+/* The owning strategy's id; 0 for a plain variable. */
+uint64_t nb__variable_mirror_owner(const nb_variable *v);
+/* Replica r's copy (a plain variable); v itself when v is plain; NULL out of range. */
+nb_variable *nb__variable_copy(nb_variable *v, int r);
 
 #endif

@@ -1,0 +1,186 @@
+/* nabla — the mirrored strategy: one model trained on several devices at once.
+ *
+ * A strategy holds N replicas, one per device. A variable made through it
+ * (nb_mirrored_variable_new) has one copy per replica, all made from one initial
+ * value. nb_mirrored_step splits a global batch along its first dimension
+ * (shares differ by at most one row), runs the user's step function on every
+ * replica concurrently (one host thread per replica, each with its own scope,
+ * tape stack and device pushed), all-reduces the gradients and applies one
+ * optimizer update on every replica, so the copies stay equal bit for bit.
+ *
+ * Inside a replica function, nb_read() of a mirrored variable gives that
+ * replica's copy; outside any replica it gives replica 0's. Everything created
+ * inside a replica function belongs to that replica's scope, which ends when
+ * the step ends (outputs of nb_mirrored_run are handed to the caller's scope).
+ *
+ * All-reduce: gradients are packed into buckets of one dtype (25 MiB by
+ * default; a larger gradient gets a bucket of its own), so a step makes few
+ * collective calls. When every replica is a distinct physical GPU and NCCL is
+ * built in, NCCL reduces them; otherwise (logical GPUs, CPU devices) each
+ * replica reduces its own 1/N of every bucket from all replicas in the fixed
+ * order 0, 1, ..., N-1 and then gathers the other parts (reduce-scatter then
+ * all-gather through device copies): no replica is a funnel, and two runs give
+ * the same bits.
+ *
+ * Errors: a failure on any replica makes the call return that error with a
+ * message naming the replica and its device; no variable is updated anywhere
+ * and the strategy stays usable. Error handlers run on the failing replica's
+ * thread. */
+#ifndef NABLA_DISTRIBUTE_H
+#define NABLA_DISTRIBUTE_H
+
+#include <nabla/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct nb_mirrored nb_mirrored;
+/* What a replica function is told about the replica it runs for. */
+typedef struct nb_replica nb_replica;
+
+/* How per-replica values combine. */
+typedef enum nb_reduction {
+    NB_REDUCE_SUM = 0, /* the plain sum over replicas */
+    NB_REDUCE_MEAN = 1 /* nb_mirrored_step: weighted by each replica's rows (the exact
+                          global mean of per-row means); elsewhere: sum / N */
+} nb_reduction;
+
+/* ---- the strategy ---------------------------------------------------------- */
+
+/* Creates a strategy over n devices named in devices ("/gpu:0", "/cpu:1", ...).
+ * With devices NULL it takes the default devices: every GPU, or where there is
+ * none every logical CPU device (nb_set_logical_cpu_devices); n = 0 takes all of
+ * them, n > 0 the first n. Returns a strategy the caller frees with
+ * nb_mirrored_free; NULL and NB_ERR_INVALID_ARGUMENT for n < 0, n above 64,
+ * n = 0 with devices given, or a device given twice; NB_ERR_DEVICE for an
+ * unknown or malformed name or fewer default devices than n (no soft placement
+ * here: a replica never silently lands on another device); NB_ERR_OUT_OF_MEMORY
+ * when a thread or memory cannot be had. */
+nb_mirrored *nb_mirrored_new(int n, const char *const *devices);
+
+/* Waits for a step running on another thread to finish, then frees the
+ * strategy, its threads and its buffers. Mirrored variables stay valid (each
+ * keeps its copies) but can no longer be used by a step. NULL is ignored.
+ * Called from inside one of the strategy's own replica functions it does
+ * nothing and records NB_ERR_INVALID_ARGUMENT. */
+void nb_mirrored_free(nb_mirrored *s);
+
+/* Number of replicas; 0 for NULL. */
+int nb_mirrored_replicas(const nb_mirrored *s);
+
+/* Device name of replica r (a static string); NULL when out of range. */
+const char *nb_mirrored_device(const nb_mirrored *s, int replica);
+
+/* Bucket size for packing gradients, in bytes (default 25 MiB). Returns
+ * NB_ERR_INVALID_ARGUMENT for 0 or NULL. */
+nb_status nb_mirrored_set_bucket_bytes(nb_mirrored *s, size_t bytes);
+
+/* Counters of what the strategy has done. */
+typedef struct nb_mirrored_stats {
+    int64_t steps;           /* nb_mirrored_step calls that applied an update */
+    int64_t collective_calls;/* all-reduce calls made, one per bucket (per replica) */
+    int last_buckets;        /* buckets in the last all-reduce */
+    size_t bucket_bytes;     /* the current setting */
+    const char *algorithm;   /* "nccl" or "copies" (reduce-scatter + all-gather) */
+} nb_mirrored_stats;
+
+/* Writes the counters to *out. NB_ERR_INVALID_ARGUMENT for NULL. */
+nb_status nb_mirrored_get_stats(const nb_mirrored *s, nb_mirrored_stats *out);
+
+/* ---- mirrored variables ---------------------------------------------------- */
+
+/* Creates a trainable variable with one copy of initial on every replica's
+ * device (so all start equal). name is copied. The caller frees it with
+ * nb_variable_free, which frees every copy; the other variable functions work
+ * on it as on any variable (an assignment writes every copy; from inside a
+ * replica function it is NB_ERR_INVALID_ARGUMENT, since the replicas would race).
+ * NULL and the error when initial is NULL, s is NULL or memory runs out. */
+nb_variable *nb_mirrored_variable_new(nb_mirrored *s, const char *name, const nb_tensor *initial);
+
+/* Number of copies of v: the replica count for a mirrored variable, 0 for a
+ * plain one (or NULL). */
+int nb_variable_replicas(const nb_variable *v);
+
+/* Replica r's copy of a mirrored variable (a snapshot, not watched by tapes),
+ * owned by the current scope. NULL and NB_ERR_INVALID_ARGUMENT when v is not
+ * mirrored or r is out of range. For checking that the copies agree. */
+nb_tensor *nb_mirrored_variable_read(nb_variable *v, int replica);
+
+/* ---- the replica context --------------------------------------------------- */
+
+int nb_replica_index(const nb_replica *r);         /* 0 .. N-1 */
+int nb_replica_count(const nb_replica *r);         /* N */
+const char *nb_replica_device(const nb_replica *r);/* its device, a static string */
+int64_t nb_replica_rows(const nb_replica *r);      /* rows of the global batch it got */
+int64_t nb_replica_global_rows(const nb_replica *r);/* rows of the whole batch */
+
+/* ---- running on every replica ---------------------------------------------- */
+
+/* A function run on one replica, on that replica's thread with its device
+ * pushed. inputs are its share of the global inputs (rows [start, start + rows)
+ * of each, on its device). It writes n_outputs tensors to outputs (NULL allowed)
+ * and returns NB_OK or an error. */
+typedef nb_status (*nb_replica_fn)(nb_replica *r, int n_inputs, nb_tensor *const *inputs,
+                                   int n_outputs, nb_tensor **outputs, void *user);
+
+/* Runs fn on every replica concurrently, each with its share of inputs (every
+ * input needs at least one dim, and all the same first dim; a replica may get
+ * zero rows and is still called). Writes N * n_outputs tensors to outputs,
+ * replica-major (outputs[r * n_outputs + k]), each on its replica's device and
+ * owned by the caller's current scope. On failure every output is NULL and the
+ * error names the first replica (lowest index) that failed. */
+nb_status nb_mirrored_run(nb_mirrored *s, nb_replica_fn fn, void *user, int n_inputs,
+                          nb_tensor *const *inputs, int n_outputs, nb_tensor **outputs);
+
+/* Combines N per-replica values (one per replica, same shape and dtype, any
+ * devices) into one tensor on the caller's current device, summing in replica
+ * order (MEAN divides by N). Returns it, owned by the current scope; NULL and
+ * NB_ERR_SHAPE / NB_ERR_DTYPE when they disagree. */
+nb_tensor *nb_mirrored_reduce(nb_mirrored *s, nb_reduction reduction, nb_tensor *const *per_replica);
+
+/* All-reduces N per-replica tensors (per_replica[r] of one shape and dtype;
+ * copied to replica r's device when elsewhere) with the strategy's collective:
+ * writes N new tensors to out, out[r] on replica r's device, all equal bit for
+ * bit (SUM, or MEAN = SUM / N). Owned by the current scope. On failure every
+ * out[r] is NULL. */
+nb_status nb_mirrored_all_reduce(nb_mirrored *s, nb_reduction reduction, nb_tensor *const *per_replica,
+                                 nb_tensor **out);
+
+/* ---- training --------------------------------------------------------------- */
+
+/* One replica's training step. inputs are its share of the batch (rows > 0),
+ * on its device. It records its own tape, writes its loss (a floating scalar)
+ * to *loss and the gradient of the loss with respect to vars[i] to grads[i]
+ * (NULL for none, which counts as zeros), all owned by its scope (the
+ * replica's scope: simply return what the ops gave). Usually:
+ *     nb_tape *tape = nb_tape_begin();
+ *     *loss = my_loss(inputs);
+ *     return nb_tape_gradient_vars(tape, *loss, n_vars, vars, grads); */
+typedef nb_status (*nb_replica_step_fn)(nb_replica *r, int n_inputs, nb_tensor *const *inputs,
+                                        int n_vars, nb_variable *const *vars, nb_tensor **loss,
+                                        nb_tensor **grads, void *user);
+
+/* One training step: splits inputs over the replicas, runs fn on every replica
+ * that got rows (a replica with zero rows is not called: it contributes zero
+ * gradient and zero weight), all-reduces the gradients, SUM or MEAN (MEAN
+ * weights replica r by rows_r / global rows, so with a per-row mean loss the
+ * update is that of one device on the whole batch), and applies opt to every
+ * copy of every variable. vars must all be mirrored variables of s (NB_VARS(w, b)
+ * gives the count and array). A variable no replica gave a gradient is left as
+ * it is. When loss is not NULL, *loss receives the combined loss (reduced like
+ * the gradients) as an f64 scalar on the caller's current device, owned by the
+ * current scope.
+ * Fails with NB_ERR_INVALID_ARGUMENT for a NULL argument, a plain variable or
+ * one of another strategy, inputs without a common first dim, or a call from
+ * inside a replica function; with the replica's error when a replica fails, its
+ * gradient does not match its variable (NB_ERR_SHAPE / NB_ERR_DTYPE) or a loss is
+ * not a floating scalar. On failure nothing is updated. */
+nb_status nb_mirrored_step(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_variable *const *vars,
+                           nb_replica_step_fn fn, void *user, int n_inputs, nb_tensor *const *inputs,
+                           nb_reduction reduction, nb_tensor **loss);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,147 @@
+/* nabla internal — the mirrored strategy's parts: the strategy and its replica
+ * threads (mirrored.c), and the bucketed all-reduce they run (allreduce.c). */
+#ifndef NB_DISTRIBUTE_IMPL_H
+#define NB_DISTRIBUTE_IMPL_H
+
+#include "lib/core/backend.h"
+#include "lib/core/core.h"
+
+#include <pthread.h>
+
+#define NB_MIRRORED_MAX 64
+#define NB_REPLICA_MESSAGE 1024
+
+/* A barrier for the replica threads that also agrees on success: every thread
+ * passes in whether it is fine and all get back whether all were. When all are,
+ * the last to arrive runs `last` (when set) before anyone goes on, and its
+ * result becomes everyone's. */
+typedef struct nb_barrier {
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    int n, arrived;
+    uint64_t generation;
+    bool all_ok, result;
+} nb_barrier;
+
+/* One bucket: gradients of one dtype packed end to end. */
+typedef struct nb_bucket {
+    nb_dtype dtype;
+    int64_t numel;
+} nb_bucket;
+
+/* Where each variable's gradient lies in the buckets (bucket -1: no replica gave
+ * one, so it is left out). Made once per step by the last replica to arrive. */
+typedef struct nb_bucket_plan {
+    int n_buckets, cap_buckets;
+    nb_bucket *buckets;
+    int n_vars, cap_vars;
+    int *bucket_of;     /* per variable */
+    int64_t *offset_of; /* per variable: first element in its bucket */
+} nb_bucket_plan;
+
+/* Bucket tensors a replica keeps from one step to the next while the plan's
+ * buckets stay the same (so a training loop allocates none). */
+typedef struct nb_bucket_cache {
+    int n;
+    nb_bucket *layout;
+    nb_tensor **tensors; /* 1-d, contiguous, on the replica's device */
+} nb_bucket_cache;
+
+struct nb_replica {
+    int index, count;
+    const char *device;
+    int64_t start, rows, global_rows;
+};
+
+typedef struct nb_mirrored nb_mirrored;
+typedef struct nb_replica_state nb_replica_state;
+
+/* The work of one call, run by every replica thread on its own state. */
+typedef void (*nb_job_fn)(nb_replica_state *rs, void *job);
+
+struct nb_replica_state {
+    nb_mirrored *s;
+    int index;
+    nb_device *dev;
+    pthread_t thread;
+    bool started;
+    struct nb_replica ctx;
+    /* the outcome of the current job: the first error, moved off the thread */
+    nb_status status;
+    char message[NB_REPLICA_MESSAGE];
+    /* a step's results, held until every replica is done */
+    nb_tensor *loss;
+    nb_tensor **grads;
+    int cap_grads;
+    nb_bucket_cache cache;
+    /* the buffers of the all-reduce in progress, read by the other replicas */
+    nb_tensor *const *ar_src;
+    nb_tensor *const *ar_dst;
+};
+
+struct nb_mirrored {
+    uint64_t id;
+    int n;
+    nb_device *devices[NB_MIRRORED_MAX];
+    nb_replica_state *reps;
+
+    /* handing jobs to the replica threads */
+    pthread_mutex_t lock;
+    pthread_cond_t work_cv, done_cv;
+    uint64_t generation;
+    int remaining;
+    bool quit;
+    nb_job_fn job_fn;
+    void *job;
+    nb_barrier barrier;
+    pthread_mutex_t call_lock; /* one call at a time; free waits on it */
+
+    /* the all-reduce */
+    size_t bucket_bytes;
+    const nb_collective *collective; /* NCCL when every replica is its own card */
+    void *comm;
+    nb_bucket_plan plan;
+
+    /* counters */
+    int64_t steps, collective_calls;
+    int last_buckets;
+};
+
+/* ---- mirrored.c ------------------------------------------------------------ */
+
+/* Waits at the strategy's barrier; returns whether every replica passed ok (and
+ * last, when given, succeeded: it runs once, on the last thread to arrive, and
+ * records its error there on failure). */
+bool nb__mirrored_barrier(nb_mirrored *s, bool ok, bool (*last)(nb_mirrored *s, void *arg), void *arg);
+
+/* Records on the calling replica thread that it failed (the pending error, or
+ * code with a message when none is pending). Keeps the first. Returns false. */
+bool nb__replica_failed(nb_replica_state *rs, nb_status code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* ---- allreduce.c ------------------------------------------------------------ */
+
+/* Lays the gradients of n variables (dtypes and element counts) into buckets of
+ * at most bucket_bytes (a larger gradient gets a bucket of its own), skipping
+ * those with present[i] false. Grouped by dtype in order of first appearance.
+ * false and NB_ERR_OUT_OF_MEMORY when host memory runs out. */
+bool nb__bucket_plan_make(nb_bucket_plan *plan, int n, const nb_dtype *dtypes, const int64_t *numels,
+                          const bool *present, size_t bucket_bytes);
+void nb__bucket_plan_free(nb_bucket_plan *plan);
+
+/* Makes sure the replica's cached bucket tensors match the plan (reallocating
+ * when they do not). NB_OK or the error. */
+nb_status nb__bucket_cache_fit(nb_replica_state *rs, const nb_bucket_plan *plan);
+void nb__bucket_cache_free(nb_bucket_cache *cache);
+
+/* Sums bucket tensors across replicas, called by every replica thread at once
+ * (ok: whether this replica is fine so far; if any is not, nothing is summed):
+ * afterwards dst of every replica holds sum over replicas of src, times scale
+ * (src == dst is in place). src[k] and dst[k] are contiguous 1-d tensors, bucket k
+ * of this replica, on its device; every replica passes the same layout. Uses the
+ * strategy's collective when it has one, else reduce-scatter then all-gather
+ * through device copies. Returns whether every replica succeeded (all agree). */
+bool nb__all_reduce_buckets(nb_replica_state *rs, bool ok, int n_buckets, nb_tensor *const *src,
+                            nb_tensor *const *dst, double scale);
+
+#endif

@@ -1,0 +1,912 @@
+/* The mirrored strategy: replica threads, mirrored variables, run, reduce and
+ * the training step.
+ *
+ * Every replica has a host thread of its own for the strategy's lifetime, with
+ * its device pushed and marked as that replica (lib/core/replica.c), so reads of
+ * mirrored variables there give its copy. A call hands one job to all the
+ * threads and waits for all of them; inside a job the threads meet at barriers
+ * that also agree on success, so a failure anywhere makes every replica skip
+ * what follows (never a hang, never a partial update). Errors are moved off the
+ * replica threads and raised on the caller's, naming the replica and device. */
+#include "distribute_impl.h"
+
+#include "lib/optim/optimizer_impl.h"
+#include "lib/variable/variable_impl.h"
+#include "tape/record.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_BUCKET_BYTES ((size_t)25 << 20)
+
+static atomic_uint_fast64_t g_next_id = 1;
+
+/* ---- the barrier ----------------------------------------------------------------- */
+
+bool nb__mirrored_barrier(nb_mirrored *s, bool ok, bool (*last)(nb_mirrored *s, void *arg), void *arg)
+{
+    nb_barrier *b = &s->barrier;
+    pthread_mutex_lock(&b->lock);
+    if (!ok)
+        b->all_ok = false;
+    uint64_t gen = b->generation;
+    if (++b->arrived == b->n) {
+        bool all = b->all_ok;
+        if (all && last)
+            all = last(s, arg);
+        b->result = all;
+        b->all_ok = true;
+        b->arrived = 0;
+        b->generation++;
+        pthread_cond_broadcast(&b->cv);
+    } else {
+        while (gen == b->generation)
+            pthread_cond_wait(&b->cv, &b->lock);
+    }
+    bool result = b->result;
+    pthread_mutex_unlock(&b->lock);
+    return result;
+}
+
+/* ---- errors on replica threads ------------------------------------------------------ */
+
+bool nb__replica_failed(nb_replica_state *rs, nb_status code, const char *fmt, ...)
+{
+    if (rs->status == NB_OK) {
+        char what[NB_REPLICA_MESSAGE / 2] = "";
+        if (fmt && fmt[0]) {
+            va_list ap;
+            va_start(ap, fmt);
+            vsnprintf(what, sizeof what, fmt, ap);
+            va_end(ap);
+        }
+        if (nb_error()) {
+            rs->status = nb_error();
+            snprintf(rs->message, sizeof rs->message, "%s%s%s", what, what[0] ? ": " : "", nb_error_message());
+        } else {
+            rs->status = code ? code : NB_ERR_INTERNAL;
+            snprintf(rs->message, sizeof rs->message, "%s", what[0] ? what : "failed");
+        }
+    }
+    nb_error_clear();
+    return false;
+}
+
+/* Raises, on the caller's thread, the error of the first replica that failed. */
+static nb_status raise_replica_error(nb_mirrored *s, const char *who)
+{
+    for (int r = 0; r < s->n; r++) {
+        nb_replica_state *rs = &s->reps[r];
+        if (rs->status)
+            return nb__fail(rs->status, "%s: replica %d (%s): %s", who, r, rs->dev->name, rs->message);
+    }
+    return NB_OK;
+}
+
+/* ---- replica threads ------------------------------------------------------------------ */
+
+static void *replica_main(void *arg)
+{
+    nb_replica_state *rs = arg;
+    nb_mirrored *s = rs->s;
+    /* The device and the replica mark stay for the thread's life. */
+    bool pushed = nb_device_push(rs->dev->name) == NB_OK;
+    nb_error_clear();
+    nb__replica_enter(s->id, rs->index);
+    uint64_t seen = 0;
+    pthread_mutex_lock(&s->lock);
+    for (;;) {
+        while (s->generation == seen && !s->quit)
+            pthread_cond_wait(&s->work_cv, &s->lock);
+        if (s->quit)
+            break;
+        seen = s->generation;
+        nb_job_fn fn = s->job_fn;
+        void *job = s->job;
+        pthread_mutex_unlock(&s->lock);
+        rs->status = NB_OK;
+        rs->message[0] = '\0';
+        if (!pushed)
+            nb__replica_failed(rs, NB_ERR_DEVICE, "could not make %s the thread's device", rs->dev->name);
+        fn(rs, job);
+        if (nb_error()) /* an error the job left pending still fails it */
+            nb__replica_failed(rs, nb_error(), "%s", "");
+        pthread_mutex_lock(&s->lock);
+        if (--s->remaining == 0)
+            pthread_cond_signal(&s->done_cv);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (pushed)
+        nb_device_pop();
+    nb__replica_leave();
+    return NULL;
+}
+
+/* Runs fn on every replica thread and waits until all have finished. */
+static void dispatch(nb_mirrored *s, nb_job_fn fn, void *job)
+{
+    pthread_mutex_lock(&s->lock);
+    s->job_fn = fn;
+    s->job = job;
+    s->remaining = s->n;
+    s->generation++;
+    pthread_cond_broadcast(&s->work_cv);
+    while (s->remaining > 0)
+        pthread_cond_wait(&s->done_cv, &s->lock);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* ---- creation --------------------------------------------------------------------------- */
+
+/* The devices a strategy takes when none are named: every GPU, else every CPU. */
+static int default_devices(int n, nb_device **out, const char *who)
+{
+    nb_device_kind kind = nb_device_count(NB_DEVICE_GPU) > 0 ? NB_DEVICE_GPU : NB_DEVICE_CPU;
+    int have = nb_device_count(kind);
+    if (n == 0)
+        n = have < NB_MIRRORED_MAX ? have : NB_MIRRORED_MAX;
+    if (n > have) {
+        nb__fail(NB_ERR_DEVICE, "%s: %d replicas asked for, but there are %d %s devices (%s)", who, n, have,
+                 kind == NB_DEVICE_GPU ? "GPU" : "CPU",
+                 kind == NB_DEVICE_GPU ? "nb_set_logical_gpu_devices splits a GPU"
+                                       : "nb_set_logical_cpu_devices splits the CPU");
+        return -1;
+    }
+    for (int r = 0; r < n; r++)
+        if (!(out[r] = nb__device_find(nb_device_name(kind, r), who)))
+            return -1;
+    return n;
+}
+
+/* Opens the collective when every replica is a device of its own card and the
+ * backend has one; otherwise (or when it fails to start, with a warning) the
+ * strategy reduces through device copies. */
+static void open_collective(nb_mirrored *s)
+{
+    const nb_collective *c = s->devices[0]->backend->collective;
+    if (!c || s->n < 2)
+        return;
+    for (int r = 0; r < s->n; r++) {
+        if (s->devices[r]->backend != s->devices[0]->backend)
+            return;
+        for (int q = 0; q < r; q++)
+            if (s->devices[q]->physical == s->devices[r]->physical)
+                return; /* logical devices of one card */
+    }
+    bool had_error = nb_error() != NB_OK;
+    if (c->comm_new(s->n, s->devices, &s->comm) == NB_OK) {
+        s->collective = c;
+        return;
+    }
+    nb__log(NB_LOG_WARNING, "nb_mirrored_new: %s could not start (%s); reducing through device copies", c->name,
+            nb_error_message());
+    if (!had_error)
+        nb_error_clear();
+    s->comm = NULL;
+}
+
+static void strategy_destroy(nb_mirrored *s)
+{
+    pthread_mutex_lock(&s->lock);
+    s->quit = true;
+    pthread_cond_broadcast(&s->work_cv);
+    pthread_mutex_unlock(&s->lock);
+    for (int r = 0; r < s->n; r++) {
+        nb_replica_state *rs = &s->reps[r];
+        if (rs->started)
+            pthread_join(rs->thread, NULL);
+        nb__bucket_cache_free(&rs->cache);
+        free(rs->grads);
+    }
+    if (s->comm)
+        s->collective->comm_free(s->comm);
+    nb__bucket_plan_free(&s->plan);
+    pthread_mutex_destroy(&s->lock);
+    pthread_cond_destroy(&s->work_cv);
+    pthread_cond_destroy(&s->done_cv);
+    pthread_mutex_destroy(&s->call_lock);
+    pthread_mutex_destroy(&s->barrier.lock);
+    pthread_cond_destroy(&s->barrier.cv);
+    free(s->reps);
+    free(s);
+}
+
+nb_mirrored *nb_mirrored_new(int n, const char *const *devices)
+{
+    const char *who = "nb_mirrored_new";
+    if (n < 0 || n > NB_MIRRORED_MAX)
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: %d replicas is outside [0, %d]", who, n, NB_MIRRORED_MAX);
+    if (devices && n == 0)
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: a device list with n = 0 names no device", who);
+    nb_device *devs[NB_MIRRORED_MAX];
+    if (devices) {
+        for (int r = 0; r < n; r++) {
+            if (!(devs[r] = nb__device_find(devices[r], who)))
+                return NULL;
+            for (int q = 0; q < r; q++)
+                if (devs[q] == devs[r])
+                    return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: device %s is given twice (replicas %d and %d)",
+                                         who, devs[r]->name, q, r);
+        }
+    } else if ((n = default_devices(n, devs, who)) < 0) {
+        return NULL;
+    }
+
+    nb_mirrored *s = calloc(1, sizeof *s);
+    nb_replica_state *reps = calloc((size_t)n, sizeof *reps);
+    if (!s || !reps) {
+        free(s);
+        free(reps);
+        return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+    }
+    s->id = atomic_fetch_add_explicit(&g_next_id, 1, memory_order_relaxed);
+    s->n = n;
+    s->reps = reps;
+    s->bucket_bytes = DEFAULT_BUCKET_BYTES;
+    memcpy(s->devices, devs, sizeof *devs * (size_t)n);
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->work_cv, NULL);
+    pthread_cond_init(&s->done_cv, NULL);
+    pthread_mutex_init(&s->call_lock, NULL);
+    pthread_mutex_init(&s->barrier.lock, NULL);
+    pthread_cond_init(&s->barrier.cv, NULL);
+    s->barrier.n = n;
+    s->barrier.all_ok = true;
+    for (int r = 0; r < n; r++) {
+        nb_replica_state *rs = &reps[r];
+        rs->s = s;
+        rs->index = r;
+        rs->dev = devs[r];
+        rs->ctx = (struct nb_replica){.index = r, .count = n, .device = devs[r]->name};
+        if (pthread_create(&rs->thread, NULL, replica_main, rs) != 0) {
+            strategy_destroy(s);
+            return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: could not start the thread of replica %d", who, r);
+        }
+        rs->started = true;
+    }
+    open_collective(s);
+    return s;
+}
+
+/* Fails (and returns true) when the caller is one of s's own replica threads:
+ * waiting for s there would wait for itself. */
+static bool called_from_replica(const nb_mirrored *s, const char *who)
+{
+    if (nb__replica_strategy() != s->id)
+        return false;
+    nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: called from inside a replica function of the same strategy", who);
+    return true;
+}
+
+void nb_mirrored_free(nb_mirrored *s)
+{
+    if (!s || called_from_replica(s, "nb_mirrored_free"))
+        return;
+    /* A call running on another thread finishes first. */
+    pthread_mutex_lock(&s->call_lock);
+    pthread_mutex_unlock(&s->call_lock);
+    strategy_destroy(s);
+}
+
+int nb_mirrored_replicas(const nb_mirrored *s) { return s ? s->n : 0; }
+
+const char *nb_mirrored_device(const nb_mirrored *s, int replica)
+{
+    return s && replica >= 0 && replica < s->n ? s->devices[replica]->name : NULL;
+}
+
+nb_status nb_mirrored_set_bucket_bytes(nb_mirrored *s, size_t bytes)
+{
+    if (!s || bytes == 0)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_mirrored_set_bucket_bytes: %s",
+                        !s ? "strategy is NULL" : "a bucket of 0 bytes holds nothing");
+    s->bucket_bytes = bytes;
+    return NB_OK;
+}
+
+nb_status nb_mirrored_get_stats(const nb_mirrored *s, nb_mirrored_stats *out)
+{
+    if (!s || !out)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_mirrored_get_stats: %s is NULL", !s ? "strategy" : "out");
+    *out = (nb_mirrored_stats){.steps = s->steps,
+                               .collective_calls = s->collective_calls,
+                               .last_buckets = s->last_buckets,
+                               .bucket_bytes = s->bucket_bytes,
+                               .algorithm = s->comm ? s->collective->name : "copies"};
+    return NB_OK;
+}
+
+/* ---- mirrored variables -------------------------------------------------------------------- */
+
+nb_variable *nb_mirrored_variable_new(nb_mirrored *s, const char *name, const nb_tensor *initial)
+{
+    const char *who = "nb_mirrored_variable_new";
+    if (!s)
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: strategy is NULL", who);
+    return nb__variable_mirrored_new(s->id, name, s->n, s->devices, initial, who);
+}
+
+nb_tensor *nb_mirrored_variable_read(nb_variable *v, int replica)
+{
+    const char *who = "nb_mirrored_variable_read";
+    if (!v)
+        return nb__null_input(who, 0);
+    int n = nb_variable_replicas(v);
+    if (n == 0)
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: '%s' is a plain variable, not a mirrored one", who,
+                             nb_variable_name(v));
+    if (replica < 0 || replica >= n)
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: replica %d of '%s' is outside [0, %d)", who, replica,
+                             nb_variable_name(v), n);
+    nb_tensor *t = nb__variable_value(nb__variable_copy(v, replica));
+    nb__retain(t);
+    return nb__own(t);
+}
+
+/* ---- the replica context --------------------------------------------------------------------- */
+
+int nb_replica_index(const nb_replica *r) { return r ? r->index : -1; }
+int nb_replica_count(const nb_replica *r) { return r ? r->count : 0; }
+const char *nb_replica_device(const nb_replica *r) { return r ? r->device : NULL; }
+int64_t nb_replica_rows(const nb_replica *r) { return r ? r->rows : 0; }
+int64_t nb_replica_global_rows(const nb_replica *r) { return r ? r->global_rows : 0; }
+
+/* ---- splitting the batch ---------------------------------------------------------------------- */
+
+/* Checks the inputs of a call (non-NULL, at least one dim, one first dim) and
+ * gives every replica its rows; global rows to *rows. */
+static nb_status split_batch(nb_mirrored *s, const char *who, int n_inputs, nb_tensor *const *inputs, int64_t *rows)
+{
+    if (n_inputs < 0 || (n_inputs > 0 && !inputs))
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: %s", who, n_inputs < 0 ? "n_inputs is negative" : "inputs is NULL");
+    int64_t b = 0;
+    for (int i = 0; i < n_inputs; i++) {
+        const nb_tensor *x = inputs[i];
+        if (!x)
+            return nb_error() ? nb_error() : nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: input %d is NULL", who, i);
+        char sh[NB_SHAPE_STR_MAX], s0[NB_SHAPE_STR_MAX];
+        if (x->ndim < 1)
+            return nb__fail(NB_ERR_SHAPE, "%s: input %d is a scalar; inputs are split along their first dim", who, i);
+        if (i > 0 && x->shape[0] != b)
+            return nb__fail(NB_ERR_SHAPE, "%s: input %d has shape %s but input 0 has %s: the first dims must agree",
+                            who, i, nb__shape_str(x->ndim, x->shape, sh, sizeof sh),
+                            nb__shape_str(inputs[0]->ndim, inputs[0]->shape, s0, sizeof s0));
+        b = x->shape[0];
+    }
+    int64_t start = 0;
+    for (int r = 0; r < s->n; r++) {
+        struct nb_replica *c = &s->reps[r].ctx;
+        c->rows = b / s->n + (r < b % s->n ? 1 : 0);
+        c->start = start;
+        c->global_rows = b;
+        start += c->rows;
+    }
+    *rows = b;
+    return NB_OK;
+}
+
+/* The replica's share of each input, on its device, owned by its scope. */
+static bool make_shares(nb_replica_state *rs, int n, nb_tensor *const *inputs, nb_tensor **shares)
+{
+    for (int i = 0; i < n; i++) {
+        const nb_tensor *x = inputs[i];
+        nb_shape begin = {x->ndim, {0}}, size = {x->ndim, {0}};
+        begin.dims[0] = rs->ctx.start;
+        size.dims[0] = rs->ctx.rows;
+        for (int d = 1; d < x->ndim; d++)
+            size.dims[d] = -1;
+        nb_tensor *t = nb_slice(x, begin, size);
+        if (t && t->device != rs->dev)
+            t = nb_to_device(t, rs->dev->name);
+        if (!t)
+            return nb__replica_failed(rs, NB_ERR_INTERNAL, "splitting input %d", i);
+        shares[i] = t;
+    }
+    return true;
+}
+
+/* Shares live in a small array, or a malloc'd one for many inputs. */
+typedef struct shares {
+    nb_tensor *small[16];
+    nb_tensor **t;
+} shares;
+
+static bool shares_init(shares *sh, nb_replica_state *rs, int n, nb_tensor *const *inputs)
+{
+    sh->t = n <= 16 ? sh->small : malloc(sizeof *sh->t * (size_t)n);
+    if (!sh->t)
+        return nb__replica_failed(rs, NB_ERR_OUT_OF_MEMORY, "out of host memory");
+    return make_shares(rs, n, inputs, sh->t);
+}
+
+static void shares_free(shares *sh)
+{
+    if (sh->t && sh->t != sh->small)
+        free(sh->t);
+}
+
+/* ---- run ------------------------------------------------------------------------------------------ */
+
+typedef struct run_job {
+    nb_replica_fn fn;
+    void *user;
+    int n_inputs;
+    nb_tensor *const *inputs;
+    int n_outputs;
+    nb_tensor **outputs; /* N * n_outputs, replica-major */
+} run_job;
+
+static void run_on_replica(nb_replica_state *rs, void *arg)
+{
+    run_job *j = arg;
+    nb_scope *scope = nb_scope_begin();
+    nb_tensor **outs = j->outputs + (size_t)rs->index * (size_t)j->n_outputs;
+    shares sh = {0};
+    if (!scope) {
+        nb__replica_failed(rs, NB_ERR_OUT_OF_MEMORY, "out of host memory");
+        return;
+    }
+    if (shares_init(&sh, rs, j->n_inputs, j->inputs)) {
+        nb_status st = j->fn(&rs->ctx, j->n_inputs, sh.t, j->n_outputs, outs, j->user);
+        if (st || nb_error())
+            nb__replica_failed(rs, st, "the replica function failed");
+    }
+    /* Outputs outlive the replica's scope: the caller's scope takes them. */
+    for (int k = 0; k < j->n_outputs; k++)
+        nb__retain(outs[k]);
+    shares_free(&sh);
+    nb_scope_end(scope);
+}
+
+/* Gives the replicas' outputs to the caller's scope, or (after a failure,
+ * including one while handing them over) releases the rest and NULLs them all. */
+static nb_status hand_out(nb_status st, size_t n, nb_tensor **outputs)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (st) {
+            nb__release(outputs[i]);
+        } else if (outputs[i] && !nb__own(outputs[i])) { /* nb__own released it */
+            st = nb_error() ? nb_error() : NB_ERR_OUT_OF_MEMORY;
+        }
+    }
+    if (st)
+        for (size_t i = 0; i < n; i++)
+            outputs[i] = NULL; /* those handed out already belong to the scope */
+    return st;
+}
+
+nb_status nb_mirrored_run(nb_mirrored *s, nb_replica_fn fn, void *user, int n_inputs, nb_tensor *const *inputs,
+                          int n_outputs, nb_tensor **outputs)
+{
+    const char *who = "nb_mirrored_run";
+    if (n_outputs > 0 && outputs && s)
+        for (size_t i = 0; i < (size_t)s->n * (size_t)n_outputs; i++)
+            outputs[i] = NULL;
+    if (!s || !fn)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", who, !s ? "strategy" : "fn");
+    if (n_outputs < 0 || (n_outputs > 0 && !outputs))
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: %s", who, n_outputs < 0 ? "n_outputs is negative" : "outputs is NULL");
+    if (called_from_replica(s, who))
+        return NB_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&s->call_lock);
+    int64_t rows;
+    nb_status st = split_batch(s, who, n_inputs, inputs, &rows);
+    if (!st) {
+        run_job j = {fn, user, n_inputs, inputs, n_outputs, outputs};
+        dispatch(s, run_on_replica, &j);
+        st = raise_replica_error(s, who);
+    }
+    pthread_mutex_unlock(&s->call_lock);
+    return hand_out(st, (size_t)s->n * (size_t)n_outputs, outputs);
+}
+
+/* ---- reduce --------------------------------------------------------------------------------------- */
+
+nb_tensor *nb_mirrored_reduce(nb_mirrored *s, nb_reduction reduction, nb_tensor *const *per_replica)
+{
+    const char *who = "nb_mirrored_reduce";
+    if (!s || !per_replica)
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", who, !s ? "strategy" : "per_replica");
+    if (reduction != NB_REDUCE_SUM && reduction != NB_REDUCE_MEAN)
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: unknown reduction %d", who, (int)reduction);
+    for (int r = 0; r < s->n; r++) {
+        const nb_tensor *x = per_replica[r], *x0 = per_replica[0];
+        if (!x)
+            return nb__null_input(who, r);
+        if (x->dtype != x0->dtype)
+            return nb__fail_null(NB_ERR_DTYPE, "%s: replica %d's value is %s but replica 0's is %s", who, r,
+                                 nb_dtype_name(x->dtype), nb_dtype_name(x0->dtype));
+        if (!nb__same_shape(x, x0)) {
+            char a[NB_SHAPE_STR_MAX], b[NB_SHAPE_STR_MAX];
+            return nb__fail_null(NB_ERR_SHAPE, "%s: replica %d's value has shape %s but replica 0's has %s", who, r,
+                                 nb__shape_str(x->ndim, x->shape, a, sizeof a),
+                                 nb__shape_str(x0->ndim, x0->shape, b, sizeof b));
+        }
+    }
+    if (reduction == NB_REDUCE_MEAN && !nb__is_floating(per_replica[0]->dtype))
+        return nb__fail_null(NB_ERR_DTYPE, "%s: MEAN of %s values; cast them to a floating dtype first", who,
+                             nb_dtype_name(per_replica[0]->dtype));
+    /* In replica order, on the caller's device, in a scope of our own. */
+    const char *here = nb_device_current();
+    nb_scope *scope = nb_scope_begin();
+    if (!scope)
+        return NULL;
+    nb_tensor *sum = nb_to_device(per_replica[0], here);
+    for (int r = 1; r < s->n; r++)
+        sum = nb_add(sum, nb_to_device(per_replica[r], here));
+    if (reduction == NB_REDUCE_MEAN)
+        sum = nb_mul_scalar(sum, 1.0 / s->n);
+    sum = nb_keep(sum);
+    nb_scope_end(scope);
+    return sum;
+}
+
+/* ---- all-reduce ------------------------------------------------------------------------------------ */
+
+typedef struct all_reduce_job {
+    nb_tensor *const *in;
+    nb_tensor **out;
+    double scale;
+} all_reduce_job;
+
+static void all_reduce_on_replica(nb_replica_state *rs, void *arg)
+{
+    all_reduce_job *j = arg;
+    nb_scope *scope = nb_scope_begin();
+    bool ok = scope || nb__replica_failed(rs, NB_ERR_OUT_OF_MEMORY, "out of host memory");
+    nb_tensor *x = NULL, *y = NULL;
+    if (ok) {
+        x = j->in[rs->index];
+        if (x->device != rs->dev)
+            x = nb_to_device(x, rs->dev->name);
+        x = nb_contiguous(x);
+        y = x ? nb__tensor_new(rs->dev, x->dtype, x->ndim, x->shape) : NULL;
+        ok = y || nb__replica_failed(rs, NB_ERR_INTERNAL, "preparing the buffers");
+    }
+    ok = nb__all_reduce_buckets(rs, ok, 1, &x, &y, j->scale);
+    if (ok)
+        j->out[rs->index] = y; /* the reference nb__tensor_new gave */
+    else
+        nb__release(y);
+    if (scope)
+        nb_scope_end(scope);
+}
+
+nb_status nb_mirrored_all_reduce(nb_mirrored *s, nb_reduction reduction, nb_tensor *const *per_replica, nb_tensor **out)
+{
+    const char *who = "nb_mirrored_all_reduce";
+    if (s && out)
+        for (int r = 0; r < s->n; r++)
+            out[r] = NULL;
+    if (!s || !per_replica || !out)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", who, !s ? "strategy" : !out ? "out" : "per_replica");
+    if (reduction != NB_REDUCE_SUM && reduction != NB_REDUCE_MEAN)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: unknown reduction %d", who, (int)reduction);
+    for (int r = 0; r < s->n; r++) {
+        const nb_tensor *x = per_replica[r], *x0 = per_replica[0];
+        if (!x)
+            return nb_error() ? nb_error() : nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: replica %d's tensor is NULL", who, r);
+        if (x->dtype != x0->dtype)
+            return nb__fail(NB_ERR_DTYPE, "%s: replica %d's tensor is %s but replica 0's is %s", who, r,
+                            nb_dtype_name(x->dtype), nb_dtype_name(x0->dtype));
+        if (!nb__same_shape(x, x0)) {
+            char a[NB_SHAPE_STR_MAX], b[NB_SHAPE_STR_MAX];
+            return nb__fail(NB_ERR_SHAPE, "%s: replica %d's tensor has shape %s but replica 0's has %s", who, r,
+                            nb__shape_str(x->ndim, x->shape, a, sizeof a), nb__shape_str(x0->ndim, x0->shape, b, sizeof b));
+        }
+    }
+    nb_dtype d = per_replica[0]->dtype;
+    if (d == NB_BOOL || (reduction == NB_REDUCE_MEAN && !nb__is_floating(d)))
+        return nb__fail(NB_ERR_DTYPE, "%s: cannot %s %s tensors", who, reduction == NB_REDUCE_MEAN ? "average" : "sum",
+                        nb_dtype_name(d));
+    if (called_from_replica(s, who))
+        return NB_ERR_INVALID_ARGUMENT;
+    pthread_mutex_lock(&s->call_lock);
+    all_reduce_job j = {per_replica, out, reduction == NB_REDUCE_MEAN ? 1.0 / s->n : 1.0};
+    dispatch(s, all_reduce_on_replica, &j);
+    nb_status st = raise_replica_error(s, who);
+    if (!st) {
+        s->collective_calls++;
+        s->last_buckets = 1;
+    }
+    pthread_mutex_unlock(&s->call_lock);
+    return hand_out(st, (size_t)s->n, out);
+}
+
+/* ---- the training step ------------------------------------------------------------------------------ */
+
+typedef struct step_job {
+    nb_optimizer *opt;
+    int n_vars;
+    nb_variable *const *vars;
+    nb_replica_step_fn fn;
+    void *user;
+    int n_inputs;
+    nb_tensor *const *inputs;
+    nb_reduction reduction;
+    int64_t step;       /* the optimizer's step number for this update */
+    bool *present;      /* per variable: some replica gave a gradient */
+    nb_dtype *dtypes;
+    int64_t *numels;
+} step_job;
+
+/* Runs the user's step on rs's share and checks what it gave. */
+static bool step_compute(nb_replica_state *rs, step_job *j)
+{
+    shares sh = {0};
+    bool ok = shares_init(&sh, rs, j->n_inputs, j->inputs);
+    if (ok) {
+        nb_status st = j->fn(&rs->ctx, j->n_inputs, sh.t, j->n_vars, j->vars, &rs->loss, rs->grads, j->user);
+        if (st || nb_error())
+            ok = nb__replica_failed(rs, st, "the step function failed");
+    }
+    shares_free(&sh);
+    const nb_tensor *loss = rs->loss;
+    if (ok && (!loss || !nb__is_floating(loss->dtype) || loss->numel != 1)) {
+        char sh_[NB_SHAPE_STR_MAX] = "";
+        ok = nb__replica_failed(rs, loss ? NB_ERR_SHAPE : NB_ERR_INVALID_ARGUMENT,
+                                "the step function's loss must be a floating scalar; it gave %s%s%s",
+                                loss ? nb_dtype_name(loss->dtype) : "NULL", loss ? " " : "",
+                                loss ? nb__shape_str(loss->ndim, loss->shape, sh_, sizeof sh_) : "");
+    }
+    for (int i = 0; i < j->n_vars && ok; i++) {
+        nb_tensor *g = rs->grads[i];
+        if (!g)
+            continue;
+        const nb_tensor *x = nb__variable_value(nb__variable_copy(j->vars[i], rs->index));
+        bool same_shape = nb__same_shape(g, x);
+        if (!same_shape || g->dtype != x->dtype) {
+            char sx[NB_SHAPE_STR_MAX], sg[NB_SHAPE_STR_MAX];
+            ok = nb__replica_failed(rs, !same_shape ? NB_ERR_SHAPE : NB_ERR_DTYPE,
+                                    "gradient %d for '%s' is %s %s, the variable is %s %s", i,
+                                    nb_variable_name(j->vars[i]), nb_dtype_name(g->dtype),
+                                    nb__shape_str(g->ndim, g->shape, sg, sizeof sg), nb_dtype_name(x->dtype),
+                                    nb__shape_str(x->ndim, x->shape, sx, sizeof sx));
+        } else if (g->device != rs->dev && !(rs->grads[i] = nb_to_device(g, rs->dev->name))) {
+            ok = nb__replica_failed(rs, NB_ERR_DEVICE, "moving gradient %d to %s", i, rs->dev->name);
+        }
+    }
+    return ok;
+}
+
+/* Run once, by the last replica to finish its step: which variables have a
+ * gradient anywhere, and the buckets they go in. */
+static bool plan_step(nb_mirrored *s, void *arg)
+{
+    step_job *j = arg;
+    for (int i = 0; i < j->n_vars; i++) {
+        j->present[i] = false;
+        for (int r = 0; r < s->n; r++)
+            j->present[i] |= s->reps[r].grads[i] != NULL;
+    }
+    return nb__bucket_plan_make(&s->plan, j->n_vars, j->dtypes, j->numels, j->present, s->bucket_bytes);
+}
+
+/* The view, shaped like variable i, of its place in bucket tensor b. */
+static nb_tensor *place_of(const nb_bucket_plan *plan, nb_tensor *const *buckets, int i, const nb_tensor *like)
+{
+    const nb_tensor *b = buckets[plan->bucket_of[i]];
+    int64_t strides[NB_MAX_DIMS];
+    nb__contiguous_strides(like->ndim, like->shape, nb_dtype_size(like->dtype), strides);
+    return nb__tensor_view(b, like->ndim, like->shape, strides,
+                           b->offset + plan->offset_of[i] * (int64_t)nb_dtype_size(like->dtype));
+}
+
+/* Packs rs's gradients into its buckets, weighted for MEAN (zeros where it has
+ * none). */
+static bool step_pack(nb_replica_state *rs, step_job *j)
+{
+    const nb_bucket_plan *plan = &rs->s->plan;
+    nb_status st = nb__bucket_cache_fit(rs, plan);
+    if (st)
+        return nb__replica_failed(rs, st, "allocating the gradient buckets");
+    double w = j->reduction == NB_REDUCE_MEAN ? (double)rs->ctx.rows / (double)rs->ctx.global_rows : 1.0;
+    const nb_backend *be = rs->dev->backend;
+    for (int i = 0; i < j->n_vars && !st; i++) {
+        if (plan->bucket_of[i] < 0)
+            continue;
+        const nb_tensor *x = nb__variable_value(nb__variable_copy(j->vars[i], rs->index));
+        nb_tensor *place = place_of(plan, rs->cache.tensors, i, x);
+        if (!place)
+            return nb__replica_failed(rs, NB_ERR_OUT_OF_MEMORY, "packing gradient %d", i);
+        nb_view pv = nb__view(place);
+        const nb_tensor *g = rs->grads[i];
+        if (!g) {
+            st = be->fill(rs->dev, &pv, 0.0);
+        } else {
+            nb_view gv = nb__view(g);
+            st = w == 1.0 ? be->copy(rs->dev, &pv, &gv) : be->unary(rs->dev, NB_UN_MUL_SCALAR, &pv, &gv, w);
+        }
+        nb__release(place);
+    }
+    return st == NB_OK || nb__replica_failed(rs, st, "packing the gradients");
+}
+
+/* Applies the reduced gradients to rs's copies. */
+static bool step_apply(nb_replica_state *rs, step_job *j)
+{
+    const nb_bucket_plan *plan = &rs->s->plan;
+    size_t n = (size_t)j->n_vars;
+    nb_variable **copies = malloc(sizeof *copies * (n ? n : 1));
+    nb_tensor **grads = calloc(n ? n : 1, sizeof *grads);
+    bool ok = (copies && grads) || nb__replica_failed(rs, NB_ERR_OUT_OF_MEMORY, "out of host memory");
+    for (size_t i = 0; i < n && ok; i++) {
+        copies[i] = nb__variable_copy(j->vars[i], rs->index);
+        if (plan->bucket_of[i] >= 0 &&
+            !(grads[i] = place_of(plan, rs->cache.tensors, (int)i, nb__variable_value(copies[i]))))
+            ok = nb__replica_failed(rs, NB_ERR_OUT_OF_MEMORY, "out of host memory");
+    }
+    if (ok) {
+        nb_status st = nb__optimizer_update(j->opt, j->n_vars, copies, grads, j->step, "nb_mirrored_step");
+        ok = st == NB_OK || nb__replica_failed(rs, st, "applying the update (the replicas may now differ)");
+    }
+    for (size_t i = 0; grads && i < n; i++)
+        nb__release(grads[i]);
+    free(copies);
+    free(grads);
+    return ok;
+}
+
+static void step_on_replica(nb_replica_state *rs, void *arg)
+{
+    step_job *j = arg;
+    nb_mirrored *s = rs->s;
+    for (int i = 0; i < j->n_vars; i++)
+        rs->grads[i] = NULL;
+    rs->loss = NULL;
+    nb_scope *scope = nb_scope_begin();
+    bool ok = scope || nb__replica_failed(rs, NB_ERR_OUT_OF_MEMORY, "out of host memory");
+    /* A replica with no rows has nothing to learn from: it only adds zeros. */
+    if (ok && rs->ctx.rows > 0)
+        ok = step_compute(rs, j);
+    if (!nb__mirrored_barrier(s, ok, plan_step, j))
+        goto out;
+    ok = step_pack(rs, j);
+    if (!nb__all_reduce_buckets(rs, ok, s->plan.n_buckets, rs->cache.tensors, rs->cache.tensors, 1.0))
+        goto out;
+    step_apply(rs, j);
+out:
+    nb__retain(rs->loss); /* for the caller, past the replica's scope */
+    for (int i = 0; i < j->n_vars; i++)
+        rs->grads[i] = NULL;
+    if (scope)
+        nb_scope_end(scope);
+}
+
+/* Checks that every variable is a mirrored one of s. */
+static nb_status check_vars(nb_mirrored *s, const char *who, int n, nb_variable *const *vars)
+{
+    if (n < 0 || (n > 0 && !vars))
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: %s", who, n < 0 ? "n_vars is negative" : "vars is NULL");
+    for (int i = 0; i < n; i++) {
+        if (!vars[i])
+            return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: variable %d is NULL", who, i);
+        uint64_t owner = nb__variable_mirror_owner(vars[i]);
+        if (owner != s->id)
+            return nb__fail(NB_ERR_INVALID_ARGUMENT,
+                            owner ? "%s: variable %d ('%s') belongs to another strategy"
+                                  : "%s: variable %d ('%s') is a plain variable; make it with nb_mirrored_variable_new",
+                            who, i, nb_variable_name(vars[i]));
+        if (!nb__is_floating(nb_variable_dtype(vars[i])))
+            return nb__fail(NB_ERR_DTYPE, "%s: variable %d ('%s') is %s: only floating variables can be trained", who, i,
+                            nb_variable_name(vars[i]), nb_dtype_name(nb_variable_dtype(vars[i])));
+    }
+    return NB_OK;
+}
+
+/* Makes the optimizer's slots for every copy, on this thread, before the
+ * replicas update concurrently. */
+static nb_status prepare_slots(nb_mirrored *s, nb_optimizer *opt, int n, nb_variable *const *vars, const char *who)
+{
+    size_t total = (size_t)n * (size_t)s->n;
+    nb_variable **copies = malloc(sizeof *copies * (total ? total : 1));
+    if (!copies)
+        return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+    for (int i = 0; i < n; i++)
+        for (int r = 0; r < s->n; r++)
+            copies[(size_t)i * (size_t)s->n + (size_t)r] = nb__variable_copy(vars[i], r);
+    nb_status st = nb__optimizer_prepare(opt, (int)total, copies, who);
+    free(copies);
+    return st;
+}
+
+/* The loss of the whole batch as f64 on the caller's device: replica losses
+ * weighted like the gradients, added in replica order. */
+static nb_tensor *combine_losses(nb_mirrored *s, nb_reduction reduction)
+{
+    const char *here = nb_device_current();
+    nb_scope *scope = nb_scope_begin();
+    if (!scope)
+        return NULL;
+    nb_tensor *sum = NULL;
+    for (int r = 0; r < s->n; r++) {
+        nb_replica_state *rs = &s->reps[r];
+        if (!rs->loss)
+            continue;
+        double w = reduction == NB_REDUCE_MEAN ? (double)rs->ctx.rows / (double)rs->ctx.global_rows : 1.0;
+        nb_tensor *l = nb_reshape(nb_cast(nb_to_device(rs->loss, here), NB_F64), NB_SCALAR);
+        if (w != 1.0)
+            l = nb_mul_scalar(l, w);
+        sum = sum ? nb_add(sum, l) : l;
+    }
+    sum = nb_keep(sum);
+    nb_scope_end(scope);
+    return sum;
+}
+
+nb_status nb_mirrored_step(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_variable *const *vars,
+                           nb_replica_step_fn fn, void *user, int n_inputs, nb_tensor *const *inputs,
+                           nb_reduction reduction, nb_tensor **loss)
+{
+    const char *who = "nb_mirrored_step";
+    if (loss)
+        *loss = NULL;
+    if (!s || !opt || !fn)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", who, !s ? "strategy" : !opt ? "optimizer" : "fn");
+    if (reduction != NB_REDUCE_SUM && reduction != NB_REDUCE_MEAN)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: unknown reduction %d", who, (int)reduction);
+    if (n_inputs < 1)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: a step needs at least one input to split", who);
+    if (called_from_replica(s, who))
+        return NB_ERR_INVALID_ARGUMENT;
+    nb_status st = check_vars(s, who, n_vars, vars);
+    if (st)
+        return st;
+
+    pthread_mutex_lock(&s->call_lock);
+    int64_t rows = 0;
+    size_t n = (size_t)n_vars;
+    bool *present = malloc(sizeof *present * (n ? n : 1));
+    nb_dtype *dtypes = malloc(sizeof *dtypes * (n ? n : 1));
+    int64_t *numels = malloc(sizeof *numels * (n ? n : 1));
+    if (!present || !dtypes || !numels)
+        st = nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+    for (int r = 0; r < s->n && !st; r++) {
+        nb_replica_state *rs = &s->reps[r];
+        if (rs->cap_grads < n_vars) {
+            nb_tensor **g = realloc(rs->grads, sizeof *g * n);
+            if (!g) {
+                st = nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+                break;
+            }
+            rs->grads = g;
+            rs->cap_grads = n_vars;
+        }
+    }
+    if (!st)
+        st = split_batch(s, who, n_inputs, inputs, &rows);
+    if (!st && rows == 0)
+        st = nb__fail(NB_ERR_SHAPE, "%s: the batch has no rows", who);
+    if (!st)
+        st = prepare_slots(s, opt, n_vars, vars, who);
+    if (!st) {
+        for (int i = 0; i < n_vars; i++) {
+            const nb_tensor *x = nb__variable_value(nb__variable_copy(vars[i], 0));
+            dtypes[i] = x->dtype;
+            numels[i] = x->numel;
+        }
+        step_job j = {opt,    n_vars,    vars,  fn,      user,   n_inputs, inputs, reduction,
+                      nb__optimizer_next_step(opt), present, dtypes, numels};
+        dispatch(s, step_on_replica, &j);
+        st = raise_replica_error(s, who);
+        if (!st) {
+            nb__optimizer_advance(opt);
+            s->steps++;
+            s->collective_calls += s->plan.n_buckets;
+            s->last_buckets = s->plan.n_buckets;
+            if (loss && !(*loss = combine_losses(s, reduction)))
+                st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
+        }
+        for (int r = 0; r < s->n; r++) {
+            nb__release(s->reps[r].loss);
+            s->reps[r].loss = NULL;
+        }
+    }
+    pthread_mutex_unlock(&s->call_lock);
+    free(present);
+    free(dtypes);
+    free(numels);
+    return st;
+}
