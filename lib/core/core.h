@@ -170,5 +170,10 @@ void nb__scope_spares_drain(void);
 typedef void (*nb_range_fn)(void *ctx, int64_t begin, int64_t end);
 void nb__parallel_for(int64_t n, int64_t grain, nb_range_fn fn, void *ctx);
 int nb__thread_count(void);
+/* Marks the calling thread serial: its kernels run on it alone (parallel loops
+ * inline, matmul without BLAS threads). For threads that together already keep
+ * every core busy, like the replicas of a mirrored strategy on CPU devices. */
+void nb__thread_set_serial(bool on);
+bool nb__thread_serial(void);
 
 #endif

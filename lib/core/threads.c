@@ -102,6 +102,14 @@ void nb__thread_track(void)
     (void)pthread_setspecific(g_exit_key, &tl_tracked);
 }
 
+/* Set on threads whose kernels must not fan out (CPU replicas that already
+ * occupy every core): their parallel loops run inline. */
+static _Thread_local bool tl_serial;
+
+void nb__thread_set_serial(bool on) { tl_serial = on; }
+
+bool nb__thread_serial(void) { return tl_serial; }
+
 int nb__thread_count(void)
 {
     pthread_once(&g_pool_once, pool_init);
@@ -116,8 +124,8 @@ void nb__parallel_for(int64_t n, int64_t grain, nb_range_fn fn, void *ctx)
         grain = 1;
     pthread_once(&g_pool_once, pool_init);
     pool *p = &g_pool;
-    /* Small jobs, single-core machines, and nested calls run inline. */
-    if (n < 2 * grain || p->n_threads == 0 || pthread_mutex_trylock(&p->job_lock) != 0) {
+    /* Small jobs, single-core machines, serial threads and nested calls run inline. */
+    if (n < 2 * grain || p->n_threads == 0 || tl_serial || pthread_mutex_trylock(&p->job_lock) != 0) {
         fn(ctx, 0, n);
         return;
     }

@@ -95,6 +95,11 @@ static void *replica_main(void *arg)
     bool pushed = nb_device_push(rs->dev->name) == NB_OK;
     nb_error_clear();
     nb__replica_enter(s->id, rs->index);
+    /* CPU replicas that fill the cores each keep to their own thread. */
+    int cpu_replicas = 0;
+    for (int r = 0; r < s->n; r++)
+        cpu_replicas += s->devices[r]->kind == NB_DEVICE_CPU;
+    nb__thread_set_serial(rs->dev->kind == NB_DEVICE_CPU && cpu_replicas >= nb__thread_count());
     uint64_t seen = 0;
     pthread_mutex_lock(&s->lock);
     for (;;) {

@@ -178,7 +178,9 @@ static nb_status matmul(nb_device *dev, const nb_view *out, const nb_view *a, co
         pl.bshape[0] = 1;
         pl.bst[0][0] = pl.bst[1][0] = pl.bst[2][0] = 0;
     }
-    pl.builtin = builtin || !NB_HAVE_CBLAS;
+    /* A serial thread keeps off BLAS: OpenBLAS's own threads serve one caller at
+     * a time, and callers on several threads wait for each other there. */
+    pl.builtin = builtin || !NB_HAVE_CBLAS || nb__thread_serial();
     atomic_init(&pl.failed, 0);
     if (out->numel == 0)
         return NB_OK;
