@@ -1,6 +1,7 @@
 /* The GPU's kernel table: each entry makes its device current (creating its
  * stream on first use) and hands over to the kernel file that does the work. */
 #include "gpu_internal.h"
+#include "nb_config.h"
 
 #define ENTER(dev, who)                                                                \
     nb_gpu_ctx *c;                                                                     \
@@ -129,6 +130,11 @@ static nb_status gpu_adam_update(nb_device *dev, const nb_view *param, const nb_
 
 const nb_backend nb__gpu_backend = {
     .name = "cuda",
+#if NB_HAVE_NCCL
+    .collective = &nb__gpu_nccl,
+#else
+    .collective = NULL, /* built without NCCL: the strategy reduces through copies */
+#endif
     .alloc = gpu_alloc,
     .free = gpu_free,
     .copy_from_host = nb__gpu_copy_from_host,

@@ -7,6 +7,7 @@
  *   gpu_transfer.c    host <-> device and device <-> device copies, synchronize
  *   gpu_backend.c     the nb_backend table: thin wrappers that enter the device
  *   gpu_matmul.c      matmul through cuBLAS, TF32 switch
+ *   gpu_nccl.c        collectives through NCCL (when NCCL is found)
  *   gpu_*.cu          the kernels (elementwise, reduce, softmax, index, random, optim)
  *   gpu_stub.c        the whole of it when CUDA is off */
 #ifndef NB_GPU_INTERNAL_H
@@ -141,6 +142,11 @@ void *nb__gpu_malloc(nb_gpu_ctx *c, size_t nbytes);
 /* Gives back what nb__gpu_malloc returned; work already queued on c's stream
  * may still use it (the next user is ordered after it). NULL is ignored. */
 void nb__gpu_free(nb_gpu_ctx *c, void *ptr);
+
+/* ---- gpu_nccl.c (built when NB_HAVE_NCCL) ------------------------------------ */
+
+/* The backend's collectives: all-reduce over GPUs on distinct cards. */
+extern const nb_collective nb__gpu_nccl;
 
 /* ---- gpu_transfer.c ---------------------------------------------------------- */
 
