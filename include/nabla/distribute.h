@@ -43,7 +43,7 @@ typedef struct nb_replica nb_replica;
 typedef enum nb_reduction {
     NB_REDUCE_SUM = 0, /* the plain sum over replicas */
     NB_REDUCE_MEAN = 1 /* nb_mirrored_step: weighted by each replica's rows (the exact
-                          global mean of per-row means); elsewhere: sum / N */
+                          global mean of per-row means); elsewhere: sum times 1/N */
 } nb_reduction;
 
 /* ---- the strategy ---------------------------------------------------------- */
@@ -59,7 +59,7 @@ typedef enum nb_reduction {
  * when a thread or memory cannot be had. */
 nb_mirrored *nb_mirrored_new(int n, const char *const *devices);
 
-/* Waits for a step running on another thread to finish, then frees the
+/* Waits for a call (step, run, all-reduce) running on another thread to finish, then frees the
  * strategy, its threads and its buffers. Mirrored variables stay valid (each
  * keeps its copies) but can no longer be used by a step. NULL is ignored.
  * Called from inside one of the strategy's own replica functions it does
@@ -79,7 +79,7 @@ nb_status nb_mirrored_set_bucket_bytes(nb_mirrored *s, size_t bytes);
 /* Counters of what the strategy has done. */
 typedef struct nb_mirrored_stats {
     int64_t steps;           /* nb_mirrored_step calls that applied an update */
-    int64_t collective_calls;/* all-reduce calls made, one per bucket (per replica) */
+    int64_t collective_calls;/* buckets all-reduced so far (one collective call each) */
     int last_buckets;        /* buckets in the last all-reduce */
     size_t bucket_bytes;     /* the current setting */
     const char *algorithm;   /* "nccl" or "copies" (reduce-scatter + all-gather) */
@@ -119,17 +119,20 @@ int64_t nb_replica_global_rows(const nb_replica *r);/* rows of the whole batch *
 
 /* A function run on one replica, on that replica's thread with its device
  * pushed. inputs are its share of the global inputs (rows [start, start + rows)
- * of each, on its device). It writes n_outputs tensors to outputs (NULL allowed)
- * and returns NB_OK or an error. */
+ * of each, on its device: shares follow replica order, and the first B mod N
+ * replicas get one row more). It writes n_outputs tensors to outputs (a NULL
+ * output is allowed) and returns NB_OK or an error; returning NB_OK with an
+ * error pending counts as failing. */
 typedef nb_status (*nb_replica_fn)(nb_replica *r, int n_inputs, nb_tensor *const *inputs,
                                    int n_outputs, nb_tensor **outputs, void *user);
 
 /* Runs fn on every replica concurrently, each with its share of inputs (every
- * input needs at least one dim, and all the same first dim; a replica may get
- * zero rows and is still called). Writes N * n_outputs tensors to outputs,
- * replica-major (outputs[r * n_outputs + k]), each on its replica's device and
- * owned by the caller's current scope. On failure every output is NULL and the
- * error names the first replica (lowest index) that failed. */
+ * input needs at least one dim, and all the same first dim: NB_ERR_SHAPE
+ * otherwise; a replica may get zero rows and is still called). Writes
+ * N * n_outputs tensors to outputs, replica-major (outputs[r * n_outputs + k]),
+ * each on its replica's device and owned by the caller's current scope. On
+ * failure every output is NULL and the error names the first replica (lowest
+ * index) that failed. */
 nb_status nb_mirrored_run(nb_mirrored *s, nb_replica_fn fn, void *user, int n_inputs,
                           nb_tensor *const *inputs, int n_outputs, nb_tensor **outputs);
 
@@ -139,11 +142,12 @@ nb_status nb_mirrored_run(nb_mirrored *s, nb_replica_fn fn, void *user, int n_in
  * NB_ERR_SHAPE / NB_ERR_DTYPE when they disagree. */
 nb_tensor *nb_mirrored_reduce(nb_mirrored *s, nb_reduction reduction, nb_tensor *const *per_replica);
 
-/* All-reduces N per-replica tensors (per_replica[r] of one shape and dtype;
- * copied to replica r's device when elsewhere) with the strategy's collective:
- * writes N new tensors to out, out[r] on replica r's device, all equal bit for
- * bit (SUM, or MEAN = SUM / N). Owned by the current scope. On failure every
- * out[r] is NULL. */
+/* All-reduces N per-replica tensors (per_replica[r] of one shape and dtype,
+ * else NB_ERR_SHAPE / NB_ERR_DTYPE; copied to replica r's device when
+ * elsewhere) with the strategy's collective: writes N new tensors to out, out[r]
+ * on replica r's device, all equal bit for bit (SUM, or MEAN = SUM times 1/N;
+ * NB_BOOL is NB_ERR_DTYPE, and MEAN needs a floating dtype). Owned by the
+ * current scope. On failure every out[r] is NULL. */
 nb_status nb_mirrored_all_reduce(nb_mirrored *s, nb_reduction reduction, nb_tensor *const *per_replica,
                                  nb_tensor **out);
 
@@ -161,7 +165,7 @@ typedef nb_status (*nb_replica_step_fn)(nb_replica *r, int n_inputs, nb_tensor *
                                         int n_vars, nb_variable *const *vars, nb_tensor **loss,
                                         nb_tensor **grads, void *user);
 
-/* One training step: splits inputs over the replicas, runs fn on every replica
+/* One training step: splits inputs over the replicas (as nb_mirrored_run does), runs fn on every replica
  * that got rows (a replica with zero rows is not called: it contributes zero
  * gradient and zero weight), all-reduces the gradients, SUM or MEAN (MEAN
  * weights replica r by rows_r / global rows, so with a per-row mean loss the
@@ -171,11 +175,13 @@ typedef nb_status (*nb_replica_step_fn)(nb_replica *r, int n_inputs, nb_tensor *
  * it is. When loss is not NULL, *loss receives the combined loss (reduced like
  * the gradients) as an f64 scalar on the caller's current device, owned by the
  * current scope.
- * Fails with NB_ERR_INVALID_ARGUMENT for a NULL argument, a plain variable or
- * one of another strategy, inputs without a common first dim, or a call from
- * inside a replica function; with the replica's error when a replica fails, its
- * gradient does not match its variable (NB_ERR_SHAPE / NB_ERR_DTYPE) or a loss is
- * not a floating scalar. On failure nothing is updated. */
+ * Fails with NB_ERR_INVALID_ARGUMENT for a NULL argument, no inputs, a plain
+ * variable or one of another strategy, or a call from inside a replica
+ * function; NB_ERR_SHAPE for inputs without a common first dim or a batch of no
+ * rows; with the replica's error (naming it) when a replica fails, its gradient
+ * does not match its variable (NB_ERR_SHAPE / NB_ERR_DTYPE) or its loss is not
+ * a floating scalar (NULL: NB_ERR_INVALID_ARGUMENT, not floating: NB_ERR_DTYPE,
+ * more than one element: NB_ERR_SHAPE). On failure nothing is updated. */
 nb_status nb_mirrored_step(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_variable *const *vars,
                            nb_replica_step_fn fn, void *user, int n_inputs, nb_tensor *const *inputs,
                            nb_reduction reduction, nb_tensor **loss);

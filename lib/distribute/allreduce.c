@@ -255,25 +255,32 @@ static nb_status gather_parts(nb_replica_state *rs, int k)
 
 /* ---- through the collective ---------------------------------------------------------- */
 
-static nb_status collective_reduce(nb_replica_state *rs, int n_buckets, nb_tensor *const *src,
-                                   nb_tensor *const *dst, double scale)
+/* Scaling first (into dst) keeps the collective a plain in-place sum. */
+static nb_status collective_prepare(nb_replica_state *rs, int n_buckets, nb_tensor *const *src,
+                                    nb_tensor *const *dst, double scale)
 {
-    nb_mirrored *s = rs->s;
     nb_device *dev = rs->dev;
-    const nb_backend *be = dev->backend;
     nb_status st = NB_OK;
-    /* Scaling first (into dst) keeps the collective a plain in-place sum. */
     for (int k = 0; k < n_buckets && !st; k++) {
         nb_view out = nb__view(dst[k]), in = nb__view(src[k]);
         if (scale != 1.0)
-            st = be->unary(dev, NB_UN_MUL_SCALAR, &out, &in, scale);
+            st = dev->backend->unary(dev, NB_UN_MUL_SCALAR, &out, &in, scale);
         else if (in.data != out.data)
-            st = be->copy(dev, &out, &in);
+            st = dev->backend->copy(dev, &out, &in);
     }
-    /* One grouped call per run of buckets of one dtype (the plan groups them). */
+    return st;
+}
+
+/* One grouped call per run of buckets of one dtype (the plan groups them).
+ * Every rank makes the same calls: the layouts agree and the checks that can
+ * fail depend only on them. */
+static nb_status collective_sum(nb_replica_state *rs, int n_buckets, nb_tensor *const *dst)
+{
+    nb_mirrored *s = rs->s;
     const void *sends[64];
     void *recvs[64];
     int64_t counts[64];
+    nb_status st = NB_OK;
     for (int k = 0; k < n_buckets && !st;) {
         int m = 0;
         nb_dtype d = dst[k]->dtype;
@@ -299,7 +306,13 @@ bool nb__all_reduce_buckets(nb_replica_state *rs, bool ok, int n_buckets, nb_ten
     if (!nb__mirrored_barrier(s, ok, NULL, NULL))
         return false;
     if (s->comm) {
-        nb_status st = collective_reduce(rs, n_buckets, src, dst, scale);
+        /* A rank that skipped the collective would leave the others waiting in
+         * it for ever: agree that every rank is ready before any calls it. */
+        nb_status st = collective_prepare(rs, n_buckets, src, dst, scale);
+        ok = st == NB_OK || nb__replica_failed(rs, st, "all-reduce: scaling the buffers failed");
+        if (!nb__mirrored_barrier(s, ok, NULL, NULL))
+            return false;
+        st = collective_sum(rs, n_buckets, dst);
         ok = st == NB_OK || nb__replica_failed(rs, st, "all-reduce (%s) failed", s->collective->name);
         return nb__mirrored_barrier(s, ok, NULL, NULL);
     }

@@ -503,8 +503,10 @@ nb_status nb_mirrored_run(nb_mirrored *s, nb_replica_fn fn, void *user, int n_in
         dispatch(s, run_on_replica, &j);
         st = raise_replica_error(s, who);
     }
+    /* s may be freed by another thread once the lock is let go. */
+    size_t n_out = (size_t)s->n * (size_t)n_outputs;
     pthread_mutex_unlock(&s->call_lock);
-    return hand_out(st, (size_t)s->n * (size_t)n_outputs, outputs);
+    return hand_out(st, n_out, outputs);
 }
 
 /* ---- reduce --------------------------------------------------------------------------------------- */
@@ -616,8 +618,9 @@ nb_status nb_mirrored_all_reduce(nb_mirrored *s, nb_reduction reduction, nb_tens
         s->collective_calls++;
         s->last_buckets = 1;
     }
+    size_t n_out = (size_t)s->n;
     pthread_mutex_unlock(&s->call_lock);
-    return hand_out(st, (size_t)s->n, out);
+    return hand_out(st, n_out, out);
 }
 
 /* ---- the training step ------------------------------------------------------------------------------ */
@@ -651,7 +654,8 @@ static bool step_compute(nb_replica_state *rs, step_job *j)
     const nb_tensor *loss = rs->loss;
     if (ok && (!loss || !nb__is_floating(loss->dtype) || loss->numel != 1)) {
         char sh_[NB_SHAPE_STR_MAX] = "";
-        ok = nb__replica_failed(rs, loss ? NB_ERR_SHAPE : NB_ERR_INVALID_ARGUMENT,
+        nb_status code = !loss ? NB_ERR_INVALID_ARGUMENT : !nb__is_floating(loss->dtype) ? NB_ERR_DTYPE : NB_ERR_SHAPE;
+        ok = nb__replica_failed(rs, code,
                                 "the step function's loss must be a floating scalar; it gave %s%s%s",
                                 loss ? nb_dtype_name(loss->dtype) : "NULL", loss ? " " : "",
                                 loss ? nb__shape_str(loss->ndim, loss->shape, sh_, sizeof sh_) : "");
