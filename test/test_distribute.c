@@ -1669,6 +1669,53 @@ static void test_reads_and_assign(void)
     nb_variable_free(plain);
 }
 
+/* For test_optimizer_apply_mirrored: tries an optimizer update from inside a replica. */
+static nb_status apply_inside(nb_replica *r, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out,
+                              void *user)
+{
+    (void)r, (void)n_in, (void)in, (void)n_out, (void)out;
+    nb_variable *v = ((nb_variable **)user)[0];
+    nb_optimizer *opt = ((nb_optimizer **)user)[1];
+    nb_tensor *g = nb_ones_like(nb_read(v));
+    nb_status st = nb_optimizer_apply(opt, 1, &v, &g);
+    return st == NB_ERR_INVALID_ARGUMENT ? (nb_error_clear(), NB_OK) : NB_ERR_INTERNAL;
+}
+
+/* nb_optimizer_apply outside a step updates every copy of a mirrored variable
+ * alike (one iteration, slots per copy), exactly as a plain variable moves;
+ * inside a replica function it is refused. */
+static void test_optimizer_apply_mirrored(void)
+{
+    nb_mirrored *s = nb_mirrored_new(3, NULL);
+    nb_tensor *init = nb_random_normal(NB_F64, NB_SHAPE(4, 2), 0, 1, 111);
+    nb_variable *v = nb_mirrored_variable_new(s, "m", init);
+    nb_variable *plain = nb_variable_new("p", init);
+    nb_optimizer *om = nb_adam_new(0.1, 0.9, 0.999, 1e-7), *op = nb_adam_new(0.1, 0.9, 0.999, 1e-7);
+    for (int k = 0; k < 3; k++) {
+        nb_tensor *g = nb_random_normal(NB_F64, NB_SHAPE(4, 2), 0, 1, 112 + (uint64_t)k);
+        CHECK_OK(nb_optimizer_apply(om, 1, &v, &g));
+        CHECK_OK(nb_optimizer_apply(op, 1, &plain, &g));
+    }
+    CHECK(nb_optimizer_iterations(om) == 3);
+    nb_tensor *want = nb_read(plain);
+    CHECK(!same_bits(want, init));
+    for (int r = 0; r < 3; r++)
+        CHECKF(same_bits(nb_mirrored_variable_read(v, r), want), "copy %d differs from the plain update", r);
+
+    void *ctx[2] = {v, om};
+    nb_tensor *x = nb_ones(NB_F64, NB_SHAPE(3, 1));
+    CHECK_OK(nb_mirrored_run(s, apply_inside, ctx, 1, &x, 0, NULL));
+    for (int r = 0; r < 3; r++)
+        CHECK(same_bits(nb_mirrored_variable_read(v, r), want));
+    CHECK(nb_optimizer_iterations(om) == 3);
+
+    nb_optimizer_free(om);
+    nb_optimizer_free(op);
+    nb_variable_free(v);
+    nb_variable_free(plain);
+    nb_mirrored_free(s);
+}
+
 /* ---- main -------------------------------------------------------------------------- */
 
 static void on_alarm(int sig)
@@ -1712,5 +1759,6 @@ int main(void)
     RUN_T(test_free_during_step);
     RUN_T(test_calls_from_replicas);
     RUN_T(test_reads_and_assign);
+    RUN_T(test_optimizer_apply_mirrored);
     return check_finish();
 }
