@@ -19,7 +19,7 @@ typedef struct nb_barrier {
     pthread_mutex_t lock;
     pthread_cond_t cv;
     int n, arrived;
-    uint64_t generation;
+    atomic_uint_fast64_t generation; /* read without the lock while spinning */
     bool all_ok, result;
 } nb_barrier;
 
@@ -88,9 +88,13 @@ struct nb_mirrored {
     /* handing jobs to the replica threads */
     pthread_mutex_t lock;
     pthread_cond_t work_cv, done_cv;
-    uint64_t generation;
-    int remaining;
+    atomic_uint_fast64_t generation; /* bumped for each job */
+    atomic_int remaining;            /* replicas still on the current job */
     bool quit;
+    /* Replicas spin a little at barriers before they sleep when they do not
+     * outnumber the cores: waking a sleeping thread costs tens of microseconds
+     * (more on virtual machines), several times per step. */
+    bool spin;
     nb_job_fn job_fn;
     void *job;
     nb_barrier barrier;

@@ -23,6 +23,45 @@
 
 static atomic_uint_fast64_t g_next_id = 1;
 
+/* ---- waiting ---------------------------------------------------------------------- */
+
+#include <time.h>
+
+/* Replicas usually meet within this. Only barriers spin: replica threads that
+ * spun between jobs would take the cores the caller needs to issue the next. */
+#define BARRIER_SPIN_NS 200000
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Spins for at most ns until *word differs from seen; true when it does. */
+static bool spin_while_equal(atomic_uint_fast64_t *word, uint64_t seen, int64_t ns)
+{
+    int64_t end = now_ns() + ns;
+    for (;;) {
+        for (int i = 0; i < 64; i++) {
+            if (atomic_load_explicit(word, memory_order_acquire) != seen)
+                return true;
+            cpu_relax();
+        }
+        if (now_ns() > end)
+            return false;
+    }
+}
+
 /* ---- the barrier ----------------------------------------------------------------- */
 
 bool nb__mirrored_barrier(nb_mirrored *s, bool ok, bool (*last)(nb_mirrored *s, void *arg), void *arg)
@@ -31,7 +70,7 @@ bool nb__mirrored_barrier(nb_mirrored *s, bool ok, bool (*last)(nb_mirrored *s, 
     pthread_mutex_lock(&b->lock);
     if (!ok)
         b->all_ok = false;
-    uint64_t gen = b->generation;
+    uint64_t gen = atomic_load(&b->generation);
     if (++b->arrived == b->n) {
         bool all = b->all_ok;
         if (all && last)
@@ -39,15 +78,21 @@ bool nb__mirrored_barrier(nb_mirrored *s, bool ok, bool (*last)(nb_mirrored *s, 
         b->result = all;
         b->all_ok = true;
         b->arrived = 0;
-        b->generation++;
+        atomic_store_explicit(&b->generation, gen + 1, memory_order_release);
         pthread_cond_broadcast(&b->cv);
-    } else {
-        while (gen == b->generation)
-            pthread_cond_wait(&b->cv, &b->lock);
+        pthread_mutex_unlock(&b->lock);
+        return all;
     }
-    bool result = b->result;
     pthread_mutex_unlock(&b->lock);
-    return result;
+    /* result is written before the generation moves and is not touched again
+     * until this thread has arrived at the next barrier. */
+    if (!s->spin || !spin_while_equal(&b->generation, gen, BARRIER_SPIN_NS)) {
+        pthread_mutex_lock(&b->lock);
+        while (atomic_load(&b->generation) == gen)
+            pthread_cond_wait(&b->cv, &b->lock);
+        pthread_mutex_unlock(&b->lock);
+    }
+    return b->result;
 }
 
 /* ---- errors on replica threads ------------------------------------------------------ */
@@ -101,13 +146,13 @@ static void *replica_main(void *arg)
         cpu_replicas += s->devices[r]->kind == NB_DEVICE_CPU;
     nb__thread_set_serial(rs->dev->kind == NB_DEVICE_CPU && cpu_replicas >= nb__thread_count());
     uint64_t seen = 0;
-    pthread_mutex_lock(&s->lock);
     for (;;) {
-        while (s->generation == seen && !s->quit)
+        pthread_mutex_lock(&s->lock);
+        while (atomic_load(&s->generation) == seen && !s->quit)
             pthread_cond_wait(&s->work_cv, &s->lock);
         if (s->quit)
             break;
-        seen = s->generation;
+        seen = atomic_load(&s->generation);
         nb_job_fn fn = s->job_fn;
         void *job = s->job;
         pthread_mutex_unlock(&s->lock);
@@ -118,9 +163,11 @@ static void *replica_main(void *arg)
         fn(rs, job);
         if (nb_error()) /* an error the job left pending still fails it */
             nb__replica_failed(rs, nb_error(), "%s", "");
-        pthread_mutex_lock(&s->lock);
-        if (--s->remaining == 0)
+        if (atomic_fetch_sub(&s->remaining, 1) == 1) {
+            pthread_mutex_lock(&s->lock);
             pthread_cond_signal(&s->done_cv);
+            pthread_mutex_unlock(&s->lock);
+        }
     }
     pthread_mutex_unlock(&s->lock);
     if (pushed)
@@ -135,10 +182,11 @@ static void dispatch(nb_mirrored *s, nb_job_fn fn, void *job)
     pthread_mutex_lock(&s->lock);
     s->job_fn = fn;
     s->job = job;
-    s->remaining = s->n;
-    s->generation++;
+    atomic_store(&s->remaining, s->n);
+    atomic_fetch_add(&s->generation, 1);
     pthread_cond_broadcast(&s->work_cv);
-    while (s->remaining > 0)
+    /* The caller sleeps: the replicas need every core. */
+    while (atomic_load(&s->remaining) > 0)
         pthread_cond_wait(&s->done_cv, &s->lock);
     pthread_mutex_unlock(&s->lock);
 }
@@ -259,6 +307,7 @@ nb_mirrored *nb_mirrored_new(int n, const char *const *devices)
     pthread_cond_init(&s->barrier.cv, NULL);
     s->barrier.n = n;
     s->barrier.all_ok = true;
+    s->spin = n <= nb__thread_count();
     for (int r = 0; r < n; r++) {
         nb_replica_state *rs = &reps[r];
         rs->s = s;
