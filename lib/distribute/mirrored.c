@@ -25,6 +25,7 @@ static atomic_uint_fast64_t g_next_id = 1;
 
 /* ---- waiting ---------------------------------------------------------------------- */
 
+#include <sched.h>
 #include <time.h>
 
 /* Replicas usually meet within this. Only barriers spin: replica threads that
@@ -47,7 +48,9 @@ static inline void cpu_relax(void)
 #endif
 }
 
-/* Spins for at most ns until *word differs from seen; true when it does. */
+/* Spins for at most ns until *word differs from seen; true when it does.
+ * Between looks it yields, so that a thread it waits for that shares its core
+ * is not kept from running. */
 static bool spin_while_equal(atomic_uint_fast64_t *word, uint64_t seen, int64_t ns)
 {
     int64_t end = now_ns() + ns;
@@ -57,6 +60,7 @@ static bool spin_while_equal(atomic_uint_fast64_t *word, uint64_t seen, int64_t 
                 return true;
             cpu_relax();
         }
+        sched_yield();
         if (now_ns() > end)
             return false;
     }
