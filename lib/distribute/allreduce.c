@@ -147,17 +147,28 @@ static nb_view part_view(const nb_tensor *t, int64_t lo, int64_t count)
     return v;
 }
 
+/* Temporary i (count elements like dst) of a reduction, made on first use. */
+static nb_status temp(nb_replica_state *rs, nb_tensor **tmp, int i, const nb_tensor *dst, int64_t count)
+{
+    if (!tmp[i] && !(tmp[i] = nb__tensor_new(rs->dev, dst->dtype, 1, &count)))
+        return nb_error() ? nb_error() : NB_ERR_OUT_OF_MEMORY;
+    return NB_OK;
+}
+
 /* Replica s's part [lo, lo + count) of bucket src, readable by rs's kernels:
  * the buffer itself on CPU devices (one address space) and on rs's own device,
- * else a copy into tmp on rs's device. */
+ * else a copy into temporary i on rs's device. */
 static nb_status term(nb_replica_state *rs, const nb_replica_state *from, const nb_tensor *src, int64_t lo,
-                      int64_t count, nb_tensor *tmp, nb_view *out)
+                      int64_t count, nb_tensor **tmp, int i, nb_view *out)
 {
     *out = part_view(src, lo, count);
     if (from == rs || (rs->dev->kind == NB_DEVICE_CPU && from->dev->kind == NB_DEVICE_CPU))
         return NB_OK;
-    nb_view t = part_view(tmp, 0, count);
-    nb_status st = rs->dev->backend->copy_between(rs->dev, t.data, from->dev, out->data,
+    nb_status st = temp(rs, tmp, i, src, count);
+    if (st)
+        return st;
+    nb_view t = part_view(tmp[i], 0, count);
+    st = rs->dev->backend->copy_between(rs->dev, t.data, from->dev, out->data,
                                                   (size_t)count * nb_dtype_size(src->dtype));
     *out = t;
     return st;
@@ -178,23 +189,18 @@ static nb_status reduce_part(nb_replica_state *rs, int k, double scale)
         return NB_OK;
     nb_view out = part_view(dst, lo, count);
 
-    /* Two running sums and two landing places for copied parts, each count long. */
+    /* Up to two running sums (temporaries 0, 1) and two landing places for
+     * copied parts (2, 3), each count long, made when first needed. */
     nb_tensor *tmp[4] = {NULL, NULL, NULL, NULL};
-    bool copies = dev->kind != NB_DEVICE_CPU && s->n > 1;
-    int need = s->n == 1 ? 1 : copies ? 4 : 2;
     nb_status st = NB_OK;
-    for (int i = 0; i < need && !st; i++)
-        if (!(tmp[i] = nb__tensor_new(dev, dst->dtype, 1, &count)))
-            st = nb_error() ? nb_error() : NB_ERR_OUT_OF_MEMORY;
-    if (st)
-        goto done;
-
     if (s->n == 1) {
         nb_view in = part_view(rs->ar_src[k], lo, count);
         if (scale == 1.0) {
             if (in.data != out.data)
                 st = be->copy(dev, &out, &in);
-        } else { /* through a temporary: kernels never alias output and input */
+        } else if (in.data != out.data) {
+            st = be->unary(dev, NB_UN_MUL_SCALAR, &out, &in, scale);
+        } else if (!(st = temp(rs, tmp, 0, dst, count))) { /* kernels never alias output and input */
             nb_view t = part_view(tmp[0], 0, count);
             st = be->copy(dev, &t, &in);
             if (!st)
@@ -203,25 +209,25 @@ static nb_status reduce_part(nb_replica_state *rs, int k, double scale)
         goto done;
     }
 
-    nb_view acc, a, b;
-    if ((st = term(rs, &s->reps[0], s->reps[0].ar_src[k], lo, count, copies ? tmp[2] : NULL, &a)) ||
-        (st = term(rs, &s->reps[1], s->reps[1].ar_src[k], lo, count, copies ? tmp[3] : NULL, &b)))
+    nb_view a, b;
+    if ((st = term(rs, &s->reps[0], s->reps[0].ar_src[k], lo, count, tmp, 2, &a)) ||
+        (st = term(rs, &s->reps[1], s->reps[1].ar_src[k], lo, count, tmp, 3, &b)))
         goto done;
     for (int from = 1; from < s->n; from++) {
-        if (from > 1 && (st = term(rs, &s->reps[from], s->reps[from].ar_src[k], lo, count,
-                                   copies ? tmp[2 + from % 2] : NULL, &b)))
+        if (from > 1 && (st = term(rs, &s->reps[from], s->reps[from].ar_src[k], lo, count, tmp, 2 + from % 2, &b)))
             goto done;
         bool last = from == s->n - 1;
         /* The last sum goes straight to dst unless it must still be scaled or
          * dst's part is one of its inputs (in place). */
         bool direct = last && scale == 1.0 && out.data != a.data && out.data != b.data;
+        if (!direct && (st = temp(rs, tmp, from % 2, dst, count)))
+            goto done;
         nb_view target = direct ? out : part_view(tmp[from % 2], 0, count);
         if ((st = be->binary(dev, NB_BIN_ADD, &target, &a, &b)))
             goto done;
-        acc = target;
-        a = acc;
+        a = target;
         if (last && !direct)
-            st = scale == 1.0 ? be->copy(dev, &out, &acc) : be->unary(dev, NB_UN_MUL_SCALAR, &out, &acc, scale);
+            st = scale == 1.0 ? be->copy(dev, &out, &a) : be->unary(dev, NB_UN_MUL_SCALAR, &out, &a, scale);
     }
 done:
     for (int i = 0; i < 4; i++)
