@@ -506,7 +506,7 @@ static void run_on_replica(nb_replica_state *rs, void *arg)
         nb__replica_failed(rs, NB_ERR_OUT_OF_MEMORY, "out of host memory");
         return;
     }
-    if (shares_init(&sh, rs, j->n_inputs, j->inputs)) {
+    if (rs->status == NB_OK && shares_init(&sh, rs, j->n_inputs, j->inputs)) {
         nb_status st = j->fn(&rs->ctx, j->n_inputs, sh.t, j->n_outputs, outs, j->user);
         if (st || nb_error())
             nb__replica_failed(rs, st, "the replica function failed");
@@ -615,7 +615,8 @@ static void all_reduce_on_replica(nb_replica_state *rs, void *arg)
 {
     all_reduce_job *j = arg;
     nb_scope *scope = nb_scope_begin();
-    bool ok = scope || nb__replica_failed(rs, NB_ERR_OUT_OF_MEMORY, "out of host memory");
+    /* A replica that failed already (no device) still meets the others at every barrier. */
+    bool ok = rs->status == NB_OK && (scope || nb__replica_failed(rs, NB_ERR_OUT_OF_MEMORY, "out of host memory"));
     nb_tensor *x = NULL, *y = NULL;
     if (ok) {
         x = j->in[rs->index];
@@ -819,7 +820,8 @@ static void step_on_replica(nb_replica_state *rs, void *arg)
         rs->grads[i] = NULL;
     rs->loss = NULL;
     nb_scope *scope = nb_scope_begin();
-    bool ok = scope || nb__replica_failed(rs, NB_ERR_OUT_OF_MEMORY, "out of host memory");
+    /* A replica that failed already (no device) still meets the others at every barrier. */
+    bool ok = rs->status == NB_OK && (scope || nb__replica_failed(rs, NB_ERR_OUT_OF_MEMORY, "out of host memory"));
     /* A replica with no rows has nothing to learn from: it only adds zeros. */
     if (ok && rs->ctx.rows > 0)
         ok = step_compute(rs, j);
