@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <threads.h>
+#include <pthread.h>
 #include <time.h>
 
 #define POWER 10
@@ -41,7 +41,7 @@ typedef struct job {
 
 /* Runs on its own thread: pushes the device, computes, and waits for the device
  * so that the timing covers the work. */
-static int run_job(void *arg)
+static void *run_job(void *arg)
 {
     job *j = arg;
     nb_scope *s = nb_scope_begin();
@@ -50,7 +50,7 @@ static int run_job(void *arg)
     nb_synchronize();
     nb_device_pop();
     nb_scope_end(s);
-    return 0;
+    return NULL;
 }
 
 /* max|a - b| / max|a|, computed on a's device. */
@@ -138,14 +138,14 @@ int main(int argc, char **argv)
         s = nb_scope_begin();
         t0 = now();
         job jobs[2] = {{dev[0], a, NULL}, {dev[1], b, NULL}};
-        thrd_t th[2];
+        pthread_t th[2];
         for (int d = 0; d < 2; d++)
-            if (thrd_create(&th[d], run_job, &jobs[d]) != thrd_success) {
+            if (pthread_create(&th[d], NULL, run_job, &jobs[d]) != 0) {
                 fprintf(stderr, "matrix_power: cannot start a thread\n");
                 return 1;
             }
         for (int d = 0; d < 2; d++)
-            thrd_join(th[d], NULL);
+            pthread_join(th[d], NULL);
         nb_device_push(dev[0]);
         c = nb_add(jobs[0].result, jobs[1].result); /* B^10 is copied to the first device */
         nb_synchronize();
