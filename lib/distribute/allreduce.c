@@ -96,10 +96,22 @@ void nb__bucket_cache_free(nb_bucket_cache *cache)
     memset(cache, 0, sizeof *cache);
 }
 
+/* Whether the cached buckets have the plan's dtypes and sizes (field by field:
+ * the structs' padding bytes are unspecified). */
+static bool cache_matches(const nb_bucket_cache *c, const nb_bucket_plan *plan)
+{
+    if (c->n != plan->n_buckets)
+        return false;
+    for (int k = 0; k < c->n; k++)
+        if (c->layout[k].dtype != plan->buckets[k].dtype || c->layout[k].numel != plan->buckets[k].numel)
+            return false;
+    return true;
+}
+
 nb_status nb__bucket_cache_fit(nb_replica_state *rs, const nb_bucket_plan *plan)
 {
     nb_bucket_cache *c = &rs->cache;
-    if (c->n == plan->n_buckets && (c->n == 0 || memcmp(c->layout, plan->buckets, sizeof *c->layout * (size_t)c->n) == 0))
+    if (cache_matches(c, plan))
         return NB_OK;
     nb__bucket_cache_free(c);
     if (plan->n_buckets == 0)
