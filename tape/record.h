@@ -57,6 +57,18 @@ nb_status nb__record(const nb_op_def *op, int n_in, const nb_tensor *const *inpu
 int nb__tapes_pause(void);
 void nb__tapes_resume(int token);
 
+/* The calling thread's tape stack set aside, so that work run on this thread for
+ * someone else (replica 0 of a mirrored strategy) is recorded on none of its
+ * tapes: set_aside empties the stack, restore puts it back (tapes begun in
+ * between must have been freed). */
+#define NB_TAPE_STACK_MAX 32
+typedef struct nb_tapes_aside {
+    nb_tape *stack[NB_TAPE_STACK_MAX];
+    int depth, active, pause_depth;
+} nb_tapes_aside;
+void nb__tapes_set_aside(nb_tapes_aside *out);
+void nb__tapes_restore(const nb_tapes_aside *in);
+
 /* Called by nb_read: watches t on every recording tape, remembering that it is
  * variable v's value. */
 void nb__tape_watch_variable_read(nb_variable *v, const nb_tensor *t);

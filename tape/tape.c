@@ -3,7 +3,6 @@
 
 #include <string.h>
 
-#define NB_TAPE_STACK_MAX 32
 
 static _Thread_local nb_tape *tl_stack[NB_TAPE_STACK_MAX];
 static _Thread_local int tl_depth;
@@ -19,6 +18,23 @@ static void recount_active(void)
 }
 
 bool nb__tape_recording(void) { return tl_active > 0 && tl_pause_depth == 0; }
+
+void nb__tapes_set_aside(nb_tapes_aside *out)
+{
+    memcpy(out->stack, tl_stack, sizeof tl_stack);
+    out->depth = tl_depth;
+    out->active = tl_active;
+    out->pause_depth = tl_pause_depth;
+    tl_depth = tl_active = tl_pause_depth = 0;
+}
+
+void nb__tapes_restore(const nb_tapes_aside *in)
+{
+    memcpy(tl_stack, in->stack, sizeof tl_stack);
+    tl_depth = in->depth;
+    tl_active = in->active;
+    tl_pause_depth = in->pause_depth;
+}
 
 int nb__tapes_pause(void) { return tl_pause_depth++; }
 

@@ -1730,6 +1730,51 @@ static void test_optimizer_apply_mirrored(void)
     nb_mirrored_free(s);
 }
 
+/* For test_caller_state_kept: a replica function that doubles its share, and
+ * fails on replica 0 when asked. */
+static nb_status double_share(nb_replica *r, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out,
+                              void *user)
+{
+    (void)n_in, (void)n_out;
+    if (user && nb_replica_index(r) == 0)
+        return nb_add(in[0], nb_ones(NB_F64, NB_SHAPE(7))) ? NB_ERR_INTERNAL : nb_error();
+    out[0] = nb_mul_scalar(in[0], 2.0);
+    return out[0] ? NB_OK : nb_error();
+}
+
+/* Replica 0 runs on the caller's thread, but the caller's state is its own
+ * afterwards: a tape it has open records none of the replica's ops, its device
+ * stack is as it was, and an error it had pending is still the pending one. */
+static void test_caller_state_kept(void)
+{
+    nb_mirrored *s = cpu_mirrored(2);
+    nb_tensor *x = nb_random_normal(NB_F64, NB_SHAPE(6, 2), 0, 1, 121);
+    nb_tape *tape = nb_tape_begin_persistent();
+    CHECK_OK(nb_tape_watch(tape, x));
+    CHECK_OK(nb_device_push("/cpu:3"));
+    nb_tensor *out[2];
+    CHECK_OK(nb_mirrored_run(s, double_share, NULL, 1, &x, 1, out));
+    CHECK(strcmp(nb_device_current(), "/cpu:3") == 0);
+    nb_tensor *g = NULL;
+    CHECK_OK(nb_tape_gradient(tape, nb_sum_all(out[0]), 1, &x, &g));
+    CHECKF(g == NULL, "the caller's tape recorded replica 0's ops");
+    CHECK_OK(nb_device_pop());
+
+    /* A pending error survives a call that succeeds, and stays first after one
+     * that fails (which still returns its own code). */
+    CHECK(nb_add(x, nb_ones(NB_F64, NB_SHAPE(5))) == NULL);
+    CHECK(nb_error() == NB_ERR_SHAPE);
+    CHECK(nb_mirrored_run(s, double_share, NULL, 1, &x, 1, out) == NB_OK);
+    CHECK_ERROR(NB_ERR_SHAPE, "add");
+    CHECK(nb_add(x, nb_ones(NB_F64, NB_SHAPE(5))) == NULL);
+    CHECK(nb_mirrored_run(s, double_share, (void *)1, 1, &x, 1, out) == NB_ERR_SHAPE);
+    CHECK_ERROR(NB_ERR_SHAPE, "add");
+    CHECK(nb_mirrored_run(s, double_share, (void *)1, 1, &x, 1, out) == NB_ERR_SHAPE);
+    CHECK_ERROR(NB_ERR_SHAPE, "replica 0", "/cpu:0");
+    nb_tape_free(tape);
+    nb_mirrored_free(s);
+}
+
 /* ---- main -------------------------------------------------------------------------- */
 
 static void on_alarm(int sig)
@@ -1774,5 +1819,6 @@ int main(void)
     RUN_T(test_calls_from_replicas);
     RUN_T(test_reads_and_assign);
     RUN_T(test_optimizer_apply_mirrored);
+    RUN_T(test_caller_state_kept);
     return check_finish();
 }

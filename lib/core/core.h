@@ -100,6 +100,18 @@ void *nb__fail_null(nb_status code, const char *fmt, ...) __attribute__((format(
 void *nb__null_input(const char *op, int index);
 void nb__log(nb_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+#define NB_ERROR_MESSAGE_MAX 1024
+/* A thread's pending error set aside while the thread does other work (a
+ * mirrored strategy runs replica 0 on the caller's thread): stash moves it out
+ * and clears it; unstash makes it pending again, ahead of any error raised
+ * since, without calling the handler. */
+typedef struct nb_error_saved {
+    nb_status code;
+    char message[NB_ERROR_MESSAGE_MAX];
+} nb_error_saved;
+void nb__error_stash(nb_error_saved *out);
+void nb__error_unstash(const nb_error_saved *in);
+
 /* ---- devices --------------------------------------------------------------- */
 
 struct nb_device {

@@ -5,8 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define NB_ERROR_MESSAGE_MAX 1024
-
 static _Thread_local nb_status tl_code;
 static _Thread_local char tl_message[NB_ERROR_MESSAGE_MAX];
 
@@ -20,6 +18,21 @@ static void *g_log_user;
 nb_status nb_error(void) { return tl_code; }
 
 const char *nb_error_message(void) { return tl_code ? tl_message : ""; }
+
+void nb__error_stash(nb_error_saved *out)
+{
+    out->code = tl_code;
+    memcpy(out->message, tl_message, sizeof out->message);
+    nb_error_clear();
+}
+
+void nb__error_unstash(const nb_error_saved *in)
+{
+    if (in->code == NB_OK)
+        return;
+    tl_code = in->code; /* the earlier error: it was first */
+    memcpy(tl_message, in->message, sizeof tl_message);
+}
 
 nb_status nb_error_clear(void)
 {

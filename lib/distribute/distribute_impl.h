@@ -63,8 +63,9 @@ struct nb_replica_state {
     nb_mirrored *s;
     int index;
     nb_device *dev;
-    pthread_t thread;
+    pthread_t thread;   /* replicas 1 .. N-1; replica 0 runs on the caller's thread */
     bool started;
+    bool serial;        /* its kernels keep to its own thread (nb__thread_set_serial) */
     struct nb_replica ctx;
     /* the outcome of the current job: the first error, moved off the thread */
     nb_status status;
@@ -89,9 +90,9 @@ struct nb_mirrored {
     pthread_mutex_t lock;
     pthread_cond_t work_cv, done_cv;
     atomic_uint_fast64_t generation; /* bumped for each job */
-    atomic_int remaining;            /* replicas still on the current job */
+    atomic_int remaining;            /* replica threads still on the current job */
     bool quit;
-    /* Replicas spin a little at barriers before they sleep when they do not
+    /* Threads spin a little before they sleep while the replicas do not
      * outnumber the cores: waking a sleeping thread costs tens of microseconds
      * (more on virtual machines), several times per step. */
     bool spin;

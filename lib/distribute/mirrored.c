@@ -1,10 +1,12 @@
 /* The mirrored strategy: replica threads, mirrored variables, run, reduce and
  * the training step.
  *
- * Every replica has a host thread of its own for the strategy's lifetime, with
- * its device pushed and marked as that replica (lib/core/replica.c), so reads of
- * mirrored variables there give its copy. A call hands one job to all the
- * threads and waits for all of them; inside a job the threads meet at barriers
+ * Replicas 1 .. N-1 have a host thread each for the strategy's lifetime, with
+ * the device pushed and marked as that replica (lib/core/replica.c), so reads of
+ * mirrored variables there give its copy; replica 0 runs on the caller's own
+ * thread, set up the same way for the length of the call (one thread hand-off
+ * fewer each way). A call hands one job to all of them and waits for all; inside
+ * a job the threads meet at barriers
  * that also agree on success, so a failure anywhere makes every replica skip
  * what follows (never a hang, never a partial update). Errors are moved off the
  * replica threads and raised on the caller's, naming the replica and device. */
@@ -28,9 +30,12 @@ static atomic_uint_fast64_t g_next_id = 1;
 #include <sched.h>
 #include <time.h>
 
-/* Replicas usually meet within this. Only barriers spin: replica threads that
- * spun between jobs would take the cores the caller needs to issue the next. */
+/* Replicas usually meet within this at a barrier, and a training loop's next
+ * step usually comes within the second. Threads spin only while the replicas do
+ * not outnumber the cores (replica 0 is the caller's own thread, so none of
+ * them then takes a core another needs). */
 #define BARRIER_SPIN_NS 200000
+#define JOB_SPIN_NS 200000
 
 static int64_t now_ns(void)
 {
@@ -57,6 +62,22 @@ static bool spin_while_equal(atomic_uint_fast64_t *word, uint64_t seen, int64_t 
     for (;;) {
         for (int i = 0; i < 64; i++) {
             if (atomic_load_explicit(word, memory_order_acquire) != seen)
+                return true;
+            cpu_relax();
+        }
+        sched_yield();
+        if (now_ns() > end)
+            return false;
+    }
+}
+
+/* Spins for at most ns until *count is 0; true when it is. */
+static bool spin_until_zero(atomic_int *count, int64_t ns)
+{
+    int64_t end = now_ns() + ns;
+    for (;;) {
+        for (int i = 0; i < 64; i++) {
+            if (atomic_load_explicit(count, memory_order_acquire) == 0)
                 return true;
             cpu_relax();
         }
@@ -136,6 +157,20 @@ static nb_status raise_replica_error(nb_mirrored *s, const char *who)
 
 /* ---- replica threads ------------------------------------------------------------------ */
 
+/* Runs one job for rs on the calling thread (already set up as that replica),
+ * moving any error it leaves into rs. */
+static void do_job(nb_replica_state *rs, nb_job_fn fn, void *job, bool device_ok)
+{
+    rs->status = NB_OK;
+    rs->message[0] = '\0';
+    if (!device_ok)
+        nb__replica_failed(rs, NB_ERR_DEVICE, "could not make %s the thread's device", rs->dev->name);
+    fn(rs, job);
+    if (nb_error()) /* an error the job left pending still fails it */
+        nb__replica_failed(rs, nb_error(), "%s", "");
+}
+
+/* Replicas 1 .. N-1 each live on a thread of their own. */
 static void *replica_main(void *arg)
 {
     nb_replica_state *rs = arg;
@@ -144,13 +179,12 @@ static void *replica_main(void *arg)
     bool pushed = nb_device_push(rs->dev->name) == NB_OK;
     nb_error_clear();
     nb__replica_enter(s->id, rs->index);
-    /* CPU replicas that fill the cores each keep to their own thread. */
-    int cpu_replicas = 0;
-    for (int r = 0; r < s->n; r++)
-        cpu_replicas += s->devices[r]->kind == NB_DEVICE_CPU;
-    nb__thread_set_serial(rs->dev->kind == NB_DEVICE_CPU && cpu_replicas >= nb__thread_count());
+    nb__thread_set_serial(rs->serial);
     uint64_t seen = 0;
     for (;;) {
+        /* Steps usually come back to back: look a while before sleeping. */
+        if (s->spin)
+            spin_while_equal(&s->generation, seen, JOB_SPIN_NS);
         pthread_mutex_lock(&s->lock);
         while (atomic_load(&s->generation) == seen && !s->quit)
             pthread_cond_wait(&s->work_cv, &s->lock);
@@ -160,13 +194,7 @@ static void *replica_main(void *arg)
         nb_job_fn fn = s->job_fn;
         void *job = s->job;
         pthread_mutex_unlock(&s->lock);
-        rs->status = NB_OK;
-        rs->message[0] = '\0';
-        if (!pushed)
-            nb__replica_failed(rs, NB_ERR_DEVICE, "could not make %s the thread's device", rs->dev->name);
-        fn(rs, job);
-        if (nb_error()) /* an error the job left pending still fails it */
-            nb__replica_failed(rs, nb_error(), "%s", "");
+        do_job(rs, fn, job, pushed);
         if (atomic_fetch_sub(&s->remaining, 1) == 1) {
             pthread_mutex_lock(&s->lock);
             pthread_cond_signal(&s->done_cv);
@@ -180,19 +208,56 @@ static void *replica_main(void *arg)
     return NULL;
 }
 
-/* Runs fn on every replica thread and waits until all have finished. */
+/* Runs replica 0's part of a job on the caller's thread, as if on a thread of
+ * its own: the caller's tapes record none of it, its pending error survives,
+ * and its device stack, replica mark and serial mode come back as they were. */
+static void run_here(nb_mirrored *s, nb_job_fn fn, void *job)
+{
+    nb_replica_state *rs = &s->reps[0];
+    nb_error_saved err;
+    nb__error_stash(&err);
+    nb_tapes_aside tapes;
+    nb__tapes_set_aside(&tapes);
+    uint64_t prev_strategy = nb__replica_strategy();
+    int prev_index = nb__replica_of(prev_strategy);
+    bool prev_serial = nb__thread_serial();
+    bool pushed = nb_device_push(rs->dev->name) == NB_OK;
+    nb__replica_enter(s->id, 0);
+    nb__thread_set_serial(rs->serial);
+    do_job(rs, fn, job, pushed);
+    if (pushed)
+        nb_device_pop();
+    nb__thread_set_serial(prev_serial);
+    if (prev_strategy)
+        nb__replica_enter(prev_strategy, prev_index);
+    else
+        nb__replica_leave();
+    nb__tapes_restore(&tapes);
+    nb__error_unstash(&err);
+}
+
+/* Runs fn on every replica (0 on this thread, the others on theirs) and waits
+ * until all have finished. */
 static void dispatch(nb_mirrored *s, nb_job_fn fn, void *job)
 {
-    pthread_mutex_lock(&s->lock);
-    s->job_fn = fn;
-    s->job = job;
-    atomic_store(&s->remaining, s->n);
-    atomic_fetch_add(&s->generation, 1);
-    pthread_cond_broadcast(&s->work_cv);
-    /* The caller sleeps: the replicas need every core. */
-    while (atomic_load(&s->remaining) > 0)
-        pthread_cond_wait(&s->done_cv, &s->lock);
-    pthread_mutex_unlock(&s->lock);
+    if (s->n > 1) {
+        pthread_mutex_lock(&s->lock);
+        s->job_fn = fn;
+        s->job = job;
+        atomic_store(&s->remaining, s->n - 1);
+        atomic_fetch_add(&s->generation, 1);
+        pthread_cond_broadcast(&s->work_cv);
+        pthread_mutex_unlock(&s->lock);
+    }
+    run_here(s, fn, job);
+    if (s->n > 1) {
+        if (s->spin)
+            spin_until_zero(&s->remaining, BARRIER_SPIN_NS);
+        pthread_mutex_lock(&s->lock);
+        while (atomic_load(&s->remaining) > 0)
+            pthread_cond_wait(&s->done_cv, &s->lock);
+        pthread_mutex_unlock(&s->lock);
+    }
 }
 
 /* ---- creation --------------------------------------------------------------------------- */
@@ -312,12 +377,20 @@ nb_mirrored *nb_mirrored_new(int n, const char *const *devices)
     s->barrier.n = n;
     s->barrier.all_ok = true;
     s->spin = n <= nb__thread_count();
+    /* CPU replicas that fill the cores each keep their kernels to their own thread. */
+    int cpu_replicas = 0;
+    for (int r = 0; r < n; r++)
+        cpu_replicas += devs[r]->kind == NB_DEVICE_CPU;
     for (int r = 0; r < n; r++) {
         nb_replica_state *rs = &reps[r];
         rs->s = s;
         rs->index = r;
         rs->dev = devs[r];
         rs->ctx = (struct nb_replica){.index = r, .count = n, .device = devs[r]->name};
+        rs->serial = devs[r]->kind == NB_DEVICE_CPU && cpu_replicas >= nb__thread_count();
+    }
+    for (int r = 1; r < n; r++) { /* replica 0 runs on the caller's thread */
+        nb_replica_state *rs = &reps[r];
         if (pthread_create(&rs->thread, NULL, replica_main, rs) != 0) {
             strategy_destroy(s);
             return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: could not start the thread of replica %d", who, r);
