@@ -4,9 +4,11 @@
  * (nb_mirrored_variable_new) has one copy per replica, all made from one initial
  * value. nb_mirrored_step splits a global batch along its first dimension
  * (shares differ by at most one row), runs the user's step function on every
- * replica concurrently (one host thread per replica, each with its own scope,
- * tape stack and device pushed), all-reduces the gradients and applies one
- * optimizer update on every replica, so the copies stay equal bit for bit.
+ * replica concurrently, all-reduces the gradients and applies one optimizer
+ * update on every replica, so the copies stay equal bit for bit. Replicas 1 ..
+ * N-1 run on host threads of their own; replica 0 runs on the calling thread,
+ * with the caller's tapes, device stack and pending error set aside for the
+ * call. Each replica has its own scope, tape stack and device pushed.
  *
  * Inside a replica function, nb_read() of a mirrored variable gives that
  * replica's copy; outside any replica it gives replica 0's. Everything created
