@@ -2,7 +2,8 @@
  * tensor per replica, 4 KiB to 256 MiB, on 2 and 4 replicas. The replicas are
  * GPUs when there are two or more, else logical GPUs on the one GPU, else
  * logical CPU devices. Where there are two or more GPUs, NCCL's own all-reduce
- * from PyTorch (bench/allreduce_nccl.py) is shown beside it.
+ * is shown beside it: ncclAllReduce called directly (bench/allreduce_nccl.c) in a
+ * build with NCCL, else through PyTorch (bench/allreduce_nccl.py).
  *
  *   allreduce [--reps R] [--max-bytes N] [--quick] [--no-peer]
  *
@@ -12,6 +13,9 @@
  * at 4 MiB with 10 reps; --max-bytes N stops at N bytes. */
 #include "bench_util.h"
 #include <nabla/nabla.h>
+#if NB_BENCH_NCCL
+#include "allreduce_nccl.h"
+#endif
 
 #define MIN_BYTES ((size_t)4 << 10)
 #define MAX_BYTES ((size_t)256 << 20)
@@ -53,6 +57,41 @@ static double time_all_reduce(nb_mirrored *s, size_t bytes, int reps)
     nb_scope_end(outer);
     return m;
 }
+
+#if NB_BENCH_NCCL
+/* Prints ncclAllReduce's times and bus bandwidth beside ours; false when NCCL
+ * could not be used (the PyTorch reference is tried then). */
+static bool nccl_direct(nb_mirrored *const *s, const int *counts, int gpus, size_t max_bytes, int max_reps,
+                        int n_sizes, double (*ours)[16])
+{
+    bool any = false;
+    for (int c = 0; c < 2; c++) {
+        if (!s[c] || counts[c] > gpus)
+            continue;
+        nccl_ref *r = nccl_ref_new(counts[c], max_bytes);
+        if (!r)
+            continue;
+        if (!any)
+            printf("\nNCCL reference (ncclAllReduce called directly, grouped from one thread):\n");
+        any = true;
+        printf("%-10s | %d: %10s %9s %12s\n", "size", counts[c], "NCCL us", "busbw", "ours/NCCL bw");
+        int i = 0;
+        for (size_t bytes = MIN_BYTES; i < n_sizes; bytes *= 4, i++) {
+            int reps = (int)((size_t)max_reps * (1u << 20) / bytes);
+            reps = reps < 3 ? 3 : reps > max_reps ? max_reps : reps;
+            double us = nccl_ref_time(r, bytes, reps);
+            char name[32];
+            if (us <= 0)
+                break;
+            double busbw = (double)bytes / (us * 1e-6) / 1e9 * 2.0 * (counts[c] - 1) / counts[c];
+            printf("%-10s | %d: %10.1f %9.3f %11.0f%%\n", size_name(bytes, name, sizeof name), counts[c], us, busbw,
+                   100.0 * us / ours[c][i]);
+        }
+        nccl_ref_free(r);
+    }
+    return any;
+}
+#endif
 
 int main(int argc, char **argv)
 {
@@ -133,9 +172,12 @@ int main(int argc, char **argv)
     }
     printf("(algbw and busbw in GB/s)\n");
 
-    /* NCCL called directly, from PyTorch, on the same GPUs. */
+    /* NCCL on the same GPUs: called directly where it is built in, else from PyTorch. */
     if (gpus < 2) {
         printf("\nNCCL reference: skipped (needs >= 2 GPUs)\n");
+#if NB_BENCH_NCCL
+    } else if (nccl_direct(s, counts, gpus, max_bytes, max_reps, n_sizes, ours)) {
+#endif
     } else if (!peer) {
         printf("\nNCCL reference: not run (--no-peer)\n");
     } else {
