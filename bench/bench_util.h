@@ -35,6 +35,17 @@ static inline double bench_median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* Where a GPU benchmark finds no GPU: prints why under its title and returns its
+ * exit status, 0 (skipped), or 1 when NB_REQUIRE_GPU=1 says a GPU must be there. */
+static inline int bench_no_gpu(const char *title, const char *why)
+{
+    const char *want = getenv("NB_REQUIRE_GPU");
+    int required = want && want[0] && strcmp(want, "0") != 0;
+    printf("\n%s\n(no GPU: %s: %s)\n", title, why ? why : "none found",
+           required ? "FAILED, NB_REQUIRE_GPU=1 asks for one" : "skipped");
+    return required;
+}
+
 #define BENCH_MAX_RESULTS 32
 typedef struct bench_peer {
     int n;

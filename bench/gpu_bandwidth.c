@@ -12,7 +12,7 @@
  * three-op chain runs as three kernels (add, mul, exp) that move 8 tensors' worth
  * of bytes in all. Inputs are uniform random, and every op's output is checked
  * against a double-precision reference (outputs poisoned with NaN first) before
- * anything is timed. Prints "no GPU: skipped" and exits 0 where there is no GPU. */
+ * anything is timed. Prints why and exits 0 where there is no GPU (1 with NB_REQUIRE_GPU=1). */
 #include "bench_util.h"
 #include <math.h>
 #include <nabla/nabla.h>
@@ -156,10 +156,8 @@ int main(int argc, char **argv)
     if (R < 1)
         R = 1;
     nb_set_error_handler(nb_error_handler_exit, NULL);
-    if (nb_device_count(NB_DEVICE_GPU) == 0) {
-        printf("\n%s\n(no GPU: skipped%s)\n", TITLE, nb_cuda_built() ? "" : "; this build has no CUDA");
-        return 0;
-    }
+    if (nb_device_count(NB_DEVICE_GPU) == 0)
+        return bench_no_gpu(TITLE, nb_gpu_unavailable_reason());
     nb_set_soft_placement(false); /* never time the CPU by mistake */
     nb_device_push("/gpu:0");
     nb_gpu_properties props;

@@ -11,7 +11,7 @@
  * and cuBLAS take turns batch by batch. The inputs are uniform random; before
  * timing, 16 rows of each product are checked against a double-precision
  * reference on the host (outputs poisoned with NaN first). Built only with CUDA;
- * prints "no GPU: skipped" and exits 0 where there is no GPU. */
+ * prints why and exits 0 where there is no GPU (1 with NB_REQUIRE_GPU=1). */
 #include "bench_util.h"
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -181,10 +181,8 @@ int main(int argc, char **argv)
     if (R < 1)
         R = 1;
     nb_set_error_handler(nb_error_handler_exit, NULL);
-    if (nb_device_count(NB_DEVICE_GPU) == 0) {
-        printf("\n%s\n(no GPU: skipped%s)\n", TITLE, nb_cuda_built() ? "" : "; this build has no CUDA");
-        return 0;
-    }
+    if (nb_device_count(NB_DEVICE_GPU) == 0)
+        return bench_no_gpu(TITLE, nb_gpu_unavailable_reason());
     nb_set_soft_placement(false); /* never time the CPU by mistake */
     nb_device_push("/gpu:0");
     nb_gpu_properties props;

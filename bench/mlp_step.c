@@ -90,6 +90,6 @@ int main(int argc, char **argv)
     if (gpu)
         bench_row("/gpu:0 (torch: cuda)", gpu_us, bench_peer_get(&p, "cuda"));
     else
-        printf("(no GPU: /gpu:0 skipped)\n");
+        return bench_no_gpu("/gpu:0", nb_gpu_unavailable_reason());
     return 0;
 }

@@ -131,6 +131,6 @@ int main(int argc, char **argv)
     if (nb_device_count(NB_DEVICE_GPU) > 0)
         measure("/gpu:0", peer);
     else
-        printf("\nSmall-op overhead on /gpu:0\n(no GPU: skipped%s)\n", nb_cuda_built() ? "" : "; this build has no CUDA");
+        return bench_no_gpu("Small-op overhead on /gpu:0", nb_gpu_unavailable_reason());
     return 0;
 }

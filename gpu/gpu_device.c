@@ -46,13 +46,51 @@ static void read_properties(nb_gpu_phys *p)
         p->sm_count = 16; /* a guess that keeps grid sizes sane */
 }
 
+/* Why discovery found no GPU; empty when it found one. Written once, by
+ * discovery, before the registry is published. */
+static char g_unavailable[384];
+
+/* Keeps why there is no GPU, with the CUDA versions of the driver and the
+ * runtime, and logs it: as a warning where a driver is installed (a driver
+ * older than the toolkit is the usual broken setup), at DEBUG where there is
+ * none (a machine without a GPU; pushing /gpu:N still warns, naming this). */
+static void note_unavailable(const char *what, cudaError_t e)
+{
+    int driver = 0, runtime = 0;
+    (void)cudaDriverGetVersion(&driver);
+    (void)cudaRuntimeGetVersion(&runtime);
+    (void)cudaGetLastError();
+    char err[160] = "", drv[64] = "no CUDA driver is installed";
+    if (e != cudaSuccess)
+        snprintf(err, sizeof err, ": %s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+    if (driver > 0)
+        snprintf(drv, sizeof drv, "the driver supports CUDA %d.%d", driver / 1000, driver % 1000 / 10);
+    snprintf(g_unavailable, sizeof g_unavailable, "%s%s; %s, the runtime is CUDA %d.%d", what, err, drv,
+             runtime / 1000, runtime % 1000 / 10);
+    nb__log(driver > 0 ? NB_LOG_WARNING : NB_LOG_DEBUG, "no GPU: %s", g_unavailable);
+}
+
+const char *nb__gpu_unavailable(void) { return g_unavailable[0] ? g_unavailable : NULL; }
+
+const char *nb_gpu_unavailable_reason(void)
+{
+    if (nb_device_count(NB_DEVICE_GPU) > 0)
+        return NULL;
+    return g_unavailable[0] ? g_unavailable : "no GPU was found";
+}
+
 /* Called once, from the device registry's initialisation. Makes no CUDA context:
  * streams are created when a device is first used. */
 int nb__gpu_discover(nb_device *devices, int max, int logical_per_gpu)
 {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-        (void)cudaGetLastError(); /* no driver, no device: simply none */
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        note_unavailable("cudaGetDeviceCount failed", e); /* no driver, no device: none */
+        return 0;
+    }
+    if (n == 0) {
+        note_unavailable("the CUDA driver reports no GPU", cudaSuccess);
         return 0;
     }
     if (logical_per_gpu < 1)
@@ -90,6 +128,8 @@ int nb__gpu_discover(nb_device *devices, int max, int logical_per_gpu)
             count++;
         }
     }
+    if (count == 0)
+        note_unavailable("no GPU could be set up (out of host memory)", cudaSuccess);
     return count;
 }
 

@@ -18,6 +18,12 @@ bool nb__gpu_built(void) { return false; }
 
 int nb__gpu_physical_count(void) { return 0; }
 
+static const char no_cuda[] = "this build of nabla has no CUDA backend";
+
+const char *nb__gpu_unavailable(void) { return no_cuda; }
+
+const char *nb_gpu_unavailable_reason(void) { return no_cuda; }
+
 static nb_status unsupported(const char *who)
 {
     return nb__fail(NB_ERR_UNSUPPORTED, "%s: this build of nabla has no CUDA backend", who);

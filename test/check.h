@@ -11,6 +11,19 @@
 #include <string.h>
 
 static int check_failures;
+
+/* For a GPU test where there is no GPU: prints why and returns its exit status,
+ * 77 (skipped), or 1 (failed) when NB_REQUIRE_GPU=1 says a GPU must be there, so
+ * a broken CUDA setup cannot pass as a skip. */
+static inline int check_no_gpu(const char *test)
+{
+    const char *want = getenv("NB_REQUIRE_GPU");
+    bool required = want && want[0] && strcmp(want, "0") != 0;
+    const char *why = nb_gpu_unavailable_reason();
+    printf("%s: no GPU (%s): %s\n", test, why ? why : "none found",
+           required ? "FAILED, NB_REQUIRE_GPU=1 asks for one" : "skipped");
+    return required ? 1 : 77;
+}
 static const char *check_current = "";
 
 #define CHECK(cond)                                                                          \

@@ -4,7 +4,7 @@
  * the algorithm is "copies" (device copies; NCCL cannot span logical GPUs of
  * one card). With two or more cards, also a strategy over one logical GPU per
  * card (NCCL when built in, else copies) with the same checks. Exits 77
- * (skipped) where there is no GPU. */
+ * (skipped) where there is no GPU, or fails naming why when NB_REQUIRE_GPU=1. */
 #include "check.h"
 
 #define MAXR 64
@@ -276,10 +276,8 @@ int main(void)
     logical_per_card = cards == 1 ? 4 : 2;
     if (nb_set_logical_gpu_devices(logical_per_card) != NB_OK)
         return 1;
-    if (nb_device_count(NB_DEVICE_GPU) == 0) {
-        printf("no GPU (CUDA %s): skipped\n", nb_cuda_built() ? "built in" : "not built");
-        return 77;
-    }
+    if (nb_device_count(NB_DEVICE_GPU) == 0)
+        return check_no_gpu("test_distribute_gpu");
     printf("%d physical GPU(s), %d logical per card, %d logical GPUs\n", cards, logical_per_card,
            nb_device_count(NB_DEVICE_GPU));
     /* Logical GPUs are numbered card by card: card c holds c * per_card ... */

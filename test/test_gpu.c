@@ -5,7 +5,7 @@
  * optimizer updates, the f64 gradient checker on /gpu:0 for every op group,
  * inputs on two devices and soft/strict placement, and a stress run of small
  * ops that must not make the host wait (nb_gpu_host_waits). Exits 77
- * (skipped) where there is no GPU. Every setting a case changes (placement,
+ * (skipped) where there is no GPU, or fails naming why when NB_REQUIRE_GPU=1. Every setting a case changes (placement,
  * log callback, TF32) is put back, and nothing but main's first call touches
  * the logical device split.
  *
@@ -1197,10 +1197,8 @@ int main(void)
     /* before any device is used: two logical GPUs per card */
     if (nb_set_logical_gpu_devices(2) != NB_OK)
         return 1;
-    if (nb_device_count(NB_DEVICE_GPU) == 0) {
-        printf("no GPU (CUDA %s): skipped\n", nb_cuda_built() ? "built in" : "not built");
-        return 77;
-    }
+    if (nb_device_count(NB_DEVICE_GPU) == 0)
+        return check_no_gpu("test_gpu");
     RUN(test_unary);
     RUN(test_binary);
     RUN(test_integer_and_cast);

@@ -111,6 +111,12 @@ typedef struct nb_gpu_properties {
  * NB_ERR_INVALID_ARGUMENT for a NULL out. */
 nb_status nb_gpu_device_properties(const char *device, nb_gpu_properties *out);
 
+/* Why this process has no GPU device, or NULL when it has one: the CUDA error
+ * met while looking (with the CUDA versions the driver and the runtime
+ * support, so a driver older than the toolkit shows), or that this build has no
+ * CUDA backend. A static string. Looks for devices first if nothing has yet. */
+const char *nb_gpu_unavailable_reason(void);
+
 #ifdef __cplusplus
 }
 #endif

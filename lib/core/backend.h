@@ -159,6 +159,9 @@ extern const nb_backend nb__cpu_backend;
  * driver or CUDA off all give 0. */
 int nb__gpu_discover(nb_device *devices, int max, int logical_per_gpu);
 bool nb__gpu_built(void);
+/* Why discovery found no GPU (a static string), or NULL when it found one or has
+ * not run. */
+const char *nb__gpu_unavailable(void);
 /* Number of physical GPUs the driver reports (0 with no GPU, no driver or CUDA
  * off), without creating any device state: callable before the registry exists. */
 int nb__gpu_physical_count(void);

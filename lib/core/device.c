@@ -155,7 +155,9 @@ nb_status nb_device_push(const char *name)
                             "nb_device_push: device '%s' does not exist and placement is strict (%d GPU devices)",
                             name, g_n_gpus);
         dev = &g_cpus[0];
-        nb__log(NB_LOG_WARNING, "device '%s' does not exist (%d GPU devices); using /cpu:0", name, g_n_gpus);
+        const char *why = nb__gpu_unavailable();
+        nb__log(NB_LOG_WARNING, "device '%s' does not exist (%d GPU devices%s%s); using /cpu:0", name, g_n_gpus,
+                why ? ": " : "", why ? why : "");
     }
     tl_stack[tl_depth++] = dev;
     return NB_OK;
