@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
 # Runs every benchmark: bench/run.sh [BUILD_DIR] [extra args for each benchmark]
 # Builds BUILD_DIR (default: build, set up with -Dbuildtype=release if missing).
-# The gpu_* benchmarks print "no GPU: skipped" where there is no GPU, and
+# The gpu_* benchmarks say why and skip where there is no GPU (they fail with
+# NB_REQUIRE_GPU=1), and
 # gpu_matmul exists only in a CUDA build. Every benchmark takes --reps R and
 # --no-peer; a failing one is reported and the rest still run.
 #
-# On a GPU machine with nvcc, meson and ninja but no OpenBLAS and no package
-# manager, from the repository root: build with CUDA, run the GPU test suite and
-# every benchmark, and keep all the output in gpu-results.txt:
-#
-#   export PATH="$PATH:/usr/local/cuda/bin"; { (test -d build-gpu || meson setup build-gpu -Dcuda=enabled -Dblas=disabled -Dbuildtype=release) && ninja -C build-gpu && meson test -C build-gpu --suite gpu --print-errorlogs; bench/run.sh build-gpu; } 2>&1 | tee gpu-results.txt
+# On a GPU machine, bench/gpu-check.sh runs this as its last step (after the
+# build and the test suites), with NB_REQUIRE_GPU=1.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
