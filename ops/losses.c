@@ -72,6 +72,31 @@ nb_tensor *nb_sparse_softmax_cross_entropy(const nb_tensor *logits, const nb_ten
     return nb_neg(nb_sum(nb_mul(target, nb_log_softmax(logits, -1)), NB_AXES(-1), false));
 }
 
+/* max(x, 0) - x z + log(1 + exp(-|x|)): accurate for any x, but relu and abs
+ * have slope 0 at 0, so its own gradient there would be -z. */
+static nb_status sigmoid_ce_forward(int n_in, nb_tensor *const *in, int n_out, nb_tensor **out, void *user)
+{
+    (void)n_in, (void)n_out, (void)user;
+    nb_tensor *x = in[0], *z = in[1];
+    out[0] = nb_add(nb_sub(nb_relu(x), nb_mul(x, z)), nb_softplus(nb_neg(nb_abs(x))));
+    return out[0] ? NB_OK : nb_error();
+}
+
+/* The exact gradient everywhere, x = 0 included: (sigmoid(x) - z) g for the
+ * logits, -x g for the labels; written with ops, so it differentiates again. */
+static nb_status sigmoid_ce_backward(int n_in, nb_tensor *const *in, int n_out, nb_tensor *const *out,
+                                     nb_tensor *const *out_grads, nb_tensor **in_grads, void *user)
+{
+    (void)n_in, (void)n_out, (void)out, (void)user;
+    nb_tensor *g = out_grads[0];
+    in_grads[0] = in_grads[1] = NULL;
+    if (!g)
+        return NB_OK;
+    in_grads[0] = nb_mul(nb_sub(nb_sigmoid(in[0]), in[1]), g);
+    in_grads[1] = nb_mul(nb_neg(in[0]), g);
+    return in_grads[0] && in_grads[1] ? NB_OK : nb_error();
+}
+
 nb_tensor *nb_sigmoid_cross_entropy(const nb_tensor *logits, const nb_tensor *labels)
 {
     const char *op = "sigmoid_cross_entropy";
@@ -82,8 +107,10 @@ nb_tensor *nb_sigmoid_cross_entropy(const nb_tensor *logits, const nb_tensor *la
     if (nb__check_dtype(op, "logits", logits, NB_FLOATS) || nb__check_same_dtype(op, logits, labels) ||
         !same_shape(op, logits, "logits", labels, "labels"))
         return NULL;
-    /* max(x, 0) - x z + log(1 + exp(-|x|)) */
-    return nb_add(nb_sub(nb_relu(logits), nb_mul(logits, labels)), nb_softplus(nb_neg(nb_abs(logits))));
+    nb_tensor *in[2] = {(nb_tensor *)logits, (nb_tensor *)labels}, *out = NULL;
+    if (nb_custom_gradient(2, in, 1, &out, sigmoid_ce_forward, sigmoid_ce_backward, NULL))
+        return NULL;
+    return out;
 }
 
 nb_tensor *nb_mean_squared_error(const nb_tensor *pred, const nb_tensor *target)

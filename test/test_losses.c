@@ -314,6 +314,21 @@ static void test_sigmoid_cross_entropy_gradients(void)
         gx[i] = 1 / (1 + exp(-xe[i])) - ze[i], gz[i] = -xe[i];
     CHECK(check_max_error(g[0], gx, 4) <= 1e-12);
     CHECK(check_max_error(g[1], gz, 4) <= 1e-12);
+
+    /* At a logit of exactly 0 (a zero-initialised output layer): the first
+     * derivative is sigmoid(0) - z = 0.5 - z, the second sigmoid'(0) = 0.25. */
+    const double z0[3] = {0, 0.3, 1};
+    nb_tensor *x0 = nb_zeros(NB_F64, NB_SHAPE(3)), *zz = nb_from_buffer(NB_F64, NB_SHAPE(3), z0);
+    nb_tape *outer = nb_tape_begin(), *inner = nb_tape_begin();
+    CHECK_OK(nb_tape_watch(outer, x0));
+    CHECK_OK(nb_tape_watch(inner, x0));
+    nb_tensor *l = nb_sum_all(nb_sigmoid_cross_entropy(x0, zz)), *d1 = NULL, *d2 = NULL;
+    CHECK_NEAR(nb_tensor_item(l), 3 * log(2.0), 1e-15);
+    CHECK_OK(nb_tape_gradient(inner, l, 1, &x0, &d1));
+    CHECK_OK(nb_tape_gradient(outer, nb_sum_all(d1), 1, &x0, &d2));
+    const double want1[3] = {0.5, 0.2, -0.5}, want2[3] = {0.25, 0.25, 0.25};
+    CHECK(check_max_error(d1, want1, 3) <= 1e-15);
+    CHECK(check_max_error(d2, want2, 3) <= 1e-15);
 }
 
 static nb_tensor *gc_mse(int n, nb_tensor *const *in, void *user)
