@@ -63,11 +63,13 @@ static nb_status div_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
 static nb_status pow_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
 {
     nb_tensor *a = n->in[0], *b = n->in[1];
-    /* a^b * b / a would divide by zero at a = 0; b * a^(b-1) does not. */
+    /* a^b * b / a would divide by zero at a = 0; b * a^(b-1) does not, except
+     * where b = 0 (0 * 0^-1): a^0 is constant, so its slope is 0 there. */
     nb_tensor *one = nb__scalar_on(a->device, a->dtype, 1.0);
-    gi[0] = nb__sum_to(nb_mul(g[0], nb_mul(b, nb_pow(a, nb_sub(b, one)))), SHAPE_OF(a));
-    /* d/db = a^b log a, taken as 0 where a <= 0 (where it is undefined). */
     nb_tensor *zero = nb__scalar_on(a->device, a->dtype, 0.0);
+    nb_tensor *da = nb_where(nb_equal(b, zero), zero, nb_mul(b, nb_pow(a, nb_sub(b, one))));
+    gi[0] = nb__sum_to(nb_mul(g[0], da), SHAPE_OF(a));
+    /* d/db = a^b log a, taken as 0 where a <= 0 (where it is undefined). */
     nb_tensor *pos = nb_greater(a, zero);
     nb_tensor *loga = nb_where(pos, nb_log(nb_where(pos, a, one)), zero);
     gi[1] = nb__sum_to(nb_mul(g[0], nb_mul(nb_pow(a, b), loga)), SHAPE_OF(b));
@@ -228,7 +230,8 @@ GRAD(reciprocal, nb_neg(nb_mul(G, nb_square(Y))))
 GRAD(normal_pdf, nb_mul(G, nb_neg(nb_mul(X, Y))))
 GRAD(add_scalar, G)
 GRAD(mul_scalar, nb_mul_scalar(G, ALPHA))
-GRAD(pow_scalar, nb_mul(G, nb_mul_scalar(nb_pow_scalar(X, ALPHA - 1.0), ALPHA)))
+/* x^0 is constant: slope 0 even at x = 0, where alpha * x^(alpha-1) is 0 * inf. */
+GRAD(pow_scalar, ALPHA == 0.0 ? nb_mul_scalar(G, 0.0) : nb_mul(G, nb_mul_scalar(nb_pow_scalar(X, ALPHA - 1.0), ALPHA)))
 
 static const nb_op_def unary_defs[NB_UN_COUNT] = {
     [NB_UN_NEG] = {"neg", neg_grad},

@@ -747,6 +747,43 @@ static void test_second_order_all(void)
     }
 }
 
+/* Gradients of powers where the base is 0: x^0 has slope 0 everywhere (not
+ * 0 * 0^-1 = NaN), through pow_scalar and pow alike, and x^1 has second
+ * derivative 0 at 0; as PyTorch gives. */
+static void test_pow_edge_gradients(void)
+{
+    const double xv[4] = {0, 2, -3, 0};
+    nb_tensor *x = nb_from_buffer(NB_F64, NB_SHAPE(4), xv), *g = NULL;
+    nb_tape *t = nb_tape_begin();
+    CHECK_OK(nb_tape_watch(t, x));
+    CHECK_OK(nb_tape_gradient(t, nb_sum_all(nb_pow_scalar(x, 0.0)), 1, &x, &g));
+    const double zeros[4] = {0, 0, 0, 0};
+    CHECK(check_max_error(g, zeros, 4) == 0);
+
+    nb_tape *outer = nb_tape_begin(), *inner = nb_tape_begin();
+    CHECK_OK(nb_tape_watch(outer, x));
+    CHECK_OK(nb_tape_watch(inner, x));
+    nb_tensor *d1 = NULL, *d2 = NULL;
+    CHECK_OK(nb_tape_gradient(inner, nb_sum_all(nb_pow_scalar(x, 1.0)), 1, &x, &d1));
+    CHECK_OK(nb_tape_gradient(outer, nb_sum_all(d1), 1, &x, &d2));
+    const double ones[4] = {1, 1, 1, 1};
+    CHECK(check_max_error(d1, ones, 4) == 0);
+    CHECK(check_max_error(d2, zeros, 4) == 0);
+
+    /* pow(a, b): d/da at (0, 0) and (2, 0) is 0, at (0, 2) it is 2 * 0 = 0, at
+     * (3, 2) 6; d/db is a^b log a, 0 where a <= 0. */
+    const double av[4] = {0, 2, 0, 3}, bv[4] = {0, 0, 2, 2};
+    nb_tensor *a = nb_from_buffer(NB_F64, NB_SHAPE(4), av), *b = nb_from_buffer(NB_F64, NB_SHAPE(4), bv);
+    nb_tensor *gab[2] = {NULL, NULL};
+    nb_tape *t2 = nb_tape_begin();
+    CHECK_OK(nb_tape_watch(t2, a));
+    CHECK_OK(nb_tape_watch(t2, b));
+    CHECK_OK(nb_tape_gradient(t2, nb_sum_all(nb_pow(a, b)), NB_TENSORS(a, b), gab));
+    const double want_a[4] = {0, 0, 0, 6}, want_b[4] = {0, log(2.0), 0, 9 * log(3.0)};
+    CHECK(check_max_error(gab[0], want_a, 4) <= 1e-15);
+    CHECK(check_max_error(gab[1], want_b, 4) <= 1e-15);
+}
+
 int main(void)
 {
     RUN(test_strided_readback);
@@ -763,5 +800,6 @@ int main(void)
     RUN(test_large);
     RUN(test_second_derivative);
     RUN(test_second_order_all);
+    RUN(test_pow_edge_gradients);
     return check_finish();
 }
