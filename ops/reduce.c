@@ -1,6 +1,8 @@
 /* Reductions over axes and arg reductions, with their gradients. */
 #include "op.h"
 
+#include <math.h>
+
 /* attrs: i[0] = mask of reduced dims, i[1] = keepdims. */
 static nb_tensor *reduce(const nb_op_def *def, nb_reduce_op kop, const nb_tensor *x, nb_axes axes, bool keepdims)
 {
@@ -89,12 +91,25 @@ static nb_status extreme_grad(const nb_node *n, nb_tensor *const *g, nb_tensor *
     return nb__ok(gi[0]);
 }
 
+/* d prod / d x_i is the product of the other inputs: prod / x_i where no input
+ * is 0; where one is, the product of the nonzero ones at that zero and 0 at the
+ * rest; where two or more are, 0 (as PyTorch gives). The second derivative at a
+ * zero input is not exact (the zero's own slot is held constant). */
 static nb_status prod_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
 {
-    /* prod / x: exact for inputs without zeros. */
     nb_tensor *x = n->in[0];
-    nb_tensor *y = nb__expand_reduced(n->out[0], x, MASK);
-    gi[0] = nb_mul(nb__expand_reduced(g[0], x, MASK), nb_div(y, x));
+    nb_axes axes = {0, {0}};
+    for (int i = 0; i < x->ndim; i++)
+        if (MASK & (1 << i))
+            axes.axes[axes.n++] = i;
+    nb_tensor *zero = nb__scalar_on(x->device, x->dtype, 0.0), *one = nb__scalar_on(x->device, x->dtype, 1.0);
+    nb_tensor *is_zero = nb_equal(x, zero);
+    nb_tensor *nonzero = nb_where(is_zero, one, x);
+    nb_tensor *others = nb_prod(nonzero, axes, true);               /* of the nonzero inputs */
+    nb_tensor *zeros = nb_sum(nb_cast(is_zero, x->dtype), axes, true); /* how many are 0 */
+    nb_tensor *with_zero = nb_where(nb_equal(zeros, one), nb_where(is_zero, others, zero), zero);
+    nb_tensor *d = nb_where(nb_equal(zeros, zero), nb_div(others, nonzero), with_zero);
+    gi[0] = nb_mul(nb__expand_reduced(g[0], x, MASK), d);
     return nb__ok(gi[0]);
 }
 
@@ -122,17 +137,27 @@ nb_tensor *nb_logsumexp(const nb_tensor *x, nb_axes axes, bool keepdims)
     int mask = nb__axes_mask("logsumexp", axes, x->ndim);
     if (mask < 0)
         return NULL;
+    nb_shape shape = {0, {0}}; /* of the result */
+    bool empty = false;
+    for (int i = 0; i < x->ndim; i++) {
+        bool reduced = mask & (1 << i);
+        empty |= reduced && x->shape[i] == 0;
+        if (!reduced || keepdims)
+            shape.dims[shape.ndim++] = reduced ? 1 : x->shape[i];
+    }
+    if (empty) { /* the log of an empty sum, as PyTorch gives */
+        const nb_tensor *in[1] = {x};
+        nb_device *dev = nb__op_place("logsumexp", 1, in);
+        return dev ? nb__full_on(dev, x->dtype, shape.ndim, shape.dims, -INFINITY) : NULL;
+    }
     /* Shifting by the (constant) max keeps exp in range; the shift cancels exactly
-     * in the gradient, so it is cut from the tape. */
+     * in the gradient, so it is cut from the tape. An infinite max is no shift
+     * (inf - inf would be NaN): all -inf inputs give -inf, any +inf gives +inf. */
     nb_tensor *m = nb_stop_gradient(nb_max(x, axes, true));
+    nb_tensor *zero = nb__scalar_on(x->device, x->dtype, 0.0);
+    m = nb_where(nb_equal(nb_abs(m), nb__scalar_on(x->device, x->dtype, INFINITY)), zero, m);
     nb_tensor *s = nb_add(nb_log(nb_sum(nb_exp(nb_sub(x, m)), axes, true)), m);
-    if (!s || keepdims)
-        return s;
-    nb_shape shape = {0, {0}};
-    for (int i = 0; i < x->ndim; i++)
-        if (!(mask & (1 << i)))
-            shape.dims[shape.ndim++] = x->shape[i];
-    return nb_reshape(s, shape);
+    return !s || keepdims ? s : nb_reshape(s, shape);
 }
 
 static nb_tensor *arg_reduce(const char *op, bool is_max, const nb_tensor *x, int axis, bool keepdims)

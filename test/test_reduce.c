@@ -473,12 +473,45 @@ static void test_degenerate_shapes(void)
             }
 }
 
+/* prod's gradient where inputs are 0 is the product of the others (never
+ * prod / 0); logsumexp of infinite inputs is -inf or +inf, of NaN is NaN, and
+ * over an empty axis -inf; as PyTorch gives. */
+static void test_reduce_edge_points(void)
+{
+    const double rows[3][3] = {{0, 2, 3}, {0, 0, 3}, {4, 2, 3}};
+    const double want[3][3] = {{6, 0, 0}, {0, 0, 0}, {6, 12, 8}};
+    nb_tensor *x = nb_from_buffer(NB_F64, NB_SHAPE(3, 3), rows), *g = NULL;
+    nb_tape *t = nb_tape_begin();
+    CHECK_OK(nb_tape_watch(t, x));
+    CHECK_OK(nb_tape_gradient(t, nb_sum_all(nb_prod(x, NB_AXES(1), false)), 1, &x, &g));
+    CHECK(check_max_error(g, &want[0][0], 9) == 0);
+
+    const double lv[4][2] = {{-INFINITY, -INFINITY}, {INFINITY, 1}, {-INFINITY, 0}, {NAN, 1}};
+    nb_tensor *l = nb_logsumexp(nb_from_buffer(NB_F64, NB_SHAPE(4, 2), lv), NB_AXES(1), false);
+    CHECK(has_shape(l, NB_SHAPE(4)));
+    CHECK(nb_tensor_get(l, 0) == -INFINITY);
+    CHECK(nb_tensor_get(l, 1) == INFINITY);
+    CHECK(nb_tensor_get(l, 2) == 0);
+    CHECK(isnan(nb_tensor_get(l, 3)));
+
+    nb_tensor *e = nb_zeros(NB_F32, NB_SHAPE(3, 0));
+    nb_tensor *le = nb_logsumexp(e, NB_AXES(1), false), *lk = nb_logsumexp(e, NB_AXES(1), true);
+    CHECK(has_shape(le, NB_SHAPE(3)) && has_shape(lk, NB_SHAPE(3, 1)));
+    for (int i = 0; i < 3; i++)
+        CHECK(nb_tensor_get(le, i) == -INFINITY && nb_tensor_get(lk, i) == -INFINITY);
+    nb_tensor *la = nb_logsumexp(e, NB_ALL_AXES, false);
+    CHECK(has_shape(la, NB_SCALAR) && nb_tensor_item(la) == -INFINITY);
+    /* over the non-empty axis of an empty tensor: an empty result */
+    CHECK(has_shape(nb_logsumexp(e, NB_AXES(0), false), NB_SHAPE(0)));
+}
+
 int main(void)
 {
     RUN(test_reduce_values);
     RUN(test_integer_reduce);
     RUN(test_sum_mean_all);
     RUN(test_logsumexp_stable);
+    RUN(test_reduce_edge_points);
     RUN(test_reduce_gradients);
     RUN(test_ties_share);
     RUN(test_second_order);
