@@ -101,7 +101,36 @@ static const nb_op_def min_def = {"minimum", min_grad};
 nb_tensor *nb_add(const nb_tensor *a, const nb_tensor *b) { return binary(&add_def, NB_BIN_ADD, NB_NUMERIC, a, b); }
 nb_tensor *nb_sub(const nb_tensor *a, const nb_tensor *b) { return binary(&sub_def, NB_BIN_SUB, NB_NUMERIC, a, b); }
 nb_tensor *nb_mul(const nb_tensor *a, const nb_tensor *b) { return binary(&mul_def, NB_BIN_MUL, NB_NUMERIC, a, b); }
-nb_tensor *nb_div(const nb_tensor *a, const nb_tensor *b) { return binary(&div_def, NB_BIN_DIV, NB_NUMERIC, a, b); }
+/* Number of zeros in an integer tensor (-1 with the error recorded on failure).
+ * Reads one value back: a host wait on a GPU, paid only by integer division. */
+static int64_t count_zeros(const nb_tensor *b)
+{
+    nb_scope *scope = nb_scope_begin();
+    if (!scope)
+        return -1;
+    nb_tensor *hits = nb_equal(b, nb__scalar_on(b->device, b->dtype, 0.0));
+    double n = nb_tensor_item(nb_sum_all(nb_cast(hits, NB_I64)));
+    nb_scope_end(scope);
+    return nb_error() ? -1 : (int64_t)n;
+}
+
+nb_tensor *nb_div(const nb_tensor *a, const nb_tensor *b)
+{
+    /* An integer quotient by zero has no value: refused, as PyTorch and
+     * TensorFlow do (the kernels would give 0). */
+    if (a && b && a->dtype == b->dtype && (b->dtype == NB_I32 || b->dtype == NB_I64) && b->numel > 0) {
+        int64_t zeros = count_zeros(b);
+        if (zeros < 0)
+            return NULL;
+        if (zeros > 0) {
+            char sb[NB_SHAPE_STR_MAX];
+            return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "div: integer division by zero (%lld of the %s %s divisor's "
+                                 "elements are 0)", (long long)zeros, nb_dtype_name(b->dtype),
+                                 nb__shape_str(b->ndim, b->shape, sb, sizeof sb));
+        }
+    }
+    return binary(&div_def, NB_BIN_DIV, NB_NUMERIC, a, b);
+}
 nb_tensor *nb_pow(const nb_tensor *a, const nb_tensor *b) { return binary(&pow_def, NB_BIN_POW, NB_FLOATS, a, b); }
 nb_tensor *nb_maximum(const nb_tensor *a, const nb_tensor *b) { return binary(&max_def, NB_BIN_MAX, NB_NUMERIC, a, b); }
 nb_tensor *nb_minimum(const nb_tensor *a, const nb_tensor *b) { return binary(&min_def, NB_BIN_MIN, NB_NUMERIC, a, b); }

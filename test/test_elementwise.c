@@ -280,6 +280,16 @@ static void test_integer_binary(void)
     const double rq[4] = {3, -3, -2, 14};
     CHECK(q && nb_tensor_dtype(q) == NB_I32);
     CHECK(check_max_error(q, rq, 4) == 0);
+    /* an integer quotient by zero is refused (broadcast divisors too); a float one is inf */
+    const int64_t n64[3] = {5, 0, -5}, d64[3] = {1, 0, 0};
+    nb_tensor *nn = nb_from_buffer(NB_I64, NB_SHAPE(3), n64);
+    CHECK(nb_div(nn, nb_from_buffer(NB_I64, NB_SHAPE(3), d64)) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "div", "division by zero", "2 of", "i64 [3]");
+    CHECK(nb_div(nn, nb_scalar(NB_I64, 0)) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "div", "division by zero", "i64 []");
+    CHECK(nb_div(nn, nb_zeros(NB_I64, NB_SHAPE(0))) == NULL); /* shapes, not zeros, are wrong here */
+    CHECK_ERROR(NB_ERR_SHAPE, "div");
+    CHECK(nb_tensor_get(nb_div(nb_scalar(NB_F32, 1), nb_scalar(NB_F32, 0)), 0) == INFINITY);
     /* floating-only ops refuse integers */
     CHECK(nb_pow(a[0], a[0]) == NULL);
     CHECK_ERROR(NB_ERR_DTYPE, "pow", "i32");
