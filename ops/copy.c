@@ -164,13 +164,11 @@ nb_tensor *nb_to_device(nb_tensor *t, const char *device)
     const char *op = "nb_to_device";
     if (!t)
         return nb__null_input(op, 0);
-    /* Resolve the name the way nb_device_push does, so soft placement applies: a
-     * missing GPU means /cpu:0 (with push's one-line warning) unless placement is
-     * strict, where push records NB_ERR_DEVICE naming the device. */
-    if (nb_device_push(device))
+    /* Soft placement applies as for nb_device_push: a missing GPU means /cpu:0
+     * (with a one-line warning) unless placement is strict. */
+    nb_device *dev = nb__device_resolve(device, op);
+    if (!dev)
         return NULL;
-    nb_device *dev = nb__device_pushed();
-    nb_device_pop();
     if (dev == t->device)
         return nb_retain(t);
     return nb__copy_to_device(t, dev);

@@ -90,14 +90,16 @@ static nb_status gradient_ids(nb_tape *tape, const nb_tensor *target, const nb_t
                               nb_unconnected unconnected)
 {
     const char *who = "nb_tape_gradient";
+    /* The output array first: everything below writes to it. */
+    if (n < 0 || (n > 0 && !out))
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, n < 0 ? "%s: source count %d is negative"
+                                                       : "%s: the gradient array for %d sources is NULL", who, n);
     for (int i = 0; i < n; i++)
         out[i] = NULL;
     if (!tape)
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: tape is NULL", who);
     if (!target)
         return nb_error() ? nb_error() : nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: target is NULL", who);
-    if (n < 0 || (n > 0 && !out))
-        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: bad source count %d", who, n);
     for (int i = 0; i < n; i++)
         if (!ids[i])
             return nb_error() ? nb_error() : nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: source %d is NULL", who, i);

@@ -219,6 +219,32 @@ static void test_devices(void)
     CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "already in use");
 }
 
+/* An error handler that itself calls a failing op is not called again for
+ * that failure (it used to recurse without end); the first error stays. */
+static int handler_calls;
+static void failing_handler(nb_status code, const char *message, void *user)
+{
+    (void)code, (void)message, (void)user;
+    handler_calls++;
+    nb_release(nb_add(nb_ones(NB_F32, NB_SHAPE(2)), nb_ones(NB_F32, NB_SHAPE(3)))); /* fails again */
+}
+
+static void test_reentrant_handler(void)
+{
+    handler_calls = 0;
+    nb_error_handler old = nb_set_error_handler(failing_handler, NULL);
+    CHECK(nb_reshape(nb_ones(NB_F32, NB_SHAPE(4)), NB_SHAPE(3)) == NULL);
+    CHECK(handler_calls == 1);
+    nb_set_error_handler(old, NULL);
+    CHECK_ERROR(NB_ERR_SHAPE, "reshape");
+    /* and the handler runs again for the next failure */
+    nb_set_error_handler(failing_handler, NULL);
+    CHECK(nb_reshape(nb_ones(NB_F32, NB_SHAPE(4)), NB_SHAPE(3)) == NULL);
+    CHECK(handler_calls == 2);
+    nb_set_error_handler(old, NULL);
+    nb_error_clear();
+}
+
 int main(void)
 {
     RUN(test_creation_and_readback);
@@ -228,5 +254,6 @@ int main(void)
     RUN(test_views);
     RUN(test_errors);
     RUN(test_devices);
+    RUN(test_reentrant_handler);
     return check_finish();
 }

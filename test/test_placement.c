@@ -50,10 +50,25 @@ static void test_two_devices(void)
     CHECK(nb_to_device(a, "/cpu:0") == a);
 }
 
+/* nb_to_device's errors name nb_to_device, not the device stack it no longer uses. */
+static void test_to_device_messages(void)
+{
+    nb_tensor *x = nb_ones(NB_F32, NB_SHAPE(2));
+    CHECK(nb_to_device(x, "/tpu:0") == NULL);
+    CHECK_ERROR(NB_ERR_DEVICE, "nb_to_device", "/tpu:0");
+    bool soft = nb_set_soft_placement(false);
+    CHECK(nb_to_device(x, "/gpu:99") == NULL);
+    CHECK_ERROR(NB_ERR_DEVICE, "nb_to_device", "/gpu:99", "strict");
+    nb_set_soft_placement(soft);
+    CHECK(strcmp(nb_device_current(), "/cpu:0") == 0); /* nothing left pushed */
+    nb_release(x);
+}
+
 int main(void)
 {
     if (nb_set_logical_cpu_devices(2) != NB_OK)
         return 1;
     RUN(test_two_devices);
+    RUN(test_to_device_messages);
     return check_finish();
 }

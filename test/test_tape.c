@@ -215,6 +215,25 @@ static void test_one_shot_releases(void)
     nb_tape_free(t);
 }
 
+/* A NULL gradient array is refused, not written through. */
+static void test_null_gradient_array(void)
+{
+    nb_tensor *x = nb_ones(NB_F64, NB_SHAPE(2));
+    nb_variable *v = nb_variable_new("v", x);
+    nb_tape *t = nb_tape_begin_persistent();
+    CHECK_OK(nb_tape_watch(t, x));
+    nb_tensor *y = nb_sum_all(nb_mul(x, nb_read(v)));
+    CHECK(nb_tape_gradient(t, y, 1, &x, NULL) == NB_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_tape_gradient", "array", "NULL");
+    CHECK(nb_tape_gradient_vars(t, y, 1, &v, NULL) == NB_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_tape_gradient", "array", "NULL");
+    nb_tensor *g = NULL;
+    CHECK(nb_tape_gradient(t, y, -1, &x, &g) == NB_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_tape_gradient", "negative");
+    nb_tape_free(t);
+    nb_variable_free(v);
+}
+
 int main(void)
 {
     RUN(test_used_twice_sums);
@@ -224,5 +243,6 @@ int main(void)
     RUN(test_hessian_vector_product);
     RUN(test_custom_gradient_and_checker);
     RUN(test_one_shot_releases);
+    RUN(test_null_gradient_array);
     return check_finish();
 }

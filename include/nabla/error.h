@@ -28,7 +28,8 @@ nb_status nb_error_clear(void);
 const char *nb_status_name(nb_status code);
 
 /* Called at the moment of every failure, on the failing thread, after the error is
- * stored. NULL removes the handler. Returns the previous handler. */
+ * stored. A failure inside the handler itself (an op it calls) is recorded but
+ * does not call it again. NULL removes the handler. Returns the previous handler. */
 typedef void (*nb_error_handler)(nb_status code, const char *message, void *user);
 nb_error_handler nb_set_error_handler(nb_error_handler handler, void *user);
 

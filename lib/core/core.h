@@ -130,6 +130,10 @@ nb_device *nb__device_default(void);
 nb_device *nb__device_cpu0(void);
 /* Finds a device by name; NULL and NB_ERR_DEVICE when unknown or malformed. */
 nb_device *nb__device_find(const char *name, const char *who);
+/* The same with soft placement, as nb_device_push resolves names: a missing
+ * device is /cpu:0 with a one-line warning unless placement is strict. Errors
+ * name who. */
+nb_device *nb__device_resolve(const char *name, const char *who);
 bool nb__log_placement_enabled(void);
 
 /* ---- storage allocation ------------------------------------------------------ */

@@ -134,31 +134,35 @@ nb_device *nb__device_find(const char *name, const char *who)
                          who, name, g_n_cpus, g_n_gpus, nb__gpu_built() ? "" : "; CUDA is not built in");
 }
 
+nb_device *nb__device_resolve(const char *name, const char *who)
+{
+    ensure_init();
+    nb_device_kind kind;
+    int index;
+    if (!parse_name(name, &kind, &index))
+        return nb__fail_null(NB_ERR_DEVICE, "%s: malformed device name '%s' (expected /cpu:N or /gpu:N)", who,
+                             name ? name : "(null)");
+    if (kind == NB_DEVICE_CPU && index < g_n_cpus)
+        return &g_cpus[index];
+    if (kind == NB_DEVICE_GPU && index < g_n_gpus)
+        return &g_gpus[index];
+    if (!atomic_load(&g_soft_placement))
+        return nb__fail_null(NB_ERR_DEVICE, "%s: device '%s' does not exist and placement is strict (%d GPU devices)",
+                             who, name, g_n_gpus);
+    const char *why = nb__gpu_unavailable();
+    nb__log(NB_LOG_WARNING, "device '%s' does not exist (%d GPU devices%s%s); using /cpu:0", name, g_n_gpus,
+            why ? ": " : "", why ? why : "");
+    return &g_cpus[0];
+}
+
 nb_status nb_device_push(const char *name)
 {
     ensure_init();
     if (tl_depth == NB_DEVICE_STACK_MAX)
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_device_push: device stack is full (%d)", NB_DEVICE_STACK_MAX);
-    nb_device_kind kind;
-    int index;
-    if (!parse_name(name, &kind, &index))
-        return nb__fail(NB_ERR_DEVICE, "nb_device_push: malformed device name '%s' (expected /cpu:N or /gpu:N)",
-                        name ? name : "(null)");
-    nb_device *dev = NULL;
-    if (kind == NB_DEVICE_CPU && index < g_n_cpus)
-        dev = &g_cpus[index];
-    else if (kind == NB_DEVICE_GPU && index < g_n_gpus)
-        dev = &g_gpus[index];
-    if (!dev) {
-        if (!atomic_load(&g_soft_placement))
-            return nb__fail(NB_ERR_DEVICE,
-                            "nb_device_push: device '%s' does not exist and placement is strict (%d GPU devices)",
-                            name, g_n_gpus);
-        dev = &g_cpus[0];
-        const char *why = nb__gpu_unavailable();
-        nb__log(NB_LOG_WARNING, "device '%s' does not exist (%d GPU devices%s%s); using /cpu:0", name, g_n_gpus,
-                why ? ": " : "", why ? why : "");
-    }
+    nb_device *dev = nb__device_resolve(name, "nb_device_push");
+    if (!dev)
+        return nb_error() ? nb_error() : NB_ERR_DEVICE;
     tl_stack[tl_depth++] = dev;
     return NB_OK;
 }

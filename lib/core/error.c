@@ -7,6 +7,7 @@
 
 static _Thread_local nb_status tl_code;
 static _Thread_local char tl_message[NB_ERROR_MESSAGE_MAX];
+static _Thread_local bool tl_in_handler; /* the handler is running on this thread */
 
 static nb_error_handler g_handler;
 static void *g_handler_user;
@@ -82,8 +83,13 @@ static nb_status vfail(nb_status code, const char *fmt, va_list ap)
         tl_code = code;
         vsnprintf(tl_message, sizeof tl_message, fmt, ap);
     }
-    if (g_handler)
+    /* Not again from inside the handler: one that calls a failing op would
+     * otherwise recurse without end. Those failures are still recorded. */
+    if (g_handler && !tl_in_handler) {
+        tl_in_handler = true;
         g_handler(code, tl_message, g_handler_user);
+        tl_in_handler = false;
+    }
     return code;
 }
 
