@@ -861,6 +861,25 @@ static void test_errors(void)
     CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "concat", "input 1");
 }
 
+/* Float-to-integer casts have one rule on every device: truncate toward zero,
+ * saturate at the type's range, NaN to 0 (u8 through i32, wrapping). */
+static void test_cast_saturates(void)
+{
+    const float v[7] = {1e20f, -1e20f, NAN, INFINITY, -2.7f, 2.7f, 300.0f};
+    nb_tensor *x = nb_from_buffer(NB_F32, NB_SHAPE(7), v);
+    const double want32[7] = {2147483647.0, -2147483648.0, 0, 2147483647.0, -2, 2, 300};
+    const double want64[7] = {9223372036854775807.0, -9223372036854775808.0, 0, 9223372036854775807.0, -2, 2, 300};
+    const double want8[7] = {255, 0, 0, 255, 254, 2, 44};
+    nb_tensor *i32 = nb_cast(x, NB_I32), *i64 = nb_cast(x, NB_I64), *u8 = nb_cast(x, NB_U8);
+    for (int i = 0; i < 7; i++) {
+        CHECK(nb_tensor_get(i32, i) == want32[i]);
+        CHECK(nb_tensor_get(i64, i) == want64[i]);
+        CHECK(nb_tensor_get(u8, i) == want8[i]);
+    }
+    nb_tensor *d = nb_cast(nb_cast(x, NB_F64), NB_I32);
+    CHECK(nb_tensor_get(d, 0) == 2147483647.0 && nb_tensor_get(d, 2) == 0);
+}
+
 int main(void)
 {
     /* Two logical CPUs, before any device is used, for the cross-device cases. */
@@ -882,5 +901,6 @@ int main(void)
     RUN(test_stop_gradient);
     RUN(test_devices);
     RUN(test_errors);
+    RUN(test_cast_saturates);
     return check_finish();
 }

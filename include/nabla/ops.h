@@ -131,7 +131,10 @@ nb_status nb_split(const nb_tensor *x, int n, const int64_t *sizes, int axis, nb
 nb_tensor *nb_gather(const nb_tensor *params, const nb_tensor *indices);
 /* indices (integer) -> indices.shape + [depth] with 1 at the index, 0 elsewhere. */
 nb_tensor *nb_one_hot(const nb_tensor *indices, int64_t depth, nb_dtype dtype);
-/* Converts to dtype (a copy; differentiable between floating dtypes). */
+/* Converts to dtype (a copy; differentiable between floating dtypes). Floating
+ * to integer truncates toward zero, saturates at the integer type's range and
+ * takes NaN to 0 (to u8 through i32, wrapping); anything to bool is x != 0. The
+ * same on every device. */
 nb_tensor *nb_cast(const nb_tensor *x, nb_dtype dtype);
 /* Pads dim i with before[i] and after[i] elements of value. */
 nb_tensor *nb_pad(const nb_tensor *x, nb_shape before, nb_shape after, double value);

@@ -134,11 +134,18 @@ nb_status nb__cpu_arange(nb_device *dev, const nb_view *out, double start, doubl
  * output type. */
 #define CVT_f32(K, x) ((float)(x))
 #define CVT_f64(K, x) ((double)(x))
-#define CVT_i32(K, x) ((int32_t)(x))
-#define CVT_i64(K, x) ((int64_t)(x))
+/* Floating to integer truncates toward zero, saturates at the type's range and
+ * takes NaN to 0, as the GPU's conversion instructions do (a plain C cast of an
+ * out-of-range float is undefined); to u8 it goes through int32, as there. */
+#define CVT_i32(K, x) CVT_i32_##K(x)
+#define CVT_i32_f(x) sat_i32((double)(x))
+#define CVT_i32_i(x) ((int32_t)(x))
+#define CVT_i64(K, x) CVT_i64_##K(x)
+#define CVT_i64_f(x) sat_i64((double)(x))
+#define CVT_i64_i(x) ((int64_t)(x))
 #define CVT_b8(K, x) ((uint8_t)((x) != 0))
 #define CVT_u8(K, x) CVT_u8_##K(x)
-#define CVT_u8_f(x) ((uint8_t)(int32_t)(x))
+#define CVT_u8_f(x) ((uint8_t)sat_i32((double)(x)))
 #define CVT_u8_i(x) ((uint8_t)(x))
 
 #define CONV_ROW(TIN, TI, K, TOUT, TO)                                                        \
