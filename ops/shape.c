@@ -56,7 +56,8 @@ nb_tensor *nb_reshape(const nb_tensor *x, nb_shape shape)
                              NB_MAX_DIMS);
     char sx[NB_SHAPE_STR_MAX], ss[NB_SHAPE_STR_MAX];
     int infer = -1;
-    int64_t known = 1;
+    int64_t rest[NB_MAX_DIMS] = {0}; /* the given dims, the -1 left out */
+    int n_rest = 0;
     for (int i = 0; i < shape.ndim; i++) {
         int64_t d = shape.dims[i];
         if (d == -1 && infer < 0) {
@@ -66,16 +67,20 @@ nb_tensor *nb_reshape(const nb_tensor *x, nb_shape shape)
                                  "%s: bad target shape %s (dims must be >= 0, with at most one -1)", op,
                                  nb__shape_str(shape.ndim, shape.dims, ss, sizeof ss));
         } else {
-            known *= d;
+            rest[n_rest++] = d;
         }
     }
+    int64_t known = nb__shape_numel(n_rest, rest);
+    if (known < 0)
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: target shape %s has more elements than int64 can count", op,
+                             nb__shape_str(shape.ndim, shape.dims, ss, sizeof ss));
     if (infer >= 0) {
         if (known == 0 || x->numel % known != 0)
             return nb__fail_null(NB_ERR_SHAPE, "%s: cannot reshape %s (%lld elements) into %s", op,
                                  nb__shape_str(SHAPE_OF(x), sx, sizeof sx), (long long)x->numel,
                                  nb__shape_str(shape.ndim, shape.dims, ss, sizeof ss));
         shape.dims[infer] = x->numel / known;
-        known *= shape.dims[infer];
+        known *= shape.dims[infer]; /* = x->numel: no overflow */
     }
     if (known != x->numel)
         return nb__fail_null(NB_ERR_SHAPE, "%s: cannot reshape %s (%lld elements) into %s (%lld elements)", op,

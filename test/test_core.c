@@ -245,6 +245,28 @@ static void test_reentrant_handler(void)
     nb_error_clear();
 }
 
+/* Sizes past what int64 or memory can hold are errors before anything is
+ * allocated or written (they used to wrap to small numbers and overflow the heap). */
+static void test_huge_shapes(void)
+{
+    const int64_t big = (int64_t)1 << 62, g = (int64_t)1 << 32;
+    CHECK(nb_zeros(NB_F32, NB_SHAPE(big)) == NULL); /* 2^64 bytes */
+    CHECK_ERROR(NB_ERR_OUT_OF_MEMORY, "f32", "[4611686018427387904]");
+    CHECK(nb_empty(NB_F64, NB_SHAPE(big)) == NULL);
+    CHECK_ERROR(NB_ERR_OUT_OF_MEMORY, "f64");
+    CHECK(nb_zeros(NB_U8, NB_SHAPE(g, g)) == NULL); /* 2^64 elements: the count wraps to 0 */
+    CHECK_ERROR(NB_ERR_OUT_OF_MEMORY, "u8", "[4294967296, 4294967296]");
+    CHECK(nb_random_normal(NB_F32, NB_SHAPE(big, 4), 0, 1, 1) == NULL);
+    CHECK_ERROR(NB_ERR_OUT_OF_MEMORY, "f32");
+    /* a zero dim makes any other dims fine: no elements */
+    nb_tensor *e = nb_zeros(NB_F32, NB_SHAPE(0, big, big));
+    CHECK(e && nb_tensor_numel(e) == 0);
+    CHECK(nb_arange(NB_F32, 0, 1e30, 1) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_arange", "too many");
+    CHECK(nb_arange(NB_F64, -1e308, 1e308, 1e-300) == NULL); /* the count is inf */
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_arange");
+}
+
 int main(void)
 {
     RUN(test_creation_and_readback);
@@ -255,5 +277,6 @@ int main(void)
     RUN(test_errors);
     RUN(test_devices);
     RUN(test_reentrant_handler);
+    RUN(test_huge_shapes);
     return check_finish();
 }

@@ -61,7 +61,6 @@ static void test_to_device_messages(void)
     CHECK_ERROR(NB_ERR_DEVICE, "nb_to_device", "/gpu:99", "strict");
     nb_set_soft_placement(soft);
     CHECK(strcmp(nb_device_current(), "/cpu:0") == 0); /* nothing left pushed */
-    nb_release(x);
 }
 
 int main(void)

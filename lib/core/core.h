@@ -76,6 +76,8 @@ bool nb__same_shape(const nb_tensor *a, const nb_tensor *b);
 void nb__tensor_finish_geometry(nb_tensor *t);
 /* Row-major byte strides for a shape. */
 void nb__contiguous_strides(int ndim, const int64_t *shape, size_t elem, int64_t *strides);
+/* Elements of a shape: 0 when a dim is 0 (whatever the others), -1 when a dim
+ * is negative or the count overflows int64. */
 int64_t nb__shape_numel(int ndim, const int64_t *shape);
 /* "[2, 3]" of a tensor or shape into buf; returns buf. */
 char *nb__shape_str(int ndim, const int64_t *shape, char *buf, size_t size);

@@ -88,6 +88,9 @@ nb_tensor *nb_arange(nb_dtype dtype, double start, double stop, double step)
         return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "nb_arange: start %g, stop %g, step %g do not make a range",
                              start, stop, step);
     double count = ceil((stop - start) / step);
+    if (!(count < 0x1p62)) /* also inf and NaN: the cast to int64 must be defined */
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "nb_arange: start %g, stop %g, step %g make %g elements, too many "
+                             "to count", start, stop, step, count);
     int64_t n = count > 0 ? (int64_t)count : 0;
     nb_device *dev = nb__device_default();
     nb_tensor *t = nb__tensor_new(dev, dtype, 1, &n);

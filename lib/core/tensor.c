@@ -84,18 +84,25 @@ void nb_release(nb_tensor *t) { nb__release(t); }
 
 int64_t nb__shape_numel(int ndim, const int64_t *shape)
 {
+    for (int i = 0; i < ndim; i++)
+        if (shape[i] == 0)
+            return 0; /* whatever the other dims are */
     int64_t n = 1;
     for (int i = 0; i < ndim; i++)
-        n *= shape[i];
+        if (shape[i] < 0 || __builtin_mul_overflow(n, shape[i], &n))
+            return -1;
     return n;
 }
 
 void nb__contiguous_strides(int ndim, const int64_t *shape, size_t elem, int64_t *strides)
 {
+    /* Only a shape with a zero dim can overflow here (others were checked to
+     * fit in bytes); its strides are never used to reach an element. */
     int64_t s = (int64_t)elem;
     for (int i = ndim - 1; i >= 0; i--) {
         strides[i] = s;
-        s *= shape[i] > 0 ? shape[i] : 1;
+        if (__builtin_mul_overflow(s, shape[i] > 0 ? shape[i] : 1, &s))
+            s = INT64_MAX;
     }
 }
 
@@ -140,9 +147,20 @@ static void poison(nb_tensor *t)
 
 nb_tensor *nb__tensor_new(nb_device *dev, nb_dtype dtype, int ndim, const int64_t *shape)
 {
-    size_t elem = nb_dtype_size(dtype);
+    size_t elem = nb_dtype_size(dtype), bytes = 0;
+    if (ndim < 0 || ndim > NB_MAX_DIMS)
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "tensor: %d dims is outside [0, %d]", ndim, NB_MAX_DIMS);
     int64_t numel = nb__shape_numel(ndim, shape);
-    nb_storage *s = nb__storage_new(dev, (size_t)numel * elem);
+    if (numel < 0 || __builtin_mul_overflow((size_t)numel, elem, &bytes) || bytes > (size_t)INT64_MAX) {
+        char sh[NB_SHAPE_STR_MAX];
+        nb__shape_str(ndim, shape, sh, sizeof sh);
+        for (int i = 0; i < ndim; i++)
+            if (shape[i] < 0)
+                return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "tensor: shape %s has a negative dim", sh);
+        return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "tensor: a %s tensor of shape %s would need more bytes than any "
+                             "device can hold", nb_dtype_name(dtype), sh);
+    }
+    nb_storage *s = nb__storage_new(dev, bytes);
     if (!s)
         return NULL;
     nb_tensor *t = tensor_alloc();
@@ -157,12 +175,9 @@ nb_tensor *nb__tensor_new(nb_device *dev, nb_dtype dtype, int ndim, const int64_
     t->offset = 0;
     t->storage = s;
     t->device = dev;
-    int64_t stride = (int64_t)elem;
-    for (int i = ndim - 1; i >= 0; i--) {
+    for (int i = 0; i < ndim; i++)
         t->shape[i] = shape[i];
-        t->strides[i] = stride;
-        stride *= shape[i] > 0 ? shape[i] : 1;
-    }
+    nb__contiguous_strides(ndim, shape, elem, t->strides);
     if (poison_enabled())
         poison(t);
     return t;
