@@ -71,7 +71,11 @@ nb_tensor *nb_pad(const nb_tensor *x, nb_shape before, nb_shape after, double va
         if (before.dims[i] < 0 || after.dims[i] < 0)
             return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: dim %d: negative padding (before %lld, after %lld)", op,
                                  i, (long long)before.dims[i], (long long)after.dims[i]);
-        shape[i] = before.dims[i] + x->shape[i] + after.dims[i];
+        if (__builtin_add_overflow(before.dims[i], x->shape[i], &shape[i]) ||
+            __builtin_add_overflow(shape[i], after.dims[i], &shape[i]))
+            return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: dim %d of %s padded by %lld and %lld is past what "
+                                 "int64 can count", op, i, nb__shape_str(SHAPE_OF(x), sx, sizeof sx),
+                                 (long long)before.dims[i], (long long)after.dims[i]);
     }
     const nb_tensor *in[1] = {x};
     nb_device *dev = nb__op_place(op, 1, in);

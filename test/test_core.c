@@ -265,6 +265,16 @@ static void test_huge_shapes(void)
     CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_arange", "too many");
     CHECK(nb_arange(NB_F64, -1e308, 1e308, 1e-300) == NULL); /* the count is inf */
     CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_arange");
+    /* a broadcast view of 2^62 elements: views are fine, reading it into 16 bytes is not */
+    nb_tensor *b = nb_broadcast_to(nb_ones(NB_F32, NB_SHAPE(1)), NB_SHAPE(big));
+    CHECK(b && nb_tensor_numel(b) == big);
+    char buf[16];
+    CHECK(nb_tensor_read(b, buf, sizeof buf) == NB_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_tensor_read", "16 bytes", "4611686018427387904");
+    /* broadcasting two views to 2^64 elements */
+    nb_tensor *one = nb_ones(NB_F32, NB_SHAPE(1, 1));
+    CHECK(nb_add(nb_broadcast_to(one, NB_SHAPE(g, 1)), nb_broadcast_to(one, NB_SHAPE(1, g))) == NULL);
+    CHECK_ERROR(NB_ERR_OUT_OF_MEMORY, "[4294967296, 4294967296]");
 }
 
 int main(void)

@@ -893,6 +893,11 @@ static void test_reshape_overflow(void)
     nb_tensor *e = nb_zeros(NB_F32, NB_SHAPE(0));
     nb_tensor *r = nb_reshape(e, NB_SHAPE(big, 0, 3)); /* zero elements either way */
     CHECK(r && nb_tensor_numel(r) == 0);
+    /* padding past int64, or past memory, is refused before anything is written */
+    CHECK(nb_pad(x, NB_SHAPE(INT64_MAX), NB_SHAPE(INT64_MAX), 0) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "pad", "dim 0", "[4]");
+    CHECK(nb_pad(x, NB_SHAPE((int64_t)1 << 62), NB_SHAPE(0), 0) == NULL);
+    CHECK_ERROR(NB_ERR_OUT_OF_MEMORY, "f32");
 }
 
 int main(void)

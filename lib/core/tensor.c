@@ -336,11 +336,19 @@ nb_status nb_tensor_read(const nb_tensor *t, void *dst, size_t size)
 {
     if (!t)
         return nb_error() ? nb_error() : nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_tensor_read: tensor is NULL");
-    size_t need = (size_t)t->numel * nb_dtype_size(t->dtype);
-    if (!dst || size < need)
+    /* A broadcast view can have more elements than any buffer has bytes. */
+    size_t need = 0;
+    bool huge = __builtin_mul_overflow((size_t)t->numel, nb_dtype_size(t->dtype), &need);
+    if (!dst || huge || size < need) {
+        char bytes[32];
+        if (huge)
+            snprintf(bytes, sizeof bytes, "more than 2^64");
+        else
+            snprintf(bytes, sizeof bytes, "%zu", need);
         return nb__fail(NB_ERR_INVALID_ARGUMENT,
-                        "nb_tensor_read: buffer of %zu bytes is too small for %lld %s elements (%zu bytes)",
-                        size, (long long)t->numel, nb_dtype_name(t->dtype), need);
+                        "nb_tensor_read: buffer of %zu bytes is too small for %lld %s elements (%s bytes)", size,
+                        (long long)t->numel, nb_dtype_name(t->dtype), bytes);
+    }
     if (need == 0)
         return NB_OK;
     const nb_backend *be = t->device->backend;
