@@ -898,6 +898,19 @@ static void test_reshape_overflow(void)
     CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "pad", "dim 0", "[4]");
     CHECK(nb_pad(x, NB_SHAPE((int64_t)1 << 62), NB_SHAPE(0), 0) == NULL);
     CHECK_ERROR(NB_ERR_OUT_OF_MEMORY, "f32");
+    /* a shape claiming more than 8 dims: its messages never read past dims[8] */
+    nb_shape bad = NB_SHAPE(4);
+    bad.ndim = 1000;
+    char buf[64];
+    CHECK(strcmp(nb_shape_format(bad, buf, sizeof buf), "(a shape of 1000 dims)") == 0);
+    CHECK(nb_broadcast_to(x, bad) == NULL);
+    CHECK(nb_error() != NB_OK);
+    nb_error_clear();
+    CHECK(nb_slice(x, bad, bad) == NULL);
+    CHECK(nb_error() != NB_OK);
+    nb_error_clear();
+    CHECK(nb_pad(x, bad, bad, 0) == NULL);
+    CHECK_ERROR(NB_ERR_SHAPE, "pad", "1000 dims");
 }
 
 int main(void)

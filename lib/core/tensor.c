@@ -317,6 +317,10 @@ char *nb__shape_str(int ndim, const int64_t *shape, char *buf, size_t size)
     if (size == 0)
         return buf;
     buf[0] = '\0';
+    if (ndim < 0 || ndim > NB_MAX_DIMS) { /* never read past an nb_shape's dims */
+        snprintf(buf, size, "(a shape of %d dims)", ndim);
+        return buf;
+    }
     n += (size_t)snprintf(buf + n, size - n, "[");
     for (int i = 0; i < ndim && n < size; i++)
         n += (size_t)snprintf(buf + n, size - n, i ? ", %lld" : "%lld", (long long)shape[i]);
