@@ -61,9 +61,9 @@ nb_tensor *nb_sparse_softmax_cross_entropy(const nb_tensor *logits, const nb_ten
         double hi = nb_tensor_item(nb_max(labels, NB_ALL_AXES, false));
         if (nb_error())
             return NULL;
-        if (lo < 0 || hi >= (double)C)
-            return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: label %lld is outside [0, %lld)", op,
-                                 (long long)(lo < 0 ? lo : hi), (long long)C);
+        if (lo < 0 || hi >= (double)C) /* printed as read: a cast back could overflow */
+            return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: label %.0f is outside [0, %lld)", op,
+                                 lo < 0 ? lo : hi, (long long)C);
     }
     nb_tensor *target = nb_one_hot(labels, C, logits->dtype);
     if (target && target->device != logits->device && !nb__device_pushed())
