@@ -117,8 +117,7 @@ int main(int argc, char **argv)
 
     /* Choose the replicas' devices before any other nabla call. */
     int gpus = nb_physical_gpu_count();
-    const char *want = getenv("NB_REQUIRE_GPU");
-    if (gpus == 0 && want && want[0] && strcmp(want, "0") != 0) /* never pass off CPU figures as GPU ones */
+    if (gpus == 0 && bench_gpu_required()) /* never pass off CPU figures as GPU ones */
         return bench_no_gpu("nb_mirrored_all_reduce over GPUs", nb_gpu_unavailable_reason());
     const char *kind = gpus >= 2 ? "GPUs" : gpus == 1 ? "logical GPUs on one GPU" : "logical CPU devices";
     if (gpus == 1)

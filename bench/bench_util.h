@@ -35,12 +35,18 @@ static inline double bench_median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* Where a GPU benchmark finds no GPU: prints why under its title and returns its
- * exit status, 0 (skipped), or 1 when NB_REQUIRE_GPU=1 says a GPU must be there. */
-static inline int bench_no_gpu(const char *title, const char *why)
+/* Whether NB_REQUIRE_GPU (set, not "0") says a GPU must be there. */
+static inline int bench_gpu_required(void)
 {
     const char *want = getenv("NB_REQUIRE_GPU");
-    int required = want && want[0] && strcmp(want, "0") != 0;
+    return want && want[0] && strcmp(want, "0") != 0;
+}
+
+/* Where a GPU benchmark finds no GPU: prints why under its title and returns its
+ * exit status, 0 (skipped), or 1 when bench_gpu_required(). */
+static inline int bench_no_gpu(const char *title, const char *why)
+{
+    int required = bench_gpu_required();
     printf("\n%s\n(no GPU: %s: %s)\n", title, why ? why : "none found",
            required ? "FAILED, NB_REQUIRE_GPU=1 asks for one" : "skipped");
     return required;

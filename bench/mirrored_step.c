@@ -156,8 +156,7 @@ int main(int argc, char **argv)
 
     /* Split the CPU before any other nabla call (CPU devices only). */
     int gpus = nb_physical_gpu_count();
-    const char *want = getenv("NB_REQUIRE_GPU");
-    if (gpus == 0 && want && want[0] && strcmp(want, "0") != 0) /* never pass off CPU figures as GPU ones */
+    if (gpus == 0 && bench_gpu_required()) /* never pass off CPU figures as GPU ones */
         return bench_no_gpu("Mirrored strategy step over GPUs", nb_gpu_unavailable_reason());
     if (gpus == 0)
         nb_set_logical_cpu_devices(4);

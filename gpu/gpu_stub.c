@@ -26,7 +26,7 @@ const char *nb_gpu_unavailable_reason(void) { return no_cuda; }
 
 static nb_status unsupported(const char *who)
 {
-    return nb__fail(NB_ERR_UNSUPPORTED, "%s: this build of nabla has no CUDA backend", who);
+    return nb__fail(NB_ERR_UNSUPPORTED, "%s: %s", who, no_cuda);
 }
 
 nb_status nb_gpu_get_memory_stats(const char *device, nb_gpu_memory_stats *out)

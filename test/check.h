@@ -133,6 +133,39 @@ static inline bool has_shape(const nb_tensor *t, nb_shape s)
     return true;
 }
 
+/* CHECK with a printf-style explanation of what failed. */
+#define CHECKF(cond, ...)                                                                    \
+    do {                                                                                     \
+        if (!(cond)) {                                                                       \
+            fprintf(stderr, "%s:%d: [%s] CHECK failed: %s: ", __FILE__, __LINE__,            \
+                    check_current, #cond);                                                   \
+            fprintf(stderr, __VA_ARGS__);                                                    \
+            fprintf(stderr, " (pending error: %s)\n", nb_error_message());                   \
+            check_failures++;                                                                \
+        }                                                                                    \
+    } while (0)
+
+
+/* Whether t lives on the device named dev. */
+static inline bool on_device(const nb_tensor *t, const char *dev)
+{
+    return t && dev && strcmp(nb_tensor_device(t), dev) == 0;
+}
+
+/* Whether a and b have one dtype, one shape and the same bytes. */
+static inline bool same_bits(const nb_tensor *a, const nb_tensor *b)
+{
+    if (!a || !b || nb_tensor_dtype(a) != nb_tensor_dtype(b) || !has_shape(b, nb_tensor_shape(a)))
+        return false;
+    size_t n = (size_t)nb_tensor_numel(a) * nb_dtype_size(nb_tensor_dtype(a));
+    unsigned char *pa = malloc(n ? n : 1), *pb = malloc(n ? n : 1);
+    bool same = pa && pb && nb_tensor_read(a, pa, n) == NB_OK && nb_tensor_read(b, pb, n) == NB_OK &&
+                memcmp(pa, pb, n) == 0;
+    free(pa);
+    free(pb);
+    return same;
+}
+
 static inline int64_t numel_of(nb_shape s)
 {
     int64_t n = 1;

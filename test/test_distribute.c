@@ -18,17 +18,6 @@
 #define MAXV 24 /* most variables a test model has */
 
 /* A check that prints a formatted explanation when it fails. */
-#define CHECKF(cond, ...)                                                                    \
-    do {                                                                                     \
-        if (!(cond)) {                                                                       \
-            fprintf(stderr, "%s:%d: [%s] CHECK failed: %s: ", __FILE__, __LINE__,            \
-                    check_current, #cond);                                                   \
-            fprintf(stderr, __VA_ARGS__);                                                    \
-            fprintf(stderr, " (pending error: %s)\n", nb_error_message());                   \
-            check_failures++;                                                                \
-        }                                                                                    \
-    } while (0)
-
 /* ---- helpers ------------------------------------------------------------------ */
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
@@ -94,20 +83,6 @@ static bool same_shape(const nb_tensor *a, const nb_tensor *b)
     return a && b && has_shape(b, nb_tensor_shape(a));
 }
 
-/* Whether a and b have one dtype, one shape and the same bytes. */
-static bool same_bits(const nb_tensor *a, const nb_tensor *b)
-{
-    if (!same_shape(a, b) || nb_tensor_dtype(a) != nb_tensor_dtype(b))
-        return false;
-    size_t n = (size_t)nb_tensor_numel(a) * nb_dtype_size(nb_tensor_dtype(a));
-    unsigned char *pa = malloc(n ? n : 1), *pb = malloc(n ? n : 1);
-    bool same = nb_tensor_read(a, pa, n) == NB_OK && nb_tensor_read(b, pb, n) == NB_OK &&
-                memcmp(pa, pb, n) == 0;
-    free(pa);
-    free(pb);
-    return same;
-}
-
 /* Largest |a - b| / max(|a|, |b|) over the elements (magnitudes below 1e-6
  * compared against 1e-6); INFINITY when either is missing or the shapes differ. */
 static double rel_diff(const nb_tensor *a, const nb_tensor *b)
@@ -137,11 +112,6 @@ static nb_mirrored *cpu_mirrored(int n)
     for (int r = 0; r < n && r < NDEV; r++)
         names[r] = nb_device_name(NB_DEVICE_CPU, r);
     return nb_mirrored_new(n, names);
-}
-
-static bool on_device(const nb_tensor *t, const char *dev)
-{
-    return t && dev && strcmp(nb_tensor_device(t), dev) == 0;
 }
 
 static nb_mirrored_stats stats_of(const nb_mirrored *s)

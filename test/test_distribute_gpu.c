@@ -9,26 +9,10 @@
 
 #define MAXR 64
 
-#define CHECKF(cond, ...)                                                                    \
-    do {                                                                                     \
-        if (!(cond)) {                                                                       \
-            fprintf(stderr, "%s:%d: [%s] CHECK failed: %s: ", __FILE__, __LINE__,            \
-                    check_current, #cond);                                                   \
-            fprintf(stderr, __VA_ARGS__);                                                    \
-            fprintf(stderr, " (pending error: %s)\n", nb_error_message());                   \
-            check_failures++;                                                                \
-        }                                                                                    \
-    } while (0)
-
 static int logical_per_card; /* logical GPUs per physical one */
 static int cards;            /* physical GPUs */
 
 /* ---- helpers ------------------------------------------------------------------ */
-
-static bool on_device(const nb_tensor *t, const char *dev)
-{
-    return t && dev && strcmp(nb_tensor_device(t), dev) == 0;
-}
 
 /* t's elements as doubles on the host (malloc'd); NULL when t is NULL. */
 static double *host_copy(const nb_tensor *t)
@@ -45,20 +29,6 @@ static double *host_copy(const nb_tensor *t)
         return NULL;
     }
     return v;
-}
-
-/* Whether a and b have one dtype, one shape and the same bytes. */
-static bool same_bits(const nb_tensor *a, const nb_tensor *b)
-{
-    if (!a || !b || nb_tensor_dtype(a) != nb_tensor_dtype(b) || !has_shape(b, nb_tensor_shape(a)))
-        return false;
-    size_t n = (size_t)nb_tensor_numel(a) * nb_dtype_size(nb_tensor_dtype(a));
-    unsigned char *pa = malloc(n ? n : 1), *pb = malloc(n ? n : 1);
-    bool same = nb_tensor_read(a, pa, n) == NB_OK && nb_tensor_read(b, pb, n) == NB_OK &&
-                memcmp(pa, pb, n) == 0;
-    free(pa);
-    free(pb);
-    return same;
 }
 
 /* Largest |a - b| / max(|a|, |b|, 1e-6) over the elements; INFINITY when

@@ -118,34 +118,40 @@ static bool parse_name(const char *name, nb_device_kind *kind, int *index)
     return true;
 }
 
-nb_device *nb__device_find(const char *name, const char *who)
+/* The device a well-formed name denotes: *dev, NULL when there is no such one.
+ * false (NB_ERR_DEVICE recorded, naming who) for a malformed name. */
+static bool lookup(const char *name, const char *who, nb_device **dev)
 {
     ensure_init();
     nb_device_kind kind;
     int index;
-    if (!parse_name(name, &kind, &index))
-        return nb__fail_null(NB_ERR_DEVICE, "%s: malformed device name '%s' (expected /cpu:N or /gpu:N)",
-                             who, name ? name : "(null)");
+    *dev = NULL;
+    if (!parse_name(name, &kind, &index)) {
+        nb__fail(NB_ERR_DEVICE, "%s: malformed device name '%s' (expected /cpu:N or /gpu:N)", who,
+                 name ? name : "(null)");
+        return false;
+    }
     if (kind == NB_DEVICE_CPU && index < g_n_cpus)
-        return &g_cpus[index];
-    if (kind == NB_DEVICE_GPU && index < g_n_gpus)
-        return &g_gpus[index];
+        *dev = &g_cpus[index];
+    else if (kind == NB_DEVICE_GPU && index < g_n_gpus)
+        *dev = &g_gpus[index];
+    return true;
+}
+
+nb_device *nb__device_find(const char *name, const char *who)
+{
+    nb_device *dev;
+    if (!lookup(name, who, &dev) || dev)
+        return dev;
     return nb__fail_null(NB_ERR_DEVICE, "%s: unknown device '%s' (this process has %d CPU and %d GPU devices%s)",
                          who, name, g_n_cpus, g_n_gpus, nb__gpu_built() ? "" : "; CUDA is not built in");
 }
 
 nb_device *nb__device_resolve(const char *name, const char *who)
 {
-    ensure_init();
-    nb_device_kind kind;
-    int index;
-    if (!parse_name(name, &kind, &index))
-        return nb__fail_null(NB_ERR_DEVICE, "%s: malformed device name '%s' (expected /cpu:N or /gpu:N)", who,
-                             name ? name : "(null)");
-    if (kind == NB_DEVICE_CPU && index < g_n_cpus)
-        return &g_cpus[index];
-    if (kind == NB_DEVICE_GPU && index < g_n_gpus)
-        return &g_gpus[index];
+    nb_device *dev;
+    if (!lookup(name, who, &dev) || dev)
+        return dev;
     if (!atomic_load(&g_soft_placement))
         return nb__fail_null(NB_ERR_DEVICE, "%s: device '%s' does not exist and placement is strict (%d GPU devices)",
                              who, name, g_n_gpus);

@@ -72,8 +72,11 @@ struct nb_replica_state {
     char message[NB_REPLICA_MESSAGE];
     /* a step's results, held until every replica is done */
     nb_tensor *loss;
-    nb_tensor **grads;
-    int cap_grads;
+    nb_tensor **grads;     /* per variable: what the step function gave */
+    /* per-variable scratch of the update: the replica's copies, and views of
+     * the reduced gradients in the buckets (grown by reserve_vars) */
+    nb_variable **copies;
+    nb_tensor **places;
     nb_bucket_cache cache;
     /* the buffers of the all-reduce in progress, read by the other replicas */
     nb_tensor *const *ar_src;
@@ -106,6 +109,11 @@ struct nb_mirrored {
     const nb_collective *collective; /* NCCL when every replica is its own card */
     void *comm;
     nb_bucket_plan plan;
+    /* per variable, for the plan: some replica gave a gradient; dtype; size */
+    int cap_vars;
+    bool *present;
+    nb_dtype *dtypes;
+    int64_t *numels;
 
     /* counters */
     int64_t steps, collective_calls;

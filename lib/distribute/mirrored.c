@@ -25,6 +25,15 @@
 
 static atomic_uint_fast64_t g_next_id = 1;
 
+/* p grown to n elements of size bytes (n >= 1); NULL, with p freed, when memory runs out. */
+static void *realloc_array(void *p, size_t n, size_t size)
+{
+    void *q = realloc(p, n * size);
+    if (!q)
+        free(p);
+    return q;
+}
+
 /* ---- waiting ---------------------------------------------------------------------- */
 
 #include <sched.h>
@@ -53,15 +62,15 @@ static inline void cpu_relax(void)
 #endif
 }
 
-/* Spins for at most ns until *word differs from seen; true when it does.
- * Between looks it yields, so that a thread it waits for that shares its core
- * is not kept from running. */
-static bool spin_while_equal(atomic_uint_fast64_t *word, uint64_t seen, int64_t ns)
+/* Spins for at most ns until done(arg); true when it came. Between looks it
+ * yields, so that a thread it waits for that shares its core is not kept from
+ * running. */
+static bool spin_until(bool (*done)(const void *arg), const void *arg, int64_t ns)
 {
     int64_t end = now_ns() + ns;
     for (;;) {
         for (int i = 0; i < 64; i++) {
-            if (atomic_load_explicit(word, memory_order_acquire) != seen)
+            if (done(arg))
                 return true;
             cpu_relax();
         }
@@ -71,21 +80,19 @@ static bool spin_while_equal(atomic_uint_fast64_t *word, uint64_t seen, int64_t 
     }
 }
 
-/* Spins for at most ns until *count is 0; true when it is. */
-static bool spin_until_zero(atomic_int *count, int64_t ns)
+/* A generation counter that has moved on from the value seen. */
+typedef struct moved_on {
+    atomic_uint_fast64_t *word;
+    uint64_t seen;
+} moved_on;
+
+static bool has_moved_on(const void *arg)
 {
-    int64_t end = now_ns() + ns;
-    for (;;) {
-        for (int i = 0; i < 64; i++) {
-            if (atomic_load_explicit(count, memory_order_acquire) == 0)
-                return true;
-            cpu_relax();
-        }
-        sched_yield();
-        if (now_ns() > end)
-            return false;
-    }
+    const moved_on *m = arg;
+    return atomic_load_explicit(m->word, memory_order_acquire) != m->seen;
 }
+
+static bool is_zero(const void *arg) { return atomic_load_explicit((atomic_int *)arg, memory_order_acquire) == 0; }
 
 /* ---- the barrier ----------------------------------------------------------------- */
 
@@ -111,7 +118,7 @@ bool nb__mirrored_barrier(nb_mirrored *s, bool ok, bool (*last)(nb_mirrored *s, 
     pthread_mutex_unlock(&b->lock);
     /* result is written before the generation moves and is not touched again
      * until this thread has arrived at the next barrier. */
-    if (!s->spin || !spin_while_equal(&b->generation, gen, BARRIER_SPIN_NS)) {
+    if (!s->spin || !spin_until(has_moved_on, &(moved_on){&b->generation, gen}, BARRIER_SPIN_NS)) {
         pthread_mutex_lock(&b->lock);
         while (atomic_load(&b->generation) == gen)
             pthread_cond_wait(&b->cv, &b->lock);
@@ -184,7 +191,7 @@ static void *replica_main(void *arg)
     for (;;) {
         /* Steps usually come back to back: look a while before sleeping. */
         if (s->spin)
-            spin_while_equal(&s->generation, seen, JOB_SPIN_NS);
+            spin_until(has_moved_on, &(moved_on){&s->generation, seen}, JOB_SPIN_NS);
         pthread_mutex_lock(&s->lock);
         while (atomic_load(&s->generation) == seen && !s->quit)
             pthread_cond_wait(&s->work_cv, &s->lock);
@@ -252,7 +259,7 @@ static void dispatch(nb_mirrored *s, nb_job_fn fn, void *job)
     run_here(s, fn, job);
     if (s->n > 1) {
         if (s->spin)
-            spin_until_zero(&s->remaining, BARRIER_SPIN_NS);
+            spin_until(is_zero, &s->remaining, BARRIER_SPIN_NS);
         pthread_mutex_lock(&s->lock);
         while (atomic_load(&s->remaining) > 0)
             pthread_cond_wait(&s->done_cv, &s->lock);
@@ -321,10 +328,15 @@ static void strategy_destroy(nb_mirrored *s)
             pthread_join(rs->thread, NULL);
         nb__bucket_cache_free(&rs->cache);
         free(rs->grads);
+        free(rs->copies);
+        free(rs->places);
     }
     if (s->comm)
         s->collective->comm_free(s->comm);
     nb__bucket_plan_free(&s->plan);
+    free(s->present);
+    free(s->dtypes);
+    free(s->numels);
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->work_cv);
     pthread_cond_destroy(&s->done_cv);
@@ -635,6 +647,33 @@ nb_status nb_mirrored_run(nb_mirrored *s, nb_replica_fn fn, void *user, int n_in
     return hand_out(st, n_out, outputs);
 }
 
+/* scale * the sum over r of w[r] * xs[r] (w NULL: all 1; a NULL xs[r] is left
+ * out), added in replica order on the caller's current device; as_loss makes
+ * each term an f64 scalar first. Owned by the current scope; NULL on failure. */
+static nb_tensor *sum_in_order(int n, nb_tensor *const *xs, const double *w, double scale, bool as_loss)
+{
+    const char *here = nb_device_current();
+    nb_scope *scope = nb_scope_begin(); /* for the temporaries */
+    if (!scope)
+        return NULL;
+    nb_tensor *sum = NULL;
+    for (int r = 0; r < n; r++) {
+        if (!xs[r])
+            continue;
+        nb_tensor *x = nb_to_device(xs[r], here);
+        if (as_loss)
+            x = nb_reshape(nb_cast(x, NB_F64), NB_SCALAR);
+        if (w && w[r] != 1.0)
+            x = nb_mul_scalar(x, w[r]);
+        sum = sum ? nb_add(sum, x) : x;
+    }
+    if (scale != 1.0)
+        sum = nb_mul_scalar(sum, scale);
+    sum = nb_keep(sum);
+    nb_scope_end(scope);
+    return sum;
+}
+
 /* ---- reduce --------------------------------------------------------------------------------------- */
 
 nb_tensor *nb_mirrored_reduce(nb_mirrored *s, nb_reduction reduction, nb_tensor *const *per_replica)
@@ -661,19 +700,7 @@ nb_tensor *nb_mirrored_reduce(nb_mirrored *s, nb_reduction reduction, nb_tensor 
     if (reduction == NB_REDUCE_MEAN && !nb__is_floating(per_replica[0]->dtype))
         return nb__fail_null(NB_ERR_DTYPE, "%s: MEAN of %s values; cast them to a floating dtype first", who,
                              nb_dtype_name(per_replica[0]->dtype));
-    /* In replica order, on the caller's device, in a scope of our own. */
-    const char *here = nb_device_current();
-    nb_scope *scope = nb_scope_begin();
-    if (!scope)
-        return NULL;
-    nb_tensor *sum = nb_to_device(per_replica[0], here);
-    for (int r = 1; r < s->n; r++)
-        sum = nb_add(sum, nb_to_device(per_replica[r], here));
-    if (reduction == NB_REDUCE_MEAN)
-        sum = nb_mul_scalar(sum, 1.0 / s->n);
-    sum = nb_keep(sum);
-    nb_scope_end(scope);
-    return sum;
+    return sum_in_order(s->n, per_replica, NULL, reduction == NB_REDUCE_MEAN ? 1.0 / s->n : 1.0, false);
 }
 
 /* ---- all-reduce ------------------------------------------------------------------------------------ */
@@ -762,9 +789,6 @@ typedef struct step_job {
     nb_tensor *const *inputs;
     nb_reduction reduction;
     int64_t step;       /* the optimizer's step number for this update */
-    bool *present;      /* per variable: some replica gave a gradient */
-    nb_dtype *dtypes;
-    int64_t *numels;
 } step_job;
 
 /* Runs the user's step on rs's share and checks what it gave. */
@@ -813,11 +837,14 @@ static bool plan_step(nb_mirrored *s, void *arg)
 {
     step_job *j = arg;
     for (int i = 0; i < j->n_vars; i++) {
-        j->present[i] = false;
+        const nb_tensor *x = nb__variable_value(nb__variable_copy(j->vars[i], 0));
+        s->dtypes[i] = x->dtype;
+        s->numels[i] = x->numel;
+        s->present[i] = false;
         for (int r = 0; r < s->n; r++)
-            j->present[i] |= s->reps[r].grads[i] != NULL;
+            s->present[i] |= s->reps[r].grads[i] != NULL;
     }
-    return nb__bucket_plan_make(&s->plan, j->n_vars, j->dtypes, j->numels, j->present, s->bucket_bytes);
+    return nb__bucket_plan_make(&s->plan, j->n_vars, s->dtypes, s->numels, s->present, s->bucket_bytes);
 }
 
 /* The view, shaped like variable i, of its place in bucket tensor b. */
@@ -864,24 +891,23 @@ static bool step_pack(nb_replica_state *rs, step_job *j)
 static bool step_apply(nb_replica_state *rs, step_job *j)
 {
     const nb_bucket_plan *plan = &rs->s->plan;
-    size_t n = (size_t)j->n_vars;
-    nb_variable **copies = malloc(sizeof *copies * (n ? n : 1));
-    nb_tensor **grads = calloc(n ? n : 1, sizeof *grads);
-    bool ok = (copies && grads) || nb__replica_failed(rs, NB_ERR_OUT_OF_MEMORY, "out of host memory");
-    for (size_t i = 0; i < n && ok; i++) {
+    nb_variable **copies = rs->copies;
+    nb_tensor **places = rs->places;
+    bool ok = true;
+    for (int i = 0; i < j->n_vars; i++)
+        places[i] = NULL;
+    for (int i = 0; i < j->n_vars && ok; i++) {
         copies[i] = nb__variable_copy(j->vars[i], rs->index);
         if (plan->bucket_of[i] >= 0 &&
-            !(grads[i] = place_of(plan, rs->cache.tensors, (int)i, nb__variable_value(copies[i]))))
+            !(places[i] = place_of(plan, rs->cache.tensors, i, nb__variable_value(copies[i]))))
             ok = nb__replica_failed(rs, NB_ERR_OUT_OF_MEMORY, "out of host memory");
     }
     if (ok) {
-        nb_status st = nb__optimizer_update(j->opt, j->n_vars, copies, grads, j->step, "nb_mirrored_step");
+        nb_status st = nb__optimizer_update(j->opt, j->n_vars, copies, places, j->step, "nb_mirrored_step");
         ok = st == NB_OK || nb__replica_failed(rs, st, "applying the update (the replicas may now differ)");
     }
-    for (size_t i = 0; grads && i < n; i++)
-        nb__release(grads[i]);
-    free(copies);
-    free(grads);
+    for (int i = 0; i < j->n_vars; i++)
+        nb__release(places[i]);
     return ok;
 }
 
@@ -937,40 +963,52 @@ static nb_status check_vars(nb_mirrored *s, const char *who, int n, nb_variable 
  * replicas update concurrently. */
 static nb_status prepare_slots(nb_mirrored *s, nb_optimizer *opt, int n, nb_variable *const *vars, const char *who)
 {
-    size_t total = (size_t)n * (size_t)s->n;
-    nb_variable **copies = malloc(sizeof *copies * (total ? total : 1));
-    if (!copies)
-        return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
-    for (int i = 0; i < n; i++)
-        for (int r = 0; r < s->n; r++)
-            copies[(size_t)i * (size_t)s->n + (size_t)r] = nb__variable_copy(vars[i], r);
-    nb_status st = nb__optimizer_prepare(opt, (int)total, copies, who);
-    free(copies);
+    nb_status st = NB_OK;
+    for (int r = 0; r < s->n && !st; r++) {
+        nb_variable **copies = s->reps[r].copies;
+        for (int i = 0; i < n; i++)
+            copies[i] = nb__variable_copy(vars[i], r);
+        st = nb__optimizer_prepare(opt, n, copies, who);
+    }
     return st;
+}
+
+/* Grows the per-variable scratch of the strategy and its replicas to n
+ * variables: a training loop then allocates none of it after its first step. */
+static nb_status reserve_vars(nb_mirrored *s, int n, const char *who)
+{
+    if (n <= s->cap_vars)
+        return NB_OK;
+    size_t k = (size_t)n;
+    bool ok = (s->present = realloc_array(s->present, k, sizeof *s->present)) &&
+              (s->dtypes = realloc_array(s->dtypes, k, sizeof *s->dtypes)) &&
+              (s->numels = realloc_array(s->numels, k, sizeof *s->numels));
+    for (int r = 0; r < s->n && ok; r++) {
+        nb_replica_state *rs = &s->reps[r];
+        ok = (rs->grads = realloc_array(rs->grads, k, sizeof *rs->grads)) &&
+             (rs->copies = realloc_array(rs->copies, k, sizeof *rs->copies)) &&
+             (rs->places = realloc_array(rs->places, k, sizeof *rs->places));
+    }
+    if (!ok) {
+        s->cap_vars = 0; /* a failed grow freed its array: grow all again next time */
+        return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+    }
+    s->cap_vars = n;
+    return NB_OK;
 }
 
 /* The loss of the whole batch as f64 on the caller's device: replica losses
  * weighted like the gradients, added in replica order. */
 static nb_tensor *combine_losses(nb_mirrored *s, nb_reduction reduction)
 {
-    const char *here = nb_device_current();
-    nb_scope *scope = nb_scope_begin();
-    if (!scope)
-        return NULL;
-    nb_tensor *sum = NULL;
+    nb_tensor *losses[NB_MIRRORED_MAX];
+    double w[NB_MIRRORED_MAX];
     for (int r = 0; r < s->n; r++) {
-        nb_replica_state *rs = &s->reps[r];
-        if (!rs->loss)
-            continue;
-        double w = reduction == NB_REDUCE_MEAN ? (double)rs->ctx.rows / (double)rs->ctx.global_rows : 1.0;
-        nb_tensor *l = nb_reshape(nb_cast(nb_to_device(rs->loss, here), NB_F64), NB_SCALAR);
-        if (w != 1.0)
-            l = nb_mul_scalar(l, w);
-        sum = sum ? nb_add(sum, l) : l;
+        const struct nb_replica *c = &s->reps[r].ctx;
+        losses[r] = s->reps[r].loss; /* NULL where a replica had no rows */
+        w[r] = reduction == NB_REDUCE_MEAN ? (double)c->rows / (double)c->global_rows : 1.0;
     }
-    sum = nb_keep(sum);
-    nb_scope_end(scope);
-    return sum;
+    return sum_in_order(s->n, losses, w, 1.0, true);
 }
 
 nb_status nb_mirrored_step(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_variable *const *vars,
@@ -994,24 +1032,7 @@ nb_status nb_mirrored_step(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_var
 
     pthread_mutex_lock(&s->call_lock);
     int64_t rows = 0;
-    size_t n = (size_t)n_vars;
-    bool *present = malloc(sizeof *present * (n ? n : 1));
-    nb_dtype *dtypes = malloc(sizeof *dtypes * (n ? n : 1));
-    int64_t *numels = malloc(sizeof *numels * (n ? n : 1));
-    if (!present || !dtypes || !numels)
-        st = nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
-    for (int r = 0; r < s->n && !st; r++) {
-        nb_replica_state *rs = &s->reps[r];
-        if (rs->cap_grads < n_vars) {
-            nb_tensor **g = realloc(rs->grads, sizeof *g * n);
-            if (!g) {
-                st = nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
-                break;
-            }
-            rs->grads = g;
-            rs->cap_grads = n_vars;
-        }
-    }
+    st = reserve_vars(s, n_vars, who);
     if (!st)
         st = split_batch(s, who, n_inputs, inputs, &rows);
     if (!st && rows == 0)
@@ -1019,13 +1040,7 @@ nb_status nb_mirrored_step(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_var
     if (!st)
         st = prepare_slots(s, opt, n_vars, vars, who);
     if (!st) {
-        for (int i = 0; i < n_vars; i++) {
-            const nb_tensor *x = nb__variable_value(nb__variable_copy(vars[i], 0));
-            dtypes[i] = x->dtype;
-            numels[i] = x->numel;
-        }
-        step_job j = {opt,    n_vars,    vars,  fn,      user,   n_inputs, inputs, reduction,
-                      nb__optimizer_next_step(opt), present, dtypes, numels};
+        step_job j = {opt, n_vars, vars, fn, user, n_inputs, inputs, reduction, nb__optimizer_next_step(opt)};
         dispatch(s, step_on_replica, &j);
         st = raise_replica_error(s, who);
         if (!st) {
@@ -1042,8 +1057,5 @@ nb_status nb_mirrored_step(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_var
         }
     }
     pthread_mutex_unlock(&s->call_lock);
-    free(present);
-    free(dtypes);
-    free(numels);
     return st;
 }
