@@ -40,6 +40,8 @@ int nb__tapes_pause(void) { return tl_pause_depth++; }
 
 void nb__tapes_resume(int token) { tl_pause_depth = token; }
 
+static void tape_destroy_from_scope(void *tape);
+
 static nb_tape *tape_begin(bool persistent, const char *who)
 {
     if (tl_depth == NB_TAPE_STACK_MAX)
@@ -49,7 +51,7 @@ static nb_tape *tape_begin(bool persistent, const char *who)
         return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
     t->persistent = persistent;
     t->on_stack = true;
-    t->owner = nb__scope_adopt_tape(t);
+    t->owner = nb__scope_adopt(t, tape_destroy_from_scope);
     tl_stack[tl_depth++] = t;
     recount_active();
     return t;
@@ -131,16 +133,16 @@ static void tape_destroy(nb_tape *tape)
     free(tape);
 }
 
+/* Called by the owning scope as it ends. */
+static void tape_destroy_from_scope(void *tape) { tape_destroy(tape); }
+
 void nb_tape_free(nb_tape *tape)
 {
     if (!tape)
         return;
-    nb__scope_forget_tape(tape->owner, tape);
+    nb__scope_forget(tape->owner, tape);
     tape_destroy(tape);
 }
-
-/* Called by the owning scope as it ends. */
-void nb__tape_free_from_scope(nb_tape *tape) { tape_destroy(tape); }
 
 static nb_status watch_id(nb_tape *tape, uint64_t id, const char *who)
 {

@@ -21,7 +21,7 @@ struct nb_tape {
     bool on_stack;   /* recording unless paused */
     bool paused;
     bool used;       /* a one-shot tape whose gradient was taken */
-    nb_scope *owner; /* the scope that frees it, or NULL */
+    nb__scope_frame *owner; /* the scope that frees it, or NULL */
     nb_idmap watched;
     nb_node *nodes;
     size_t n_nodes, cap_nodes;

@@ -1,5 +1,7 @@
 /* Tensors, views, creation, reading back, scopes, errors and devices. */
 #include "check.h"
+#include <pthread.h>
+#include <stdint.h>
 
 static void test_creation_and_readback(void)
 {
@@ -100,6 +102,40 @@ static void test_scopes(void)
     nb_scope_end(o2);
     CHECK(nb_tensor_get(far, 1) == 1); /* now the test's own scope holds it */
     CHECK(nb_live_tensors() == live + 1);
+}
+
+static void *end_scope_elsewhere(void *handle)
+{
+    nb_status st = nb_scope_end(handle);
+    nb_error_clear();
+    return (void *)(intptr_t)st;
+}
+
+/* A stale handle (its scope ended, and a new scope reuses the pooled frame) and
+ * a handle from another thread are refused and end nothing. */
+static void test_stale_scope_handle(void)
+{
+    int64_t live = nb_live_tensors();
+    nb_scope *old = nb_scope_begin();
+    CHECK_OK(nb_scope_end(old));
+    nb_scope *fresh = nb_scope_begin();
+    CHECK(fresh != old);
+    nb_tensor *t = nb_ones(NB_F32, NB_SHAPE(2));
+    CHECK(nb_scope_end(old) == NB_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_scope_end", "not open", "ended already");
+    CHECK(nb_live_tensors() == live + 1 && nb_tensor_get(t, 0) == 1);
+
+    pthread_t th;
+    void *st = NULL;
+    CHECK(pthread_create(&th, NULL, end_scope_elsewhere, fresh) == 0);
+    pthread_join(th, &st);
+    CHECK((nb_status)(intptr_t)st == NB_ERR_INVALID_ARGUMENT);
+    CHECK(nb_live_tensors() == live + 1 && nb_tensor_get(t, 1) == 1);
+
+    CHECK(nb_scope_end(NULL) == NB_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_scope_end", "NULL");
+    CHECK_OK(nb_scope_end(fresh));
+    CHECK(nb_live_tensors() == live);
 }
 
 /* Run outside any scope: what nb_keep hands out of the last scope is the
@@ -282,6 +318,7 @@ int main(void)
     RUN(test_creation_and_readback);
     RUN(test_random_reproducible);
     RUN(test_scopes);
+    RUN(test_stale_scope_handle);
     test_caller_ownership();
     RUN(test_views);
     RUN(test_errors);

@@ -18,12 +18,15 @@ extern "C" {
 
 /* ---- scopes ---------------------------------------------------------------- */
 
-/* Opens a scope on the calling thread. Returns it; it is ended by nb_scope_end.
- * Returns NULL (NB_ERR_OUT_OF_MEMORY) only when memory runs out. */
+/* Opens a scope on the calling thread. Returns its handle, which is ended by
+ * nb_scope_end and is never valid again afterwards (handles are not reused, so a
+ * stale one cannot end a later scope). Returns NULL (NB_ERR_OUT_OF_MEMORY) only
+ * when memory runs out. */
 nb_scope *nb_scope_begin(void);
 
 /* Ends scope s and every scope opened inside it, releasing the tensors (and
- * tapes) they own. Ending a scope that is not open is NB_ERR_INVALID_ARGUMENT. */
+ * tapes) they own. A handle that is NULL, already ended, or opened on another
+ * thread is NB_ERR_INVALID_ARGUMENT, and nothing is ended. */
 nb_status nb_scope_end(nb_scope *s);
 
 /* Moves t from the scope that owns it to the next one out; with no scope out,

@@ -150,11 +150,14 @@ nb_tensor *nb__scalar_on(nb_device *dev, nb_dtype dtype, double value);
 
 /* ---- scopes ------------------------------------------------------------------ */
 
-/* Registers a tape with the current scope so that the scope frees it; returns
- * the owning scope or NULL when none is open. */
-nb_scope *nb__scope_adopt_tape(nb_tape *tape);
-/* Forgets a tape the scope owned (it was freed early). */
-void nb__scope_forget_tape(nb_scope *s, nb_tape *tape);
+/* The frame behind an open scope (lib/core/scope.c); handles are not frames. */
+typedef struct nb__scope_frame nb__scope_frame;
+/* Registers obj with the current scope, which calls destroy(obj) as it ends
+ * (before releasing its tensors). Returns the owning frame, or NULL when no
+ * scope is open or host memory ran out (obj is then the caller's to free). */
+nb__scope_frame *nb__scope_adopt(void *obj, void (*destroy)(void *obj));
+/* Forgets obj, which its owner freed early; harmless once the scope has ended. */
+void nb__scope_forget(nb__scope_frame *owner, const void *obj);
 
 /* Logs "op on device" when device placement logging is on. */
 void nb__log_op(const char *op, const nb_device *dev);

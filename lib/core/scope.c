@@ -1,27 +1,40 @@
-/* Scopes: per-thread stacks of owned tensor references (and tapes). */
+/* Scopes: per-thread stacks of owned tensor references (and other objects, such
+ * as tapes, that a scope frees as it ends).
+ *
+ * A handle is not a pointer to the frame: frames are pooled for reuse, so a
+ * pointer would name a new scope after the old one ended. The handle is the
+ * scope's generation instead, unique across threads for the process's life, and
+ * a stale or foreign handle matches no open frame. */
 #include "core.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-struct nb_scope {
-    nb_scope *parent;
+typedef struct scope_object {
+    void *obj;
+    void (*destroy)(void *obj);
+} scope_object;
+
+struct nb__scope_frame {
+    nb__scope_frame *parent;
     nb_tensor **items;
     int64_t n, cap;
-    nb_tape **tapes;
-    int n_tapes, cap_tapes;
-    bool open;
+    scope_object *objs;
+    int n_objs, cap_objs;
+    uintptr_t gen; /* the handle; 0 while pooled */
 };
 
-static _Thread_local nb_scope *tl_top;
-/* Ended scopes are kept for reuse so a training loop allocates nothing. */
-static _Thread_local nb_scope *tl_spare;
+static _Thread_local nb__scope_frame *tl_top;
+/* Ended frames are kept for reuse so a training loop allocates nothing. */
+static _Thread_local nb__scope_frame *tl_spare;
+static atomic_uintptr_t next_gen = 1;
 
-void nb__tape_free_from_scope(nb_tape *tape); /* tape/tape.c */
+static nb_scope *handle_of(const nb__scope_frame *f) { return (nb_scope *)f->gen; }
 
 nb_scope *nb_scope_begin(void)
 {
-    nb_scope *s = tl_spare;
+    nb__scope_frame *s = tl_spare;
     if (s) {
         tl_spare = s->parent;
     } else {
@@ -30,45 +43,50 @@ nb_scope *nb_scope_begin(void)
         if (!s)
             return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "nb_scope_begin: out of host memory");
     }
+    uintptr_t gen = atomic_fetch_add_explicit(&next_gen, 1, memory_order_relaxed);
+    if (gen == 0) /* wrapped (only conceivable with a 32-bit uintptr_t): skip the null handle */
+        gen = atomic_fetch_add_explicit(&next_gen, 1, memory_order_relaxed);
     s->parent = tl_top;
     s->n = 0;
-    s->n_tapes = 0;
-    s->open = true;
+    s->n_objs = 0;
+    s->gen = gen;
     tl_top = s;
-    return s;
+    return handle_of(s);
 }
 
 static void scope_close_top(void)
 {
-    nb_scope *s = tl_top;
-    /* Tapes first: they hold references to tensors of this scope. */
-    for (int i = s->n_tapes - 1; i >= 0; i--)
-        if (s->tapes[i])
-            nb__tape_free_from_scope(s->tapes[i]);
-    s->n_tapes = 0;
+    nb__scope_frame *s = tl_top;
+    /* Objects first: a tape holds references to tensors of this scope. */
+    for (int i = s->n_objs - 1; i >= 0; i--)
+        if (s->objs[i].obj)
+            s->objs[i].destroy(s->objs[i].obj);
+    s->n_objs = 0;
     for (int64_t i = s->n - 1; i >= 0; i--)
         nb__release(s->items[i]);
     s->n = 0;
-    s->open = false;
+    s->gen = 0;
     tl_top = s->parent;
     s->parent = tl_spare;
     tl_spare = s;
 }
 
-nb_status nb_scope_end(nb_scope *s)
+nb_status nb_scope_end(nb_scope *handle)
 {
-    nb_scope *p = tl_top;
-    while (p && p != s)
+    nb__scope_frame *p = tl_top;
+    while (p && (!handle || handle_of(p) != handle))
         p = p->parent;
-    if (!s || !p)
-        return nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_scope_end: scope is not open on this thread");
-    while (tl_top != s)
+    if (!p)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT,
+                        handle ? "nb_scope_end: scope is not open on this thread (ended already, or begun on another thread)"
+                               : "nb_scope_end: scope is NULL");
+    while (tl_top != p)
         scope_close_top();
     scope_close_top();
     return NB_OK;
 }
 
-static bool scope_push(nb_scope *s, nb_tensor *t)
+static bool scope_push(nb__scope_frame *s, nb_tensor *t)
 {
     if (s->n == s->cap) {
         int64_t cap = s->cap ? s->cap * 2 : 256;
@@ -107,7 +125,7 @@ nb_tensor *nb_keep(nb_tensor *t)
         return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "nb_keep: no scope is open");
     /* Search from the innermost scope and its newest entries: a kept tensor is
      * usually a recent result. */
-    for (nb_scope *s = tl_top; s; s = s->parent) {
+    for (nb__scope_frame *s = tl_top; s; s = s->parent) {
         for (int64_t i = s->n - 1; i >= 0; i--) {
             if (s->items[i] != t)
                 continue;
@@ -123,39 +141,39 @@ nb_tensor *nb_keep(nb_tensor *t)
     return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "nb_keep: tensor is not owned by an open scope of this thread");
 }
 
-nb_scope *nb__scope_adopt_tape(nb_tape *tape)
+nb__scope_frame *nb__scope_adopt(void *obj, void (*destroy)(void *obj))
 {
-    nb_scope *s = tl_top;
+    nb__scope_frame *s = tl_top;
     if (!s)
         return NULL;
-    if (s->n_tapes == s->cap_tapes) {
-        int cap = s->cap_tapes ? s->cap_tapes * 2 : 4;
-        nb_tape **tapes = realloc(s->tapes, sizeof *tapes * (size_t)cap);
-        if (!tapes)
+    if (s->n_objs == s->cap_objs) {
+        int cap = s->cap_objs ? s->cap_objs * 2 : 4;
+        scope_object *objs = realloc(s->objs, sizeof *objs * (size_t)cap);
+        if (!objs)
             return NULL;
-        s->tapes = tapes;
-        s->cap_tapes = cap;
+        s->objs = objs;
+        s->cap_objs = cap;
     }
-    s->tapes[s->n_tapes++] = tape;
+    s->objs[s->n_objs++] = (scope_object){obj, destroy};
     return s;
 }
 
-void nb__scope_forget_tape(nb_scope *s, nb_tape *tape)
+void nb__scope_forget(nb__scope_frame *s, const void *obj)
 {
-    if (!s || !s->open)
+    if (!s || !s->gen)
         return;
-    for (int i = 0; i < s->n_tapes; i++)
-        if (s->tapes[i] == tape)
-            s->tapes[i] = NULL;
+    for (int i = 0; i < s->n_objs; i++)
+        if (s->objs[i].obj == obj)
+            s->objs[i].obj = NULL;
 }
 
 void nb__scope_spares_drain(void)
 {
     while (tl_spare) {
-        nb_scope *s = tl_spare;
+        nb__scope_frame *s = tl_spare;
         tl_spare = s->parent;
         free(s->items);
-        free(s->tapes);
+        free(s->objs);
         free(s);
     }
 }
