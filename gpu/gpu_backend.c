@@ -130,6 +130,7 @@ static nb_status gpu_adam_update(nb_device *dev, const nb_view *param, const nb_
 
 const nb_backend nb__gpu_backend = {
     .name = "cuda",
+    .dtypes = (1u << NB_DTYPE_COUNT) - 1,
 #if NB_HAVE_NCCL
     .collective = &nb__gpu_nccl,
 #else

@@ -29,7 +29,7 @@ nb_tensor *nb_cast(const nb_tensor *x, nb_dtype dtype)
     nb_device *dev = nb__op_place(op, 1, in);
     if (!dev)
         return NULL;
-    nb_tensor *out = nb__out(dev, dtype, SHAPE_OF(x));
+    nb_tensor *out = nb__out(op, dev, dtype, SHAPE_OF(x));
     if (out && out->numel) {
         nb_view vo = nb__view(out), vi = nb__view(in[0]);
         out = nb__kernel_done(dev->backend->copy(dev, &vo, &vi), out);
@@ -81,7 +81,7 @@ nb_tensor *nb_pad(const nb_tensor *x, nb_shape before, nb_shape after, double va
     nb_device *dev = nb__op_place(op, 1, in);
     if (!dev)
         return NULL;
-    nb_tensor *out = nb__out(dev, x->dtype, x->ndim, shape);
+    nb_tensor *out = nb__out(op, dev, x->dtype, x->ndim, shape);
     if (!out)
         return NULL;
     nb_view vo = nb__view(out);
@@ -137,7 +137,7 @@ nb_tensor *nb__copy_to_device(const nb_tensor *t, nb_device *dev)
     const nb_tensor *src = t;
     nb_tensor *tmp = NULL;
     if (!t->contiguous) {
-        tmp = nb__tensor_new(from, t->dtype, SHAPE_OF(t));
+        tmp = nb__tensor_new(op, from, t->dtype, SHAPE_OF(t));
         if (!tmp)
             return NULL;
         nb_view vo = nb__view(tmp), vi = nb__view(t);
@@ -145,7 +145,7 @@ nb_tensor *nb__copy_to_device(const nb_tensor *t, nb_device *dev)
             return NULL;
         src = tmp;
     }
-    nb_tensor *out = nb__out(dev, t->dtype, SHAPE_OF(t));
+    nb_tensor *out = nb__out(op, dev, t->dtype, SHAPE_OF(t));
     size_t nbytes = (size_t)t->numel * nb_dtype_size(t->dtype);
     if (out && nbytes) {
         if (from == dev) {

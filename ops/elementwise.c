@@ -22,7 +22,7 @@ static nb_tensor *binary(const nb_op_def *def, nb_binary_op kop, unsigned mask, 
     if (!dev || !nb__broadcast(op, in[0], in[1], &nd, shape))
         return NULL;
     bool cmp = kop >= NB_BIN_EQ;
-    nb_tensor *out = nb__out(dev, cmp ? NB_BOOL : a->dtype, nd, shape);
+    nb_tensor *out = nb__out(op, dev, cmp ? NB_BOOL : a->dtype, nd, shape);
     if (!out)
         return NULL;
     nb_view vo = nb__view(out), va = nb__view_broadcast(in[0], nd, shape), vb = nb__view_broadcast(in[1], nd, shape);
@@ -65,8 +65,8 @@ static nb_status pow_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
     nb_tensor *a = n->in[0], *b = n->in[1];
     /* a^b * b / a would divide by zero at a = 0; b * a^(b-1) does not, except
      * where b = 0 (0 * 0^-1): a^0 is constant, so its slope is 0 there. */
-    nb_tensor *one = nb__scalar_on(a->device, a->dtype, 1.0);
-    nb_tensor *zero = nb__scalar_on(a->device, a->dtype, 0.0);
+    nb_tensor *one = nb__scalar_on(n->op->name, a->device, a->dtype, 1.0);
+    nb_tensor *zero = nb__scalar_on(n->op->name, a->device, a->dtype, 0.0);
     nb_tensor *da = nb_where(nb_equal(b, zero), zero, nb_mul(b, nb_pow(a, nb_sub(b, one))));
     gi[0] = nb__sum_to(nb_mul(g[0], da), SHAPE_OF(a));
     /* d/db = a^b log a, taken as 0 where a <= 0 (where it is undefined). */
@@ -81,7 +81,7 @@ static nb_status select_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **
     nb_tensor *a = n->in[0], *b = n->in[1];
     /* Ties send the gradient to a. */
     nb_tensor *mask = is_max ? nb_greater_equal(a, b) : nb_less_equal(a, b);
-    nb_tensor *zero = nb__scalar_on(a->device, a->dtype, 0.0);
+    nb_tensor *zero = nb__scalar_on(n->op->name, a->device, a->dtype, 0.0);
     gi[0] = nb__sum_to(nb_where(mask, g[0], zero), SHAPE_OF(a));
     gi[1] = nb__sum_to(nb_where(mask, zero, g[0]), SHAPE_OF(b));
     return nb__ok2(gi[0], gi[1]);
@@ -108,7 +108,7 @@ static int64_t count_zeros(const nb_tensor *b)
     nb_scope *scope = nb_scope_begin();
     if (!scope)
         return -1;
-    nb_tensor *hits = nb_equal(b, nb__scalar_on(b->device, b->dtype, 0.0));
+    nb_tensor *hits = nb_equal(b, nb__scalar_on("div", b->device, b->dtype, 0.0));
     double n = nb_tensor_item(nb_sum_all(nb_cast(hits, NB_I64)));
     nb_scope_end(scope);
     return nb_error() ? -1 : (int64_t)n;
@@ -150,7 +150,7 @@ nb_tensor *nb_greater_equal(const nb_tensor *a, const nb_tensor *b) { return bin
 static nb_status where_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
 {
     nb_tensor *c = n->in[0], *a = n->in[1], *b = n->in[2];
-    nb_tensor *zero = nb__scalar_on(a->device, a->dtype, 0.0);
+    nb_tensor *zero = nb__scalar_on(n->op->name, a->device, a->dtype, 0.0);
     gi[0] = NULL; /* no gradient to the condition */
     gi[1] = nb__sum_to(nb_where(c, g[0], zero), SHAPE_OF(a));
     gi[2] = nb__sum_to(nb_where(c, zero, g[0]), SHAPE_OF(b));
@@ -183,7 +183,7 @@ nb_tensor *nb_where(const nb_tensor *cond, const nb_tensor *a, const nb_tensor *
         probe.shape[i] = ab[i];
     if (!nb__broadcast(op, in[0], &probe, &nd2, shape))
         return NULL;
-    nb_tensor *out = nb__out(dev, a->dtype, nd2, shape);
+    nb_tensor *out = nb__out(op, dev, a->dtype, nd2, shape);
     if (!out)
         return NULL;
     nb_view vo = nb__view(out), vc = nb__view_broadcast(in[0], nd2, shape),
@@ -212,7 +212,7 @@ nb_tensor *nb__unary(nb_unary_op kop, const nb_tensor *x, double alpha)
     nb_device *dev = nb__op_place(op, 1, in);
     if (!dev)
         return NULL;
-    nb_tensor *out = nb__out(dev, x->dtype, x->ndim, x->shape);
+    nb_tensor *out = nb__out(op, dev, x->dtype, x->ndim, x->shape);
     if (!out)
         return NULL;
     nb_view vo = nb__view(out), vx = nb__view(in[0]);

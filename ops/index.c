@@ -14,7 +14,7 @@ static const nb_tensor *dense(const nb_tensor *t, nb_tensor **tmp)
     if (t->contiguous)
         return t;
     nb_device *dev = t->device;
-    nb_tensor *c = nb__tensor_new(dev, t->dtype, t->ndim, t->shape);
+    nb_tensor *c = nb__tensor_new("contiguous copy", dev, t->dtype, t->ndim, t->shape);
     if (!c)
         return NULL;
     if (t->numel) {
@@ -60,7 +60,7 @@ nb_tensor *nb_gather(const nb_tensor *params, const nb_tensor *indices)
     int64_t shape[NB_MAX_DIMS];
     memcpy(shape, indices->shape, sizeof(int64_t) * (size_t)indices->ndim);
     memcpy(shape + indices->ndim, params->shape + 1, sizeof(int64_t) * (size_t)(params->ndim - 1));
-    nb_tensor *out = nb__out(dev, params->dtype, ndim, shape);
+    nb_tensor *out = nb__out(op, dev, params->dtype, ndim, shape);
     if (!out)
         return NULL;
     if (out->numel) {
@@ -114,7 +114,7 @@ nb_tensor *nb__scatter_add(const nb_tensor *indices, const nb_tensor *updates, i
     nb_device *dev = nb__op_place(op, 2, in);
     if (!dev)
         return NULL;
-    nb_tensor *out = nb__out(dev, updates->dtype, ndim, shape);
+    nb_tensor *out = nb__out(op, dev, updates->dtype, ndim, shape);
     if (!out)
         return NULL;
     nb_view vo = nb__view(out);
@@ -163,7 +163,7 @@ nb_tensor *nb_one_hot(const nb_tensor *indices, int64_t depth, nb_dtype dtype)
     int64_t shape[NB_MAX_DIMS];
     memcpy(shape, indices->shape, sizeof(int64_t) * (size_t)indices->ndim);
     shape[indices->ndim] = depth;
-    nb_tensor *out = nb__out(dev, dtype, indices->ndim + 1, shape);
+    nb_tensor *out = nb__out(op, dev, dtype, indices->ndim + 1, shape);
     if (!out || !out->numel)
         return nb__own(out);
     nb_tensor *tmp;

@@ -58,7 +58,7 @@ static nb_tensor *matmul_core(const nb_tensor *a, const nb_tensor *b)
         return NULL;
     if (!blas_layout(b) && !(b = in[1] = nb_contiguous(b)))
         return NULL;
-    nb_tensor *out = nb__out(dev, a->dtype, nd, shape);
+    nb_tensor *out = nb__out(op, dev, a->dtype, nd, shape);
     if (!out)
         return NULL;
     nb_view vo = nb__view(out);

@@ -39,10 +39,12 @@ nb_device *nb__op_place(const char *op, int n, const nb_tensor **inputs);
  * NB_ERR_SHAPE naming both shapes when they do not broadcast. */
 bool nb__broadcast(const char *op, const nb_tensor *a, const nb_tensor *b, int *ndim, int64_t *out);
 
-/* Allocates an output on dev (an error is recorded on failure). */
-static inline nb_tensor *nb__out(nb_device *dev, nb_dtype dtype, int ndim, const int64_t *shape)
+/* Allocates op's output on dev; NULL and an error naming op on failure (a
+ * dtype dev cannot hold, a size past any device, no memory). Not scoped:
+ * nb__finish hands it out. */
+static inline nb_tensor *nb__out(const char *op, nb_device *dev, nb_dtype dtype, int ndim, const int64_t *shape)
 {
-    return nb__tensor_new(dev, dtype, ndim, shape);
+    return nb__tensor_new(op, dev, dtype, ndim, shape);
 }
 
 /* Finishes an op with one output: records it when a tape is recording, logs its

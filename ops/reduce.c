@@ -32,7 +32,7 @@ static nb_tensor *reduce(const nb_op_def *def, nb_reduce_op kop, const nb_tensor
         if (!r || keepdims)
             shape[nd++] = keep[i];
     }
-    nb_tensor *out = nb__out(dev, x->dtype, x->ndim, keep);
+    nb_tensor *out = nb__out(op, dev, x->dtype, x->ndim, keep);
     if (!out)
         return NULL;
     nb_view vo = nb__view(out), vx = nb__view(in[0]);
@@ -102,7 +102,8 @@ static nb_status prod_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi
     for (int i = 0; i < x->ndim; i++)
         if (MASK & (1 << i))
             axes.axes[axes.n++] = i;
-    nb_tensor *zero = nb__scalar_on(x->device, x->dtype, 0.0), *one = nb__scalar_on(x->device, x->dtype, 1.0);
+    nb_tensor *zero = nb__scalar_on(n->op->name, x->device, x->dtype, 0.0);
+    nb_tensor *one = nb__scalar_on(n->op->name, x->device, x->dtype, 1.0);
     nb_tensor *is_zero = nb_equal(x, zero);
     nb_tensor *nonzero = nb_where(is_zero, one, x);
     nb_tensor *others = nb_prod(nonzero, axes, true);               /* of the nonzero inputs */
@@ -148,14 +149,14 @@ nb_tensor *nb_logsumexp(const nb_tensor *x, nb_axes axes, bool keepdims)
     if (empty) { /* the log of an empty sum, as PyTorch gives */
         const nb_tensor *in[1] = {x};
         nb_device *dev = nb__op_place("logsumexp", 1, in);
-        return dev ? nb__full_on(dev, x->dtype, shape.ndim, shape.dims, -INFINITY) : NULL;
+        return dev ? nb__full_on("logsumexp", dev, x->dtype, shape.ndim, shape.dims, -INFINITY) : NULL;
     }
     /* Shifting by the (constant) max keeps exp in range; the shift cancels exactly
      * in the gradient, so it is cut from the tape. An infinite max is no shift
      * (inf - inf would be NaN): all -inf inputs give -inf, any +inf gives +inf. */
     nb_tensor *m = nb_stop_gradient(nb_max(x, axes, true));
-    nb_tensor *zero = nb__scalar_on(x->device, x->dtype, 0.0);
-    m = nb_where(nb_equal(nb_abs(m), nb__scalar_on(x->device, x->dtype, INFINITY)), zero, m);
+    nb_tensor *zero = nb__scalar_on("logsumexp", x->device, x->dtype, 0.0);
+    m = nb_where(nb_equal(nb_abs(m), nb__scalar_on("logsumexp", x->device, x->dtype, INFINITY)), zero, m);
     nb_tensor *s = nb_add(nb_log(nb_sum(nb_exp(nb_sub(x, m)), axes, true)), m);
     return !s || keepdims ? s : nb_reshape(s, shape);
 }
@@ -178,7 +179,7 @@ static nb_tensor *arg_reduce(const char *op, bool is_max, const nb_tensor *x, in
     int64_t keep[NB_MAX_DIMS];
     for (int i = 0; i < x->ndim; i++)
         keep[i] = i == a ? 1 : x->shape[i];
-    nb_tensor *out = nb__out(dev, NB_I64, x->ndim, keep);
+    nb_tensor *out = nb__out(op, dev, NB_I64, x->ndim, keep);
     if (!out)
         return NULL;
     nb_view vo = nb__view(out), vx = nb__view(in[0]);

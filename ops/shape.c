@@ -16,9 +16,10 @@ static nb_shape shape_of(const nb_tensor *t)
 
 /* Copies in (any strides) into a fresh contiguous tensor of in's shape laid out
  * as (ndim, shape) -- the same number of elements. Not scoped (refs = 1). */
-static nb_tensor *copy_contiguous(nb_device *dev, const nb_tensor *in, int ndim, const int64_t *shape)
+static nb_tensor *copy_contiguous(const char *op, nb_device *dev, const nb_tensor *in, int ndim,
+                                  const int64_t *shape)
 {
-    nb_tensor *out = nb__out(dev, in->dtype, ndim, shape);
+    nb_tensor *out = nb__out(op, dev, in->dtype, ndim, shape);
     if (!out || in->numel == 0)
         return out;
     /* The kernel sees out with in's shape: both are row-major with no gaps. */
@@ -96,7 +97,7 @@ nb_tensor *nb_reshape(const nb_tensor *x, nb_shape shape)
         nb__contiguous_strides(shape.ndim, shape.dims, nb_dtype_size(src->dtype), strides);
         out = nb__tensor_view(src, shape.ndim, shape.dims, strides, src->offset);
     } else {
-        out = copy_contiguous(src->device, src, shape.ndim, shape.dims);
+        out = copy_contiguous(op, src->device, src, shape.ndim, shape.dims);
     }
     return nb__finish(&reshape_def, 1, in, out, NULL);
 }
@@ -370,7 +371,7 @@ nb_tensor *nb_contiguous(const nb_tensor *x)
         return NULL;
     if (src->contiguous)
         return nb_retain((nb_tensor *)src);
-    nb_tensor *out = copy_contiguous(src->device, src, SHAPE_OF(src));
+    nb_tensor *out = copy_contiguous(op, src->device, src, SHAPE_OF(src));
     return nb__finish(&contiguous_def, 1, in, out, NULL);
 }
 
@@ -467,7 +468,7 @@ static nb_tensor *join(const nb_op_def *def, bool stacking, int n, nb_tensor *co
         for (int i = 0; i < n; i++)
             shape[a] += in[i]->shape[a];
     }
-    out = nb__out(dev, x0->dtype, out_ndim, shape);
+    out = nb__out(op, dev, x0->dtype, out_ndim, shape);
     if (!out)
         goto done;
 

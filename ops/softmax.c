@@ -29,7 +29,7 @@ static nb_tensor *softmax_last(const nb_op_def *def, bool log, const nb_tensor *
         return NULL;
     if (!in[0]->contiguous && !(in[0] = nb_contiguous(in[0])))
         return NULL;
-    nb_tensor *out = nb__out(dev, x->dtype, x->ndim, x->shape);
+    nb_tensor *out = nb__out(def->name, dev, x->dtype, x->ndim, x->shape);
     if (!out)
         return NULL;
     nb_view vo = nb__view(out), vx = nb__view(in[0]);

@@ -12,6 +12,11 @@
 
 static int check_failures;
 
+/* Under AddressSanitizer an impossible allocation must return NULL, as the tests
+ * check, not abort the test. Nothing calls this without the sanitizer. */
+const char *__asan_default_options(void);
+const char *__asan_default_options(void) { return "allocator_may_return_null=1"; }
+
 /* For a GPU test where there is no GPU: prints why and returns its exit status,
  * 77 (skipped), or 1 (failed) when NB_REQUIRE_GPU=1 says a GPU must be there, so
  * a broken CUDA setup cannot pass as a skip. */

@@ -15,11 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define NB_TEST_ASAN 1
-#else
-#define NB_TEST_ASAN 0
-#endif
+#define NB_TEST_ASAN NB_ASAN
 
 /* Under AddressSanitizer the impossible allocation below must return NULL, not abort. */
 const char *__asan_default_options(void);

@@ -74,6 +74,9 @@ typedef struct nb_collective {
 
 struct nb_backend {
     const char *name;
+    /* The dtypes its tensors may hold: bit (1 << dtype). Creating a tensor of any
+     * other dtype on its devices is NB_ERR_DTYPE, before anything is allocated. */
+    uint32_t dtypes;
 
     /* Collectives across devices of this kind; NULL when there are none. */
     const nb_collective *collective;

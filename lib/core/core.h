@@ -7,6 +7,20 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 
+/* NB_ASAN: 1 when AddressSanitizer instruments this build. Pools and caches are
+ * off then, so a use after release is caught. gcc says so with a macro, clang
+ * with __has_feature. */
+#if defined(__SANITIZE_ADDRESS__)
+#define NB_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define NB_ASAN 1
+#endif
+#endif
+#ifndef NB_ASAN
+#define NB_ASAN 0
+#endif
+
 typedef struct nb_device nb_device;
 typedef struct nb_backend nb_backend;
 
@@ -59,8 +73,11 @@ nb_view nb__view_broadcast(const nb_tensor *t, int ndim, const int64_t *shape);
 bool nb__view_is_contiguous(const nb_view *v);
 
 /* A new contiguous tensor with uninitialised storage on dev, not owned by any
- * scope (refs = 1). NULL and an error on failure. */
-nb_tensor *nb__tensor_new(nb_device *dev, nb_dtype dtype, int ndim, const int64_t *shape);
+ * scope (refs = 1). NULL and an error naming who (the op or function it is for)
+ * on failure: NB_ERR_INVALID_ARGUMENT for a bad ndim or a negative dim,
+ * NB_ERR_DTYPE for a dtype dev cannot hold, NB_ERR_OUT_OF_MEMORY for a size
+ * past what any device can hold or that dev has not got. */
+nb_tensor *nb__tensor_new(const char *who, nb_device *dev, nb_dtype dtype, int ndim, const int64_t *shape);
 /* A view of base's storage with the given geometry (refs = 1, not scoped). */
 nb_tensor *nb__tensor_view(const nb_tensor *base, int ndim, const int64_t *shape,
                            const int64_t *strides, int64_t offset);
@@ -107,6 +124,12 @@ void nb__log(nb_log_level level, const char *fmt, ...) __attribute__((format(pri
  * mirrored strategy runs replica 0 on the caller's thread): stash moves it out
  * and clears it; unstash makes it pending again, ahead of any error raised
  * since, without calling the handler. */
+/* Names what the calling thread is doing for errors recorded until it is
+ * restored: each message then starts "who: " (the op a low-level failure, such
+ * as an allocator's, happened for). Returns the previous context to restore;
+ * NULL clears it. */
+const char *nb__error_context(const char *who);
+
 typedef struct nb_error_saved {
     nb_status code;
     char message[NB_ERROR_MESSAGE_MAX];
@@ -145,8 +168,9 @@ nb_storage *nb__storage_new(nb_device *dev, size_t nbytes);
 void nb__storage_release(nb_storage *s);
 
 /* Filled tensors on a given device, owned by the current scope (lib/core/create.c). */
-nb_tensor *nb__full_on(nb_device *dev, nb_dtype dtype, int ndim, const int64_t *shape, double value);
-nb_tensor *nb__scalar_on(nb_device *dev, nb_dtype dtype, double value);
+nb_tensor *nb__full_on(const char *who, nb_device *dev, nb_dtype dtype, int ndim, const int64_t *shape,
+                       double value);
+nb_tensor *nb__scalar_on(const char *who, nb_device *dev, nb_dtype dtype, double value);
 
 /* ---- scopes ------------------------------------------------------------------ */
 

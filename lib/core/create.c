@@ -30,9 +30,10 @@ static bool check_dtype(const char *who, nb_dtype dtype)
     return true;
 }
 
-nb_tensor *nb__full_on(nb_device *dev, nb_dtype dtype, int ndim, const int64_t *shape, double value)
+nb_tensor *nb__full_on(const char *who, nb_device *dev, nb_dtype dtype, int ndim, const int64_t *shape,
+                       double value)
 {
-    nb_tensor *t = nb__tensor_new(dev, dtype, ndim, shape);
+    nb_tensor *t = nb__tensor_new(who, dev, dtype, ndim, shape);
     if (!t)
         return NULL;
     nb_view v = nb__view(t);
@@ -43,41 +44,43 @@ nb_tensor *nb__full_on(nb_device *dev, nb_dtype dtype, int ndim, const int64_t *
     return nb__own(t);
 }
 
-nb_tensor *nb__scalar_on(nb_device *dev, nb_dtype dtype, double value)
+nb_tensor *nb__scalar_on(const char *who, nb_device *dev, nb_dtype dtype, double value)
 {
-    return nb__full_on(dev, dtype, 0, NULL, value);
+    return nb__full_on(who, dev, dtype, 0, NULL, value);
 }
 
-nb_tensor *nb_full(nb_dtype dtype, nb_shape shape, double value)
+static nb_tensor *full(const char *who, nb_dtype dtype, nb_shape shape, double value)
 {
-    if (!check_dtype("nb_full", dtype) || !check_shape("nb_full", shape))
+    if (!check_dtype(who, dtype) || !check_shape(who, shape))
         return NULL;
-    return nb__full_on(nb__device_default(), dtype, shape.ndim, shape.dims, value);
+    return nb__full_on(who, nb__device_default(), dtype, shape.ndim, shape.dims, value);
 }
+
+nb_tensor *nb_full(nb_dtype dtype, nb_shape shape, double value) { return full("nb_full", dtype, shape, value); }
 
 nb_tensor *nb_empty(nb_dtype dtype, nb_shape shape)
 {
     if (!check_dtype("nb_empty", dtype) || !check_shape("nb_empty", shape))
         return NULL;
-    return nb__own(nb__tensor_new(nb__device_default(), dtype, shape.ndim, shape.dims));
+    return nb__own(nb__tensor_new("nb_empty", nb__device_default(), dtype, shape.ndim, shape.dims));
 }
 
-nb_tensor *nb_zeros(nb_dtype dtype, nb_shape shape) { return nb_full(dtype, shape, 0.0); }
-nb_tensor *nb_ones(nb_dtype dtype, nb_shape shape) { return nb_full(dtype, shape, 1.0); }
-nb_tensor *nb_scalar(nb_dtype dtype, double value) { return nb_full(dtype, NB_SCALAR, value); }
+nb_tensor *nb_zeros(nb_dtype dtype, nb_shape shape) { return full("nb_zeros", dtype, shape, 0.0); }
+nb_tensor *nb_ones(nb_dtype dtype, nb_shape shape) { return full("nb_ones", dtype, shape, 1.0); }
+nb_tensor *nb_scalar(nb_dtype dtype, double value) { return full("nb_scalar", dtype, NB_SCALAR, value); }
 
 nb_tensor *nb_zeros_like(const nb_tensor *t)
 {
     if (!t)
         return nb__null_input("nb_zeros_like", 0);
-    return nb__full_on(t->device, t->dtype, t->ndim, t->shape, 0.0);
+    return nb__full_on("nb_zeros_like", t->device, t->dtype, t->ndim, t->shape, 0.0);
 }
 
 nb_tensor *nb_ones_like(const nb_tensor *t)
 {
     if (!t)
         return nb__null_input("nb_ones_like", 0);
-    return nb__full_on(t->device, t->dtype, t->ndim, t->shape, 1.0);
+    return nb__full_on("nb_ones_like", t->device, t->dtype, t->ndim, t->shape, 1.0);
 }
 
 nb_tensor *nb_arange(nb_dtype dtype, double start, double stop, double step)
@@ -93,7 +96,7 @@ nb_tensor *nb_arange(nb_dtype dtype, double start, double stop, double step)
                              "to count", start, stop, step, count);
     int64_t n = count > 0 ? (int64_t)count : 0;
     nb_device *dev = nb__device_default();
-    nb_tensor *t = nb__tensor_new(dev, dtype, 1, &n);
+    nb_tensor *t = nb__tensor_new("nb_arange", dev, dtype, 1, &n);
     if (!t)
         return NULL;
     nb_view v = nb__view(t);
@@ -111,7 +114,7 @@ nb_tensor *nb_from_buffer(nb_dtype dtype, nb_shape shape, const void *data)
     if (!data)
         return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "nb_from_buffer: data is NULL");
     nb_device *dev = nb__device_default();
-    nb_tensor *t = nb__tensor_new(dev, dtype, shape.ndim, shape.dims);
+    nb_tensor *t = nb__tensor_new("nb_from_buffer", dev, dtype, shape.ndim, shape.dims);
     if (!t)
         return NULL;
     size_t bytes = (size_t)t->numel * nb_dtype_size(dtype);
@@ -132,7 +135,7 @@ static nb_tensor *random_tensor(const char *who, nb_dtype dtype, nb_shape shape,
     if (!isfinite(a) || !isfinite(b) || (dist != NB_RAND_UNIFORM && b < 0) || (dist == NB_RAND_UNIFORM && b < a))
         return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: bad parameters %g, %g", who, a, b);
     nb_device *dev = nb__device_default();
-    nb_tensor *t = nb__tensor_new(dev, dtype, shape.ndim, shape.dims);
+    nb_tensor *t = nb__tensor_new(who, dev, dtype, shape.ndim, shape.dims);
     if (!t)
         return NULL;
     nb_view v = nb__view(t);

@@ -76,12 +76,24 @@ void nb_error_handler_exit(nb_status code, const char *message, void *user)
     exit(1);
 }
 
+static _Thread_local const char *tl_context;
+
+const char *nb__error_context(const char *who)
+{
+    const char *prev = tl_context;
+    tl_context = who;
+    return prev;
+}
+
 static nb_status vfail(nb_status code, const char *fmt, va_list ap)
 {
     /* The first error wins: later ones are usually consequences of it. */
     if (tl_code == NB_OK) {
         tl_code = code;
-        vsnprintf(tl_message, sizeof tl_message, fmt, ap);
+        int k = tl_context ? snprintf(tl_message, sizeof tl_message, "%s: ", tl_context) : 0;
+        if (k < 0 || (size_t)k >= sizeof tl_message)
+            k = 0;
+        vsnprintf(tl_message + k, sizeof tl_message - (size_t)k, fmt, ap);
     }
     /* Not again from inside the handler: one that calls a failing op would
      * otherwise recurse without end. Those failures are still recorded. */

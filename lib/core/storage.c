@@ -5,7 +5,7 @@
 #include <stdlib.h>
 
 /* Under AddressSanitizer nothing is pooled, so a use after release is caught. */
-#if defined(__SANITIZE_ADDRESS__)
+#if NB_ASAN
 #define NB_STORAGE_POOL_MAX 0
 #else
 #define NB_STORAGE_POOL_MAX 4096

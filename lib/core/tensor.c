@@ -13,7 +13,7 @@ static atomic_uint_fast64_t g_next_id = 1;
 /* A small per-thread free list keeps malloc off the hot path. Structs freed on
  * another thread simply join that thread's list. */
 /* Under AddressSanitizer nothing is pooled, so a use after release is caught. */
-#if defined(__SANITIZE_ADDRESS__)
+#if NB_ASAN
 #define NB_TENSOR_POOL_MAX 0
 #else
 #define NB_TENSOR_POOL_MAX 4096
@@ -145,25 +145,31 @@ static void poison(nb_tensor *t)
     (void)t->device->backend->fill(t->device, &v, value);
 }
 
-nb_tensor *nb__tensor_new(nb_device *dev, nb_dtype dtype, int ndim, const int64_t *shape)
+nb_tensor *nb__tensor_new(const char *who, nb_device *dev, nb_dtype dtype, int ndim, const int64_t *shape)
 {
     size_t elem = nb_dtype_size(dtype), bytes = 0;
     if (ndim < 0 || ndim > NB_MAX_DIMS)
-        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "tensor: %d dims is outside [0, %d]", ndim, NB_MAX_DIMS);
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: %d dims is outside [0, %d]", who, ndim, NB_MAX_DIMS);
+    if ((unsigned)dtype >= NB_DTYPE_COUNT || !(dev->backend->dtypes & (1u << dtype)))
+        return nb__fail_null(NB_ERR_DTYPE, "%s: dtype %s is not supported on %s", who, nb_dtype_name(dtype),
+                             dev->name);
     int64_t numel = nb__shape_numel(ndim, shape);
     if (numel < 0 || __builtin_mul_overflow((size_t)numel, elem, &bytes) || bytes > (size_t)INT64_MAX) {
         char sh[NB_SHAPE_STR_MAX];
         nb__shape_str(ndim, shape, sh, sizeof sh);
         for (int i = 0; i < ndim; i++)
             if (shape[i] < 0)
-                return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "tensor: shape %s has a negative dim", sh);
-        return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "tensor: a %s tensor of shape %s would need more bytes than any "
-                             "device can hold", nb_dtype_name(dtype), sh);
+                return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: shape %s has a negative dim", who, sh);
+        return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: a %s tensor of shape %s would need more bytes than any "
+                             "device can hold", who, nb_dtype_name(dtype), sh);
     }
+    /* The allocators' own messages then say which op ran out of memory. */
+    const char *outer = nb__error_context(who);
     nb_storage *s = nb__storage_new(dev, bytes);
+    nb_tensor *t = s ? tensor_alloc() : NULL;
+    nb__error_context(outer);
     if (!s)
         return NULL;
-    nb_tensor *t = tensor_alloc();
     if (!t) {
         nb__storage_release(s);
         return NULL;
@@ -359,7 +365,7 @@ nb_status nb_tensor_read(const nb_tensor *t, void *dst, size_t size)
     if (t->contiguous)
         return be->copy_to_host(t->device, dst, nb__data(t), need);
     /* Gather the strided view into a contiguous temporary on its device first. */
-    nb_tensor *tmp = nb__tensor_new(t->device, t->dtype, t->ndim, t->shape);
+    nb_tensor *tmp = nb__tensor_new("nb_tensor_read", t->device, t->dtype, t->ndim, t->shape);
     if (!tmp)
         return nb_error();
     nb_view out = nb__view(tmp), in = nb__view(t);

@@ -246,7 +246,7 @@ nb_tensor *nb_idx_read(const char *path)
     nb_device *cpu = nb__device_cpu0();
     if (!cpu)
         goto done;
-    nb_tensor *t = nb__tensor_new(cpu, dtype, ndim, shape);
+    nb_tensor *t = nb__tensor_new(IDX_WHO, cpu, dtype, ndim, shape);
     if (!t)
         goto done;
     if (nbytes > 0)

@@ -126,7 +126,7 @@ nb_status nb__bucket_cache_fit(nb_replica_state *rs, const nb_bucket_plan *plan)
     c->n = plan->n_buckets;
     for (int k = 0; k < c->n; k++) {
         int64_t numel = plan->buckets[k].numel;
-        if (!(c->tensors[k] = nb__tensor_new(rs->dev, plan->buckets[k].dtype, 1, &numel))) {
+        if (!(c->tensors[k] = nb__tensor_new("all-reduce", rs->dev, plan->buckets[k].dtype, 1, &numel))) {
             nb__bucket_cache_free(c);
             return nb_error() ? nb_error() : NB_ERR_OUT_OF_MEMORY;
         }
@@ -162,7 +162,7 @@ static nb_view part_view(const nb_tensor *t, int64_t lo, int64_t count)
 /* Temporary i (count elements like dst) of a reduction, made on first use. */
 static nb_status temp(nb_replica_state *rs, nb_tensor **tmp, int i, const nb_tensor *dst, int64_t count)
 {
-    if (!tmp[i] && !(tmp[i] = nb__tensor_new(rs->dev, dst->dtype, 1, &count)))
+    if (!tmp[i] && !(tmp[i] = nb__tensor_new("all-reduce", rs->dev, dst->dtype, 1, &count)))
         return nb_error() ? nb_error() : NB_ERR_OUT_OF_MEMORY;
     return NB_OK;
 }

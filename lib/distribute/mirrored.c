@@ -723,7 +723,7 @@ static void all_reduce_on_replica(nb_replica_state *rs, void *arg)
         if (x->device != rs->dev)
             x = nb_to_device(x, rs->dev->name);
         x = nb_contiguous(x);
-        y = x ? nb__tensor_new(rs->dev, x->dtype, x->ndim, x->shape) : NULL;
+        y = x ? nb__tensor_new("nb_mirrored_all_reduce", rs->dev, x->dtype, x->ndim, x->shape) : NULL;
         ok = y || nb__replica_failed(rs, NB_ERR_INTERNAL, "preparing the buffers");
     }
     ok = nb__all_reduce_buckets(rs, ok, 1, &x, &y, j->scale);

@@ -187,7 +187,7 @@ static slot_entry *slot_entry_for(nb_optimizer *opt, uint64_t uid, const char *w
 /* A zero-filled tensor like t (contiguous, on t's device, not scoped). */
 static nb_tensor *zeros_like_value(const nb_tensor *t)
 {
-    nb_tensor *z = nb__tensor_new(t->device, t->dtype, t->ndim, t->shape);
+    nb_tensor *z = nb__tensor_new("nb_optimizer_apply", t->device, t->dtype, t->ndim, t->shape);
     if (!z)
         return NULL;
     nb_view zv = nb__view(z);
@@ -260,7 +260,7 @@ static const nb_tensor *prepare_grad(const nb_tensor *g, nb_device *dev)
     }
     if (g->contiguous)
         return g;
-    nb_tensor *c = nb__tensor_new(dev, g->dtype, g->ndim, g->shape);
+    nb_tensor *c = nb__tensor_new("nb_optimizer_apply", dev, g->dtype, g->ndim, g->shape);
     if (!c)
         return NULL;
     nb_view cv = nb__view(c), gv = nb__view(g);

@@ -63,7 +63,7 @@ nb_variable *nb_variable_new(const char *name, const nb_tensor *initial)
         return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "nb_variable_new: out of host memory");
     }
     nb_device *dev = initial->device;
-    nb_tensor *t = nb__tensor_new(dev, initial->dtype, initial->ndim, initial->shape);
+    nb_tensor *t = nb__tensor_new("nb_variable_new", dev, initial->dtype, initial->ndim, initial->shape);
     if (!t) {
         free(v);
         free(copy);
@@ -210,7 +210,7 @@ nb_tensor *nb__variable_update_target(nb_variable *v, const char *who)
     nb_tensor *cur = local(v)->value;
     if (!value_shared(cur))
         return cur;
-    return nb__tensor_new(cur->device, cur->dtype, cur->ndim, cur->shape);
+    return nb__tensor_new(who, cur->device, cur->dtype, cur->ndim, cur->shape);
 }
 
 void nb__variable_commit(nb_variable *v, nb_tensor *t)
@@ -285,7 +285,7 @@ static nb_status assign(nb_variable *v, const nb_tensor *value, assign_kind kind
      * may not alias its output with an input (its pointers are restrict), and
      * the traffic is the same either way. */
     bool fresh = kind != ASSIGN_SET || value_shared(cur);
-    nb_tensor *out = fresh ? nb__tensor_new(dev, cur->dtype, cur->ndim, cur->shape) : cur;
+    nb_tensor *out = fresh ? nb__tensor_new(who, dev, cur->dtype, cur->ndim, cur->shape) : cur;
     if (!out) {
         st = nb_error() ? nb_error() : NB_ERR_OUT_OF_MEMORY;
         goto done;

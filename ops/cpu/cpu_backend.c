@@ -9,6 +9,7 @@ nb_status nb__cpu_unsupported(const nb_device *dev, const char *op, nb_dtype d)
 
 const nb_backend nb__cpu_backend = {
     .name = "cpu",
+    .dtypes = ((1u << NB_DTYPE_COUNT) - 1) & ~((1u << NB_F16) | (1u << NB_BF16)),
     .alloc = nb__cpu_alloc,
     .free = nb__cpu_free,
     .copy_from_host = nb__cpu_copy_from_host,

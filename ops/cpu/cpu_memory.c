@@ -16,7 +16,7 @@
 
 #define NB_CPU_ALIGN 64
 /* Under AddressSanitizer nothing is cached, so a use after free is caught. */
-#if defined(__SANITIZE_ADDRESS__)
+#if NB_ASAN
 #define NB_CPU_MAX_CACHED ((size_t)0)
 #else
 #define NB_CPU_MAX_CACHED ((size_t)64 << 20)
