@@ -1,5 +1,6 @@
-/* nb_idx_read: valid IDX files of every type (plain and gzipped) and every
- * malformed file the docs promise to reject, with their codes and messages. */
+/* nb_idx_read and nb_idx_read_memory: valid IDX files of every type (plain
+ * and gzipped) and every malformed file the docs promise to reject, with their
+ * codes and messages; the memory reader against the file reader. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -339,6 +340,114 @@ static void test_corrupt_gzip(void)
     expect_reject("cut.idx.gz", gz, gzn / 2, false, NB_ERR_IO, "truncated");
 }
 
+/* Dims whose product passes the limit are refused in any order, a zero dim
+ * included: [0, 2^32-1, 2^32-1] used to pass (its byte count stopped at 0) and
+ * made an empty tensor whose strides overflow. */
+static void test_zero_dim_overflow(void)
+{
+    const uint32_t m = 0xffffffffu;
+    const uint32_t orders[4][3] = {{0, m, m}, {m, 0, m}, {m, m, 0}, {m, m, m}};
+    uint8_t buf[64];
+    for (int i = 0; i < 4; i++) {
+        size_t n = build_idx(buf, 0x08, 3, orders[i], NULL, 0);
+        char name[32];
+        snprintf(name, sizeof name, "huge%d.idx", i);
+        expect_reject(name, buf, n, false, NB_ERR_IO, "too large");
+        CHECK(nb_idx_read_memory(buf, n) == NULL);
+        CHECK_ERROR(NB_ERR_IO, "nb_idx_read_memory", "buffer of 16 bytes", "4294967295", "too large");
+    }
+    /* Empty, with dims that fit: a tensor of no elements. */
+    const uint32_t fit[3] = {0, 65536, 65536};
+    size_t n = build_idx(buf, 0x0E, 3, fit, NULL, 0);
+    nb_tensor *t = nb_idx_read_memory(buf, n);
+    CHECK(t && nb_tensor_numel(t) == 0 && nb_tensor_dim(t, 2) == 65536 && nb_tensor_dtype(t) == NB_F64);
+}
+
+/* The whole file, as written to disk, into buf; returns its size. */
+static size_t file_bytes(const char *path, uint8_t *buf, size_t cap)
+{
+    FILE *f = fopen(path, "rb");
+    CHECK(f != NULL);
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, cap, f);
+    fclose(f);
+    return n;
+}
+
+/* Reads data both ways and checks the memory reader agrees with the file
+ * reader: the same tensor, or the same error code. */
+static nb_tensor *read_both(const char *name, const uint8_t *data, size_t n)
+{
+    const char *path = tmp_path(name);
+    write_file(path, data, n, false);
+    nb_tensor *f = nb_idx_read(path);
+    nb_status fcode = nb_error_clear();
+    nb_tensor *m = nb_idx_read_memory(data, n);
+    CHECK((f == NULL) == (m == NULL));
+    CHECK(nb_error() == fcode);
+    if (f && m)
+        CHECK(same_bits(f, m));
+    return m;
+}
+
+static void test_memory(void)
+{
+    uint8_t payload[6] = {9, 8, 7, 6, 5, 4}, buf[256], gz[512];
+    uint32_t dims[2] = {2, 3};
+    size_t n = build_idx(buf, 0x08, 2, dims, payload, sizeof payload);
+    nb_tensor *t = read_both("mem.idx", buf, n);
+    CHECK(t && nb_tensor_dim(t, 0) == 2 && nb_tensor_dim(t, 1) == 3 && nb_tensor_get(t, 5) == 4);
+    CHECK(t && strcmp(nb_tensor_device(t), "/cpu:0") == 0);
+
+    /* gzipped, as gzip writes it */
+    const char *gzpath = tmp_path("mem.idx.gz");
+    write_file(gzpath, buf, n, true);
+    size_t gzn = file_bytes(gzpath, gz, sizeof gz);
+    t = read_both("mem-copy.idx.gz", gz, gzn);
+    CHECK(t && nb_tensor_numel(t) == 6 && nb_tensor_get(t, 0) == 9);
+#if NB_HAVE_ZLIB
+    /* two members one after the other read as one stream; anything after the
+     * last member is ignored, as gzread does */
+    uint8_t two[1024];
+    const char *head = tmp_path("head.gz"), *tail = tmp_path("tail.gz");
+    write_file(head, buf, 5, true);
+    write_file(tail, buf + 5, n - 5, true);
+    size_t k = file_bytes(head, two, sizeof two);
+    k += file_bytes(tail, two + k, sizeof two - k);
+    t = read_both("two.idx.gz", two, k);
+    CHECK(t && nb_tensor_numel(t) == 6 && nb_tensor_get(t, 3) == 6);
+    memcpy(two + k, "junk", 4);
+    t = read_both("junk.idx.gz", two, k + 4);
+    CHECK(t && nb_tensor_numel(t) == 6);
+    /* a stream cut short, or garbage after the magic */
+    CHECK(read_both("cut-mem.idx.gz", gz, gzn / 2) == NULL);
+    CHECK_ERROR(NB_ERR_IO, "nb_idx_read_memory", "truncated");
+    const uint8_t junk[12] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3, 0xff, 0x13};
+    CHECK(read_both("bad-mem.idx.gz", junk, sizeof junk) == NULL);
+    CHECK_ERROR(NB_ERR_IO, "nb_idx_read_memory", "buffer of 12 bytes");
+#else
+    CHECK(t == NULL);
+    CHECK_ERROR(NB_ERR_IO, "nb_idx_read_memory", "without zlib");
+#endif
+
+    /* the same refusals as from a file, naming the buffer */
+    CHECK(read_both("mem-trunc.idx", buf, n - 1) == NULL);
+    CHECK_ERROR(NB_ERR_IO, "nb_idx_read_memory", "buffer of 17 bytes", "truncated data");
+    buf[n] = 1;
+    CHECK(read_both("mem-trail.idx", buf, n + 1) == NULL);
+    CHECK_ERROR(NB_ERR_IO, "nb_idx_read_memory", "trailing data");
+    CHECK(read_both("mem-head.idx", buf, 3) == NULL);
+    CHECK_ERROR(NB_ERR_IO, "nb_idx_read_memory", "truncated header");
+    buf[1] = 1;
+    CHECK(read_both("mem-magic.idx", buf, n) == NULL);
+    CHECK_ERROR(NB_ERR_IO, "nb_idx_read_memory", "bad magic");
+    CHECK(nb_idx_read_memory(NULL, 0) == NULL);
+    CHECK_ERROR(NB_ERR_IO, "nb_idx_read_memory", "buffer of 0 bytes", "truncated header");
+    CHECK(nb_idx_read_memory(NULL, 4) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_idx_read_memory", "NULL");
+}
+
 /* The real data set, where it is installed. */
 static void test_fashion_mnist(void)
 {
@@ -384,6 +493,8 @@ int main(void)
     RUN(test_truncated);
     RUN(test_trailing);
     RUN(test_corrupt_gzip);
+    RUN(test_zero_dim_overflow);
+    RUN(test_memory);
     RUN(test_fashion_mnist);
     remove_all();
     return check_finish();

@@ -1,14 +1,19 @@
-/* nabla — reading IDX files (the MNIST format), gzip-compressed or plain.
+/* nabla — reading IDX files (the MNIST format), gzip-compressed or plain, from
+ * a path or from memory.
  *
  * Layout: two zero bytes, a type code, the number of dims, then each dim as a
  * big-endian u32, then the elements in row-major order, multi-byte types
- * big-endian. gzread reads a plain file as it is, so one path serves both. The
- * data are read into a buffer that grows with what the file really holds (never
- * trusting the header's size up front), then copied into a new CPU tensor. */
+ * big-endian. One parser reads from a source: a gzFile for a path (gzread reads
+ * a plain file as it is), or a block of memory, inflated on the way when it
+ * starts with the gzip magic (as gzread would: members one after another,
+ * anything after the last one ignored). The data are read into a buffer that
+ * grows with what the source really holds (never trusting the header's size up
+ * front), then copied into a new CPU tensor. */
 #include "lib/core/core.h"
 
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,7 +24,6 @@
 #else
 /* Without zlib (a build machine lacking its headers) plain files still read;
  * a gzip-compressed one is refused with a message that says why. */
-#include <stdio.h>
 typedef struct nb_plain_file {
     FILE *fp;
     const char *problem;
@@ -62,16 +66,35 @@ static int gzclose(gzFile f)
 }
 #endif
 
-#define IDX_WHO "nb_idx_read"
+/* Where the parser's bytes come from. read returns how many bytes it wrote to
+ * dst (fewer than n only at the end), or -1 on a read error that problem then
+ * describes. label names the source in messages. */
+typedef struct idx_source idx_source;
+struct idx_source {
+    const char *who; /* the public function */
+    char label[512];
+    int64_t (*read)(idx_source *src, void *dst, int64_t n);
+    const char *(*problem)(idx_source *src);
+    gzFile file;                 /* a path */
+    const uint8_t *data;         /* memory */
+    size_t size, pos;
+    const char *error;           /* memory: why the last read failed */
+#if NB_HAVE_ZLIB
+    bool z_live; /* inflateInit2 succeeded, so inflateEnd is due */
+    bool z_done; /* the last member ended, or the input ran out */
+    z_stream z;
+#endif
+};
 
-/* Reads up to n bytes; returns how many were read, or -1 on a read error. */
-static int64_t read_full(gzFile f, void *dst, int64_t n)
+/* ---- a path, through zlib's gz* functions ----------------------------------------------- */
+
+static int64_t file_read(idx_source *src, void *dst, int64_t n)
 {
     int64_t got = 0;
     while (got < n) {
         int64_t want = n - got;
         unsigned chunk = want > (1 << 30) ? (1u << 30) : (unsigned)want;
-        int r = gzread(f, (char *)dst + got, chunk);
+        int r = gzread(src->file, (char *)dst + got, chunk);
         if (r < 0)
             return -1;
         if (r == 0)
@@ -81,14 +104,76 @@ static int64_t read_full(gzFile f, void *dst, int64_t n)
     return got;
 }
 
-static const char *gz_problem(gzFile f)
+static const char *file_problem(idx_source *src)
 {
     int errnum = 0;
-    const char *msg = gzerror(f, &errnum);
+    const char *msg = gzerror(src->file, &errnum);
     if (errnum == Z_ERRNO)
         return strerror(errno);
     return msg && *msg ? msg : "read error";
 }
+
+/* ---- memory ------------------------------------------------------------------------------ */
+
+static const char *memory_problem(idx_source *src) { return src->error ? src->error : "read error"; }
+
+static int64_t memory_read(idx_source *src, void *dst, int64_t n)
+{
+    size_t left = src->size - src->pos;
+    size_t take = (uint64_t)n < left ? (size_t)n : left;
+    if (take)
+        memcpy(dst, src->data + src->pos, take);
+    src->pos += take;
+    return (int64_t)take;
+}
+
+#if NB_HAVE_ZLIB
+static bool gzip_magic_at(const idx_source *src, size_t pos)
+{
+    return src->size - pos >= 2 && src->data[pos] == 0x1f && src->data[pos + 1] == 0x8b;
+}
+
+/* Inflates the next n bytes. Like gzread: a member's end is followed by the
+ * next member when the gzip magic comes next, else by the end (the rest is
+ * ignored); input that stops inside a member is an early end, not an error,
+ * so the parser reports what was cut short. */
+static int64_t gzip_read(idx_source *src, void *dst, int64_t n)
+{
+    int64_t got = 0;
+    while (got < n && !src->z_done) {
+        z_stream *z = &src->z;
+        size_t in_left = src->size - src->pos;
+        int64_t out_left = n - got;
+        z->next_in = (Bytef *)(uintptr_t)(src->data + src->pos);
+        z->avail_in = in_left > (1u << 30) ? (1u << 30) : (uInt)in_left;
+        z->next_out = (Bytef *)dst + got;
+        z->avail_out = out_left > (1 << 30) ? (1u << 30) : (uInt)out_left;
+        uInt had_in = z->avail_in, had_out = z->avail_out;
+        int r = inflate(z, Z_NO_FLUSH);
+        src->pos += had_in - z->avail_in;
+        got += had_out - z->avail_out;
+        if (r == Z_STREAM_END) {
+            if (gzip_magic_at(src, src->pos)) {
+                if (inflateReset(z) != Z_OK) {
+                    src->error = "cannot restart the inflater";
+                    return -1;
+                }
+            } else {
+                src->z_done = true;
+            }
+        } else if (r == Z_BUF_ERROR) {
+            /* No progress: with output room left, the input has run out. */
+            src->z_done = true;
+        } else if (r != Z_OK) {
+            src->error = r == Z_MEM_ERROR ? "out of memory" : z->msg ? z->msg : "corrupt gzip data";
+            return -1;
+        }
+    }
+    return got;
+}
+#endif
+
+/* ---- the parser ---------------------------------------------------------------------------- */
 
 static bool host_is_little_endian(void)
 {
@@ -108,35 +193,28 @@ static void swap_bytes(void *data, int64_t count, size_t elem)
     }
 }
 
-nb_tensor *nb_idx_read(const char *path)
+/* Reads one IDX image from src into a new tensor owned by the current scope;
+ * NULL and an error naming src->who and src->label. */
+static nb_tensor *idx_parse(idx_source *src)
 {
-    if (!path)
-        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, IDX_WHO ": path is NULL");
-
-    errno = 0;
-    gzFile f = gzopen(path, "rb");
-    if (!f)
-        return nb__fail_null(NB_ERR_IO, IDX_WHO ": cannot open '%s': %s", path,
-                             errno ? strerror(errno) : "out of memory");
-
+    const char *who = src->who, *where = src->label;
     nb_tensor *result = NULL;
     uint8_t *buf = NULL;
     uint8_t head[4];
-    int64_t got = read_full(f, head, 4);
+    int64_t got = src->read(src, head, 4);
     if (got < 0) {
-        nb__fail(NB_ERR_IO, IDX_WHO ": '%s': cannot read the header: %s", path, gz_problem(f));
+        nb__fail(NB_ERR_IO, "%s: %s: cannot read the header: %s", who, where, src->problem(src));
         goto done;
     }
     if (got < 4) {
-        nb__fail(NB_ERR_IO, IDX_WHO ": '%s': truncated header (%lld of 4 bytes)", path,
-                 (long long)got);
+        nb__fail(NB_ERR_IO, "%s: %s: truncated header (%lld of 4 bytes)", who, where, (long long)got);
         goto done;
     }
     if (head[0] != 0 || head[1] != 0) {
         nb__fail(NB_ERR_IO,
-                 IDX_WHO ": '%s': bad magic number 0x%02x%02x%02x%02x (the first two bytes "
-                         "must be 0; not an IDX file)",
-                 path, head[0], head[1], head[2], head[3]);
+                 "%s: %s: bad magic number 0x%02x%02x%02x%02x (the first two bytes must be 0; "
+                 "not an IDX file)",
+                 who, where, head[0], head[1], head[2], head[3]);
         goto done;
     }
 
@@ -148,68 +226,68 @@ nb_tensor *nb_idx_read(const char *path)
     case 0x0D: dtype = NB_F32; break;
     case 0x0E: dtype = NB_F64; break;
     case 0x0B:
-        nb__fail(NB_ERR_UNSUPPORTED,
-                 IDX_WHO ": '%s': element type i16 (0x0B) is not supported", path);
+        nb__fail(NB_ERR_UNSUPPORTED, "%s: %s: element type i16 (0x0B) is not supported", who, where);
         goto done;
     default:
-        nb__fail(NB_ERR_IO, IDX_WHO ": '%s': unknown element type code 0x%02x", path, head[2]);
+        nb__fail(NB_ERR_IO, "%s: %s: unknown element type code 0x%02x", who, where, head[2]);
         goto done;
     }
 
     int ndim = head[3];
     if (ndim == 0 || ndim > NB_MAX_DIMS) {
-        nb__fail(NB_ERR_IO, IDX_WHO ": '%s': %d dims (must be 1 to %d)", path, ndim,
-                 NB_MAX_DIMS);
+        nb__fail(NB_ERR_IO, "%s: %s: %d dims (must be 1 to %d)", who, where, ndim, NB_MAX_DIMS);
         goto done;
     }
 
     uint8_t dimbytes[4 * NB_MAX_DIMS];
-    got = read_full(f, dimbytes, 4 * ndim);
+    got = src->read(src, dimbytes, 4 * ndim);
     if (got < 0) {
-        nb__fail(NB_ERR_IO, IDX_WHO ": '%s': cannot read the dims: %s", path, gz_problem(f));
+        nb__fail(NB_ERR_IO, "%s: %s: cannot read the dims: %s", who, where, src->problem(src));
         goto done;
     }
     if (got < 4 * ndim) {
-        nb__fail(NB_ERR_IO, IDX_WHO ": '%s': truncated header (%lld of %d dim bytes)", path,
-                 (long long)got, 4 * ndim);
+        nb__fail(NB_ERR_IO, "%s: %s: truncated header (%lld of %d dim bytes)", who, where, (long long)got,
+                 4 * ndim);
         goto done;
     }
     int64_t shape[NB_MAX_DIMS];
-    size_t elem = nb_dtype_size(dtype);
-    /* Bytes the data must hold; the limit keeps the arithmetic in range. */
-    const int64_t limit = INT64_C(1) << 48;
-    int64_t nbytes = (int64_t)elem;
     for (int i = 0; i < ndim; i++) {
         const uint8_t *d = dimbytes + 4 * i;
-        shape[i] = (int64_t)((uint32_t)d[0] << 24 | (uint32_t)d[1] << 16 | (uint32_t)d[2] << 8 |
-                             (uint32_t)d[3]);
-        if (nbytes > 0 && shape[i] > limit / nbytes) {
+        shape[i] = (int64_t)((uint32_t)d[0] << 24 | (uint32_t)d[1] << 16 | (uint32_t)d[2] << 8 | (uint32_t)d[3]);
+    }
+    /* Every dim counts, a zero one as 1: a zero dim empties the data, but the
+     * others still set the tensor's strides, which must stay in range. The
+     * limit keeps the byte arithmetic well inside int64. */
+    const int64_t limit = INT64_C(1) << 48;
+    size_t elem = nb_dtype_size(dtype);
+    int64_t span = (int64_t)elem;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] > 1 && span > limit / shape[i]) {
             char s[NB_SHAPE_STR_MAX];
-            nb__fail(NB_ERR_IO, IDX_WHO ": '%s': dims %s are too large", path,
-                     nb__shape_str(ndim, shape, s, sizeof s));
+            nb__fail(NB_ERR_IO, "%s: %s: dims %s of %s are too large (more than 2^48 bytes, a zero dim counted as 1)",
+                     who, where, nb__shape_str(ndim, shape, s, sizeof s), nb_dtype_name(dtype));
             goto done;
         }
-        nbytes *= shape[i];
+        span *= shape[i] > 1 ? shape[i] : 1;
     }
+    const int64_t nbytes = nb__shape_numel(ndim, shape) * (int64_t)elem; /* <= span */
 
-    /* Read the data into a buffer that grows only as far as the file goes, plus
-     * one byte to find trailing data. */
+    /* Read the data into a buffer that grows only as far as the source goes,
+     * plus one byte to find trailing data. */
     int64_t cap = nbytes + 1 < (INT64_C(1) << 24) ? nbytes + 1 : (INT64_C(1) << 24);
     buf = malloc((size_t)cap);
     if (!buf) {
-        nb__fail(NB_ERR_OUT_OF_MEMORY, IDX_WHO ": '%s': out of host memory", path);
+        nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: %s: out of host memory", who, where);
         goto done;
     }
     int64_t have = 0;
     for (;;) {
-        int64_t r = read_full(f, buf + have, cap - have);
+        int64_t r = src->read(src, buf + have, cap - have);
         if (r < 0) {
             char s[NB_SHAPE_STR_MAX];
-            nb__fail(NB_ERR_IO,
-                     IDX_WHO ": '%s': truncated or corrupt data after %lld of %lld bytes for "
-                             "shape %s: %s",
-                     path, (long long)have, (long long)nbytes,
-                     nb__shape_str(ndim, shape, s, sizeof s), gz_problem(f));
+            nb__fail(NB_ERR_IO, "%s: %s: truncated or corrupt data after %lld of %lld bytes for shape %s: %s", who,
+                     where, (long long)have, (long long)nbytes, nb__shape_str(ndim, shape, s, sizeof s),
+                     src->problem(src));
             goto done;
         }
         have += r;
@@ -218,7 +296,7 @@ nb_tensor *nb_idx_read(const char *path)
         int64_t ncap = cap * 2 < nbytes + 1 ? cap * 2 : nbytes + 1;
         uint8_t *nbuf = realloc(buf, (size_t)ncap);
         if (!nbuf) {
-            nb__fail(NB_ERR_OUT_OF_MEMORY, IDX_WHO ": '%s': out of host memory", path);
+            nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: %s: out of host memory", who, where);
             goto done;
         }
         buf = nbuf;
@@ -226,16 +304,13 @@ nb_tensor *nb_idx_read(const char *path)
     }
     if (have < nbytes) {
         char s[NB_SHAPE_STR_MAX];
-        nb__fail(NB_ERR_IO,
-                 IDX_WHO ": '%s': truncated data: %lld of %lld bytes for shape %s of %s",
-                 path, (long long)have, (long long)nbytes, nb__shape_str(ndim, shape, s, sizeof s),
-                 nb_dtype_name(dtype));
+        nb__fail(NB_ERR_IO, "%s: %s: truncated data: %lld of %lld bytes for shape %s of %s", who, where,
+                 (long long)have, (long long)nbytes, nb__shape_str(ndim, shape, s, sizeof s), nb_dtype_name(dtype));
         goto done;
     }
     if (have > nbytes) {
         char s[NB_SHAPE_STR_MAX];
-        nb__fail(NB_ERR_IO,
-                 IDX_WHO ": '%s': trailing data after the %lld bytes of shape %s of %s", path,
+        nb__fail(NB_ERR_IO, "%s: %s: trailing data after the %lld bytes of shape %s of %s", who, where,
                  (long long)nbytes, nb__shape_str(ndim, shape, s, sizeof s), nb_dtype_name(dtype));
         goto done;
     }
@@ -246,7 +321,7 @@ nb_tensor *nb_idx_read(const char *path)
     nb_device *cpu = nb__device_cpu0();
     if (!cpu)
         goto done;
-    nb_tensor *t = nb__tensor_new(IDX_WHO, cpu, dtype, ndim, shape);
+    nb_tensor *t = nb__tensor_new(who, cpu, dtype, ndim, shape);
     if (!t)
         goto done;
     if (nbytes > 0)
@@ -255,6 +330,54 @@ nb_tensor *nb_idx_read(const char *path)
 
 done:
     free(buf);
-    gzclose(f);
     return result;
+}
+
+/* ---- the public readers ---------------------------------------------------------------------- */
+
+nb_tensor *nb_idx_read(const char *path)
+{
+    const char *who = "nb_idx_read";
+    if (!path)
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: path is NULL", who);
+
+    errno = 0;
+    gzFile f = gzopen(path, "rb");
+    if (!f)
+        return nb__fail_null(NB_ERR_IO, "%s: cannot open '%s': %s", who, path,
+                             errno ? strerror(errno) : "out of memory");
+    idx_source src = {.who = who, .read = file_read, .problem = file_problem, .file = f};
+    snprintf(src.label, sizeof src.label, "'%s'", path);
+    nb_tensor *t = idx_parse(&src);
+    gzclose(f);
+    return t;
+}
+
+nb_tensor *nb_idx_read_memory(const void *data, size_t size)
+{
+    const char *who = "nb_idx_read_memory";
+    if (!data && size)
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: data is NULL (size %zu)", who, size);
+    idx_source src = {.who = who, .read = memory_read, .problem = memory_problem, .data = data, .size = size};
+    snprintf(src.label, sizeof src.label, "buffer of %zu bytes", size);
+    bool gzip = size >= 2 && src.data[0] == 0x1f && src.data[1] == 0x8b;
+#if NB_HAVE_ZLIB
+    if (gzip) {
+        /* 15 + 16: a gzip wrapper, with its header and check read by zlib. */
+        if (inflateInit2(&src.z, 15 + 16) != Z_OK)
+            return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: %s: cannot start the inflater", who, src.label);
+        src.z_live = true;
+        src.read = gzip_read;
+    }
+#else
+    if (gzip)
+        return nb__fail_null(NB_ERR_IO, "%s: %s: the data are gzip-compressed and this nabla was built without "
+                             "zlib; gunzip them first", who, src.label);
+#endif
+    nb_tensor *t = idx_parse(&src);
+#if NB_HAVE_ZLIB
+    if (src.z_live)
+        inflateEnd(&src.z);
+#endif
+    return t;
 }
