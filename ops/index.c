@@ -1,20 +1,46 @@
 /* Indexing ops: gather (rows of params picked by integer indices), its gradient
- * scatter_add, and one_hot. */
+ * scatter_add, and one_hot. Their outputs' shapes obey the rule shape.c's
+ * ops keep: dims (a zero dim counted as 1) times the element size fit in
+ * int64. */
 #include "op.h"
 
 #include <string.h>
 
+/* Whether op may allocate an output of dtype and shape (ndim, shape), dims >= 0:
+ * false with an error naming op and the shape when its dims, a zero dim
+ * counted as 1, take more than int64 bytes: NB_ERR_OUT_OF_MEMORY when its real
+ * size does (no device holds it), NB_ERR_INVALID_ARGUMENT for an empty output
+ * whose other dims alone are too large. (shape.c has the same check.) */
+static bool shape_fits(const char *op, nb_dtype dtype, int ndim, const int64_t *shape)
+{
+    int64_t span = (int64_t)nb_dtype_size(dtype);
+    bool fits = true;
+    for (int i = 0; i < ndim && fits; i++)
+        fits = !__builtin_mul_overflow(span, shape[i] > 1 ? shape[i] : 1, &span);
+    if (fits)
+        return true;
+    char s[NB_SHAPE_STR_MAX];
+    nb__shape_str(ndim, shape, s, sizeof s);
+    int64_t numel = nb__shape_numel(ndim, shape), bytes;
+    if (numel < 0 || __builtin_mul_overflow(numel, (int64_t)nb_dtype_size(dtype), &bytes))
+        nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: a %s output of shape %s would need more bytes than any device can hold",
+                 op, nb_dtype_name(dtype), s);
+    else
+        nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: shape %s of %s is too large: its dims (a zero dim counted as 1) "
+                 "take more than 2^63 bytes", op, s, nb_dtype_name(dtype));
+    return false;
+}
 
 /* t itself when contiguous, else a private contiguous copy on t's device (not
- * scoped, not recorded: the caller records the op with t itself). *tmp receives
- * the copy to release, or NULL. */
-static const nb_tensor *dense(const nb_tensor *t, nb_tensor **tmp)
+ * scoped, not recorded: the caller records the op with t itself), whose
+ * failure names op. *tmp receives the copy to release, or NULL. */
+static const nb_tensor *dense(const char *op, const nb_tensor *t, nb_tensor **tmp)
 {
     *tmp = NULL;
     if (t->contiguous)
         return t;
     nb_device *dev = t->device;
-    nb_tensor *c = nb__tensor_new("contiguous copy", dev, t->dtype, t->ndim, t->shape);
+    nb_tensor *c = nb__tensor_new(op, dev, t->dtype, t->ndim, t->shape);
     if (!c)
         return NULL;
     if (t->numel) {
@@ -60,13 +86,15 @@ nb_tensor *nb_gather(const nb_tensor *params, const nb_tensor *indices)
     int64_t shape[NB_MAX_DIMS];
     memcpy(shape, indices->shape, sizeof(int64_t) * (size_t)indices->ndim);
     memcpy(shape + indices->ndim, params->shape + 1, sizeof(int64_t) * (size_t)(params->ndim - 1));
+    if (!shape_fits(op, params->dtype, ndim, shape))
+        return NULL;
     nb_tensor *out = nb__out(op, dev, params->dtype, ndim, shape);
     if (!out)
         return NULL;
     if (out->numel) {
         nb_tensor *tp, *ti;
-        const nb_tensor *p = dense(in[0], &tp);
-        const nb_tensor *ix = p ? dense(in[1], &ti) : NULL;
+        const nb_tensor *p = dense(op, in[0], &tp);
+        const nb_tensor *ix = p ? dense(op, in[1], &ti) : NULL;
         if (ix) {
             nb_view vo = nb__view(out), vp = nb__view(p), vi = nb__view(ix);
             out = nb__kernel_done(dev->backend->gather(dev, op, &vo, &vp, &vi), out);
@@ -122,8 +150,8 @@ nb_tensor *nb__scatter_add(const nb_tensor *indices, const nb_tensor *updates, i
         out = nb__kernel_done(dev->backend->fill(dev, &vo, 0.0), out);
     if (out && updates->numel) {
         nb_tensor *ti, *tu;
-        const nb_tensor *ix = dense(in[0], &ti);
-        const nb_tensor *u = ix ? dense(in[1], &tu) : NULL;
+        const nb_tensor *ix = dense(op, in[0], &ti);
+        const nb_tensor *u = ix ? dense(op, in[1], &tu) : NULL;
         if (u) {
             nb_view vi = nb__view(ix), vu = nb__view(u);
             out = nb__kernel_done(dev->backend->scatter_add(dev, op, &vo, &vi, &vu), out);
@@ -163,11 +191,13 @@ nb_tensor *nb_one_hot(const nb_tensor *indices, int64_t depth, nb_dtype dtype)
     int64_t shape[NB_MAX_DIMS];
     memcpy(shape, indices->shape, sizeof(int64_t) * (size_t)indices->ndim);
     shape[indices->ndim] = depth;
+    if (!shape_fits(op, dtype, indices->ndim + 1, shape))
+        return NULL;
     nb_tensor *out = nb__out(op, dev, dtype, indices->ndim + 1, shape);
     if (!out || !out->numel)
         return nb__own(out);
     nb_tensor *tmp;
-    const nb_tensor *ix = dense(in[0], &tmp);
+    const nb_tensor *ix = dense(op, in[0], &tmp);
     if (!ix) {
         nb__release(out);
         return NULL;

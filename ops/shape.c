@@ -1,7 +1,10 @@
 /* Shape ops: reshape, transpose/permute, expand_dims/squeeze, slice,
  * broadcast_to, contiguous, concat/stack and split, with their gradients.
  * Most are views of their input's storage; concat, stack and the copying cases
- * of reshape and contiguous go through the backend's strided `copy` kernel. */
+ * of reshape and contiguous go through the backend's strided `copy` kernel.
+ * Every shape an op makes obeys one rule (NumPy's): its dims, a zero dim
+ * counted as 1, times the element size fit in int64, so strides never
+ * overflow, even those of an empty tensor. */
 #include "op.h"
 
 #include <stdlib.h>
@@ -12,6 +15,32 @@ static nb_shape shape_of(const nb_tensor *t)
     nb_shape s = {t->ndim, {0}};
     memcpy(s.dims, t->shape, sizeof(int64_t) * (size_t)t->ndim);
     return s;
+}
+
+/* Whether op may make a tensor of dtype and shape (ndim, shape), whose dims
+ * are known to be >= 0: false with an error naming op and the shape when the
+ * dims, zero dims counted as 1, take more than int64 bytes. For an output op
+ * allocates, a real size past that is NB_ERR_OUT_OF_MEMORY (no device holds
+ * it); otherwise (a view, or an empty output whose dims alone are too large)
+ * NB_ERR_INVALID_ARGUMENT. */
+static bool shape_fits(const char *op, bool allocates, nb_dtype dtype, int ndim, const int64_t *shape)
+{
+    int64_t span = (int64_t)nb_dtype_size(dtype);
+    bool fits = true;
+    for (int i = 0; i < ndim && fits; i++)
+        fits = !__builtin_mul_overflow(span, shape[i] > 1 ? shape[i] : 1, &span);
+    if (fits)
+        return true;
+    char s[NB_SHAPE_STR_MAX];
+    nb__shape_str(ndim, shape, s, sizeof s);
+    int64_t numel = nb__shape_numel(ndim, shape), bytes;
+    if (allocates && (numel < 0 || __builtin_mul_overflow(numel, (int64_t)nb_dtype_size(dtype), &bytes)))
+        nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: a %s output of shape %s would need more bytes than any device can hold",
+                 op, nb_dtype_name(dtype), s);
+    else
+        nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: shape %s of %s is too large: its dims (a zero dim counted as 1) "
+                 "take more than 2^63 bytes", op, s, nb_dtype_name(dtype));
+    return false;
 }
 
 /* Copies in (any strides) into a fresh contiguous tensor of in's shape laid out
@@ -87,6 +116,8 @@ nb_tensor *nb_reshape(const nb_tensor *x, nb_shape shape)
         return nb__fail_null(NB_ERR_SHAPE, "%s: cannot reshape %s (%lld elements) into %s (%lld elements)", op,
                              nb__shape_str(SHAPE_OF(x), sx, sizeof sx), (long long)x->numel,
                              nb__shape_str(shape.ndim, shape.dims, ss, sizeof ss), (long long)known);
+    if (!shape_fits(op, false, x->dtype, shape.ndim, shape.dims))
+        return NULL;
     const nb_tensor *in[1];
     const nb_tensor *src = place1(op, x, in);
     if (!src)
@@ -210,9 +241,13 @@ nb_tensor *nb_expand_dims(const nb_tensor *x, int axis)
     int64_t shape[NB_MAX_DIMS], strides[NB_MAX_DIMS];
     for (int i = 0, j = 0; i <= src->ndim; i++) {
         if (i == a) {
+            /* A size-1 dim is never stepped along: its stride only has to look
+             * row-major, and may be anything when that would overflow. */
             shape[i] = 1;
-            strides[i] = a < src->ndim ? src->strides[a] * (src->shape[a] ? src->shape[a] : 1)
-                                       : (int64_t)nb_dtype_size(src->dtype);
+            strides[i] = (int64_t)nb_dtype_size(src->dtype);
+            if (a < src->ndim &&
+                __builtin_mul_overflow(src->strides[a], src->shape[a] ? src->shape[a] : 1, &strides[i]))
+                strides[i] = (int64_t)nb_dtype_size(src->dtype);
         } else {
             shape[i] = src->shape[j];
             strides[i] = src->strides[j];
@@ -297,13 +332,20 @@ nb_tensor *nb_slice(const nb_tensor *x, nb_shape begin, nb_shape size)
     const nb_tensor *src = place1(op, x, in);
     if (!src)
         return NULL;
-    int64_t offset = src->offset;
+    /* A non-empty slice starts at one of src's elements, so its offset is in
+     * range; an empty one may begin past every dim's end, where the sum can
+     * overflow, and reads nothing: it keeps src's offset. */
+    int64_t offset = src->offset, step;
+    bool empty = nb__shape_numel(src->ndim, shape) == 0, wrapped = false;
     nb_op_attrs attrs = {0};
     for (int i = 0; i < src->ndim; i++) {
-        offset += begin.dims[i] * src->strides[i];
+        wrapped = wrapped || __builtin_mul_overflow(begin.dims[i], src->strides[i], &step) ||
+                  __builtin_add_overflow(offset, step, &offset);
         attrs.i[i] = begin.dims[i];
         attrs.i[NB_MAX_DIMS + i] = shape[i];
     }
+    if (empty || wrapped)
+        offset = src->offset;
     nb_tensor *out = nb__tensor_view(src, src->ndim, shape, src->strides, offset);
     return nb__finish(&slice_def, 1, in, out, &attrs);
 }
@@ -336,6 +378,8 @@ nb_tensor *nb_broadcast_to(const nb_tensor *x, nb_shape shape)
                                  nb__shape_str(shape.ndim, shape.dims, ss, sizeof ss), i, (long long)have,
                                  (long long)want);
     }
+    if (!shape_fits(op, false, x->dtype, shape.ndim, shape.dims))
+        return NULL;
     const nb_tensor *in[1];
     const nb_tensor *src = place1(op, x, in);
     if (!src)
@@ -465,9 +509,17 @@ static nb_tensor *join(const nb_op_def *def, bool stacking, int n, nb_tensor *co
     }
     if (!stacking) {
         shape[a] = 0;
-        for (int i = 0; i < n; i++)
-            shape[a] += in[i]->shape[a];
+        for (int i = 0; i < n; i++) {
+            if (__builtin_add_overflow(shape[a], in[i]->shape[a], &shape[a])) {
+                nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: dim %d of the inputs (%s, ...) sums past int64 at input %d (%s)",
+                         op, a, nb__shape_str(SHAPE_OF(x0), s0, sizeof s0), i,
+                         nb__shape_str(SHAPE_OF(in[i]), si, sizeof si));
+                goto done;
+            }
+        }
     }
+    if (!shape_fits(op, true, x0->dtype, out_ndim, shape))
+        goto done;
     out = nb__out(op, dev, x0->dtype, out_ndim, shape);
     if (!out)
         goto done;
@@ -538,6 +590,9 @@ nb_status nb_split(const nb_tensor *x, int n, const int64_t *sizes, int axis, nb
         for (int i = 0; i < n; i++) {
             if (sizes[i] < 0)
                 return nb__fail(NB_ERR_SHAPE, "%s: piece %d has negative size %lld", op, i, (long long)sizes[i]);
+            if (sizes[i] > dim - total) /* total <= dim here, so this cannot wrap */
+                return nb__fail(NB_ERR_SHAPE, "%s: sizes up to piece %d sum past size %lld of dim %d of %s", op, i,
+                                (long long)dim, a, nb__shape_str(SHAPE_OF(x), sx, sizeof sx));
             total += sizes[i];
         }
         if (total != dim)

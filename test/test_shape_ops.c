@@ -891,8 +891,15 @@ static void test_reshape_overflow(void)
     CHECK(nb_reshape(x, NB_SHAPE(-1, big, 4)) == NULL);
     CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "reshape");
     nb_tensor *e = nb_zeros(NB_F32, NB_SHAPE(0));
-    nb_tensor *r = nb_reshape(e, NB_SHAPE(big, 0, 3)); /* zero elements either way */
+    nb_tensor *r = nb_reshape(e, NB_SHAPE(5, 0, 3)); /* zero elements either way */
     CHECK(r && nb_tensor_numel(r) == 0);
+    /* Zero elements, but dims whose product (the zero aside) passes int64
+     * bytes: refused like any other order of those dims, since the strides of
+     * the view would overflow. */
+    CHECK(nb_reshape(e, NB_SHAPE(big, 0, 3)) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "reshape", "[4611686018427387905, 0, 3]", "too large");
+    CHECK(nb_reshape(e, NB_SHAPE(0, (int64_t)1 << 40, (int64_t)1 << 40)) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "reshape", "[0, 1099511627776, 1099511627776]", "too large");
     /* padding past int64, or past memory, is refused before anything is written */
     CHECK(nb_pad(x, NB_SHAPE(INT64_MAX), NB_SHAPE(INT64_MAX), 0) == NULL);
     CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "pad", "dim 0", "[4]");
@@ -911,6 +918,86 @@ static void test_reshape_overflow(void)
     nb_error_clear();
     CHECK(nb_pad(x, bad, bad, 0) == NULL);
     CHECK_ERROR(NB_ERR_SHAPE, "pad", "1000 dims");
+}
+
+/* Shapes past int64 from views: every op that makes a shape checks it first. */
+static void test_shape_overflow(void)
+{
+    const int64_t e62 = (int64_t)1 << 62, e40 = (int64_t)1 << 40;
+    nb_tensor *one = nb_ones(NB_U8, NB_SHAPE(1));
+
+    /* broadcast_to: a view of 2^64 elements had numel -1. */
+    CHECK(nb_broadcast_to(one, NB_SHAPE((int64_t)1 << 32, (int64_t)1 << 32)) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "broadcast_to", "[4294967296, 4294967296]", "too large");
+    CHECK(nb_broadcast_to(nb_ones(NB_F32, NB_SHAPE(1)), NB_SHAPE(0, e62, 4)) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "broadcast_to", "[0, 4611686018427387904, 4]", "f32");
+
+    /* concat and stack of views whose sizes overflow: the axis sum wrapped
+     * (signed overflow) before anything else was checked. */
+    nb_tensor *big = nb_broadcast_to(one, NB_SHAPE(e62)); /* 2^62 one-byte elements, no storage */
+    CHECK(big && nb_tensor_numel(big) == e62 && !nb_tensor_is_contiguous(big));
+    CHECK(nb_concat(NB_TENSORS(big, big), 0) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "concat", "dim 0", "[4611686018427387904]", "past int64");
+    CHECK(nb_stack(NB_TENSORS(big, big), 0) == NULL);
+    CHECK_ERROR(NB_ERR_OUT_OF_MEMORY, "stack", "[2, 4611686018427387904]", "u8");
+    nb_tensor *wide = nb_broadcast_to(nb_ones(NB_I32, NB_SHAPE(1, 1)), NB_SHAPE(0, e40));
+    nb_tensor *w3 = nb_stack(NB_TENSORS(wide, wide, wide), 2); /* [0, 2^40, 3] fits */
+    CHECK(w3 && nb_tensor_numel(w3) == 0 && nb_tensor_dim(w3, 2) == 3);
+    nb_tensor *tall = nb_broadcast_to(nb_ones(NB_I32, NB_SHAPE(1, 1)), NB_SHAPE(0, e62 / 4));
+    CHECK(nb_stack(NB_TENSORS(tall, tall), 1) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "stack", "[0, 2, 1152921504606846976]", "too large");
+
+    /* gather: indices.shape + params.shape[1:] checked before any copy of a
+     * non-contiguous params (which here would be 8 TB). */
+    nb_tensor *params = nb_broadcast_to(nb_ones(NB_I32, NB_SHAPE(2, 1)), NB_SHAPE(2, e40));
+    nb_tensor *ix = nb_broadcast_to(nb_zeros(NB_I64, NB_SHAPE(1)), NB_SHAPE((int64_t)1 << 30));
+    CHECK(nb_gather(params, ix) == NULL);
+    CHECK_ERROR(NB_ERR_OUT_OF_MEMORY, "gather", "[1073741824, 1099511627776]", "i32");
+    nb_tensor *no_ix = nb_broadcast_to(nb_zeros(NB_I64, NB_SHAPE(1, 1)), NB_SHAPE(0, e40));
+    CHECK(nb_gather(params, no_ix) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "gather", "[0, 1099511627776, 1099511627776]", "too large");
+
+    /* one_hot: a depth past memory, or past int64 beside empty indices. */
+    nb_tensor *three = nb_zeros(NB_I64, NB_SHAPE(3)), *none = nb_zeros(NB_I64, NB_SHAPE(0));
+    CHECK(nb_one_hot(three, e62, NB_F32) == NULL);
+    CHECK_ERROR(NB_ERR_OUT_OF_MEMORY, "one_hot", "[3, 4611686018427387904]", "f32");
+    CHECK(nb_one_hot(three, INT64_MAX, NB_U8) == NULL);
+    CHECK_ERROR(NB_ERR_OUT_OF_MEMORY, "one_hot", "[3, 9223372036854775807]");
+    CHECK(nb_one_hot(none, e62, NB_F64) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "one_hot", "[0, 4611686018427387904]", "too large");
+    nb_tensor *oh = nb_one_hot(none, e40, NB_U8); /* empty, and its dims fit */
+    CHECK(oh && nb_tensor_numel(oh) == 0 && nb_tensor_dim(oh, 1) == e40);
+
+    /* split: sizes that sum past int64 (they wrapped to the dim's size). */
+    nb_tensor *x = nb_ones(NB_F32, NB_SHAPE(4)), *p[3];
+    CHECK(nb_split(x, 3, (int64_t[]){INT64_MAX, INT64_MAX, 6}, 0, p) == NB_ERR_SHAPE && p[0] == NULL);
+    CHECK_ERROR(NB_ERR_SHAPE, "split", "piece 0", "size 4", "[4]");
+    CHECK(nb_split(x, 3, (int64_t[]){3, INT64_MAX, 2}, 0, p) == NB_ERR_SHAPE);
+    CHECK_ERROR(NB_ERR_SHAPE, "split", "piece 1");
+
+    /* An empty slice that begins past every dim's end: its offset sum would
+     * pass int64 ([1, 0, 2^60] f32 has strides [2^62, 2^62, 4]). */
+    nb_tensor *z = nb_zeros(NB_F32, NB_SHAPE(1, 0, (int64_t)1 << 60));
+    nb_tensor *s = nb_slice(z, NB_SHAPE(1, 0, (int64_t)1 << 60), NB_SHAPE(0, 0, 0));
+    CHECK(s && nb_tensor_numel(s) == 0 && nb_tensor_ndim(s) == 3);
+}
+
+/* concat and stack copy non-contiguous inputs (transposed, sliced, broadcast)
+ * into place with their values. */
+static void test_join_views(void)
+{
+    const float v[6] = {0, 1, 2, 3, 4, 5};
+    nb_tensor *a = nb_from_buffer(NB_F32, NB_SHAPE(2, 3), v);
+    nb_tensor *t = nb_transpose(a, 0, 1);                                  /* [3, 2] */
+    nb_tensor *sl = nb_slice(a, NB_SHAPE(0, 1), NB_SHAPE(2, 2));           /* [2, 2]: 1 2 / 4 5 */
+    nb_tensor *bc = nb_broadcast_to(nb_scalar(NB_F32, 9), NB_SHAPE(3, 2)); /* all 9 */
+    CHECK(!nb_tensor_is_contiguous(t) && !nb_tensor_is_contiguous(sl) && !nb_tensor_is_contiguous(bc));
+    nb_tensor *c = nb_concat(NB_TENSORS(t, nb_transpose(sl, 0, 1), bc), 0); /* [8, 2] */
+    const double want_c[16] = {0, 3, 1, 4, 2, 5, 1, 4, 2, 5, 9, 9, 9, 9, 9, 9};
+    CHECK(has_shape(c, NB_SHAPE(8, 2)) && check_max_error(c, want_c, 16) == 0);
+    nb_tensor *st = nb_stack(NB_TENSORS(t, bc), 1); /* [3, 2, 2] */
+    const double want_s[12] = {0, 3, 9, 9, 1, 4, 9, 9, 2, 5, 9, 9};
+    CHECK(has_shape(st, NB_SHAPE(3, 2, 2)) && check_max_error(st, want_s, 12) == 0);
 }
 
 int main(void)
@@ -936,5 +1023,7 @@ int main(void)
     RUN(test_errors);
     RUN(test_cast_saturates);
     RUN(test_reshape_overflow);
+    RUN(test_shape_overflow);
+    RUN(test_join_views);
     return check_finish();
 }
