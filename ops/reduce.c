@@ -92,9 +92,11 @@ static nb_status extreme_grad(const nb_node *n, nb_tensor *const *g, nb_tensor *
 }
 
 /* d prod / d x_i is the product of the other inputs: prod / x_i where no input
- * is 0; where one is, the product of the nonzero ones at that zero and 0 at the
- * rest; where two or more are, 0 (as PyTorch gives). The second derivative at a
- * zero input is not exact (the zero's own slot is held constant). */
+ * is 0. Where some are, it is built from the product of the nonzero inputs and
+ * the zeros themselves (value 0, slope 1), so that it differentiates right once
+ * more, as PyTorch's does: with one zero, at the zero the product of the rest
+ * and elsewhere that over x_i times the zero; with two, at each zero the
+ * product of the rest times the other zero, and 0 elsewhere; with more, 0. */
 static nb_status prod_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
 {
     nb_tensor *x = n->in[0];
@@ -104,12 +106,18 @@ static nb_status prod_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi
             axes.axes[axes.n++] = i;
     nb_tensor *zero = nb__scalar_on(n->op->name, x->device, x->dtype, 0.0);
     nb_tensor *one = nb__scalar_on(n->op->name, x->device, x->dtype, 1.0);
+    nb_tensor *two = nb__scalar_on(n->op->name, x->device, x->dtype, 2.0);
     nb_tensor *is_zero = nb_equal(x, zero);
     nb_tensor *nonzero = nb_where(is_zero, one, x);
-    nb_tensor *others = nb_prod(nonzero, axes, true);               /* of the nonzero inputs */
-    nb_tensor *zeros = nb_sum(nb_cast(is_zero, x->dtype), axes, true); /* how many are 0 */
-    nb_tensor *with_zero = nb_where(nb_equal(zeros, one), nb_where(is_zero, others, zero), zero);
-    nb_tensor *d = nb_where(nb_equal(zeros, zero), nb_div(others, nonzero), with_zero);
+    nb_tensor *others = nb_prod(nonzero, axes, true);                  /* of the nonzero inputs */
+    nb_tensor *zeros = nb_sum(nb_cast(is_zero, x->dtype), axes, true);  /* how many are 0 */
+    nb_tensor *zsum = nb_sum(nb_where(is_zero, x, zero), axes, true);   /* the zeros: 0, slope 1 */
+    nb_tensor *over = nb_div(others, nonzero);
+    nb_tensor *at_nonzero = nb_where(nb_equal(zeros, zero), over,
+                                     nb_where(nb_equal(zeros, one), nb_mul(over, zsum), zero));
+    nb_tensor *at_zero = nb_where(nb_equal(zeros, one), others,
+                                  nb_where(nb_equal(zeros, two), nb_mul(others, nb_sub(zsum, x)), zero));
+    nb_tensor *d = nb_where(is_zero, at_zero, at_nonzero);
     gi[0] = nb_mul(nb__expand_reduced(g[0], x, MASK), d);
     return nb__ok(gi[0]);
 }
@@ -151,12 +159,17 @@ nb_tensor *nb_logsumexp(const nb_tensor *x, nb_axes axes, bool keepdims)
         nb_device *dev = nb__op_place("logsumexp", 1, in);
         return dev ? nb__full_on("logsumexp", dev, x->dtype, shape.ndim, shape.dims, -INFINITY) : NULL;
     }
-    /* Shifting by the (constant) max keeps exp in range; the shift cancels exactly
-     * in the gradient, so it is cut from the tape. An infinite max is no shift
-     * (inf - inf would be NaN): all -inf inputs give -inf, any +inf gives +inf. */
-    nb_tensor *m = nb_stop_gradient(nb_max(x, axes, true));
+    /* Shifting by the (constant) largest finite input keeps exp in range; the
+     * shift cancels exactly in the gradient, so it is cut from the tape. An
+     * infinity is no shift (inf - inf would be NaN): all -inf inputs give -inf,
+     * any +inf gives +inf, and the finite inputs beside a +inf still get the
+     * slope exp(x - m) / inf = 0 (an unshifted exp(x) could overflow to inf / inf). */
+    nb_tensor *inf = nb__scalar_on("logsumexp", x->device, x->dtype, INFINITY);
+    nb_tensor *ninf = nb__scalar_on("logsumexp", x->device, x->dtype, -INFINITY);
     nb_tensor *zero = nb__scalar_on("logsumexp", x->device, x->dtype, 0.0);
-    m = nb_where(nb_equal(nb_abs(m), nb__scalar_on("logsumexp", x->device, x->dtype, INFINITY)), zero, m);
+    nb_tensor *finite = nb_less(nb_abs(x), inf); /* false for +-inf and NaN */
+    nb_tensor *m = nb_stop_gradient(nb_max(nb_where(finite, x, ninf), axes, true));
+    m = nb_where(nb_equal(m, ninf), zero, m);
     nb_tensor *s = nb_add(nb_log(nb_sum(nb_exp(nb_sub(x, m)), axes, true)), m);
     return !s || keepdims ? s : nb_reshape(s, shape);
 }

@@ -505,6 +505,32 @@ static void test_reduce_edge_points(void)
     CHECK(has_shape(nb_logsumexp(e, NB_AXES(0), false), NB_SHAPE(0)));
 }
 
+/* prod's second derivative where inputs are 0 is exact, as PyTorch's (the zeros
+ * were held constant, so the others' slopes had no slope in them): in a row,
+ * d2 prod / dx_i dx_j is the product of the rest. logsumexp's slope at finite
+ * inputs beside a +inf is 0 even where exp(x) overflows (was inf / inf). */
+static void test_edge_points_higher_order(void)
+{
+    const double rows[4][3] = {{0, 2, 3}, {0, 0, 3}, {4, 2, 3}, {0, 0, 0}};
+    /* d/dx_i of the sum of the gradient: column sums of each row's Hessian */
+    const double want[4][3] = {{5, 3, 2}, {3, 3, 0}, {5, 7, 6}, {0, 0, 0}};
+    nb_tensor *x = nb_from_buffer(NB_F64, NB_SHAPE(4, 3), rows), *g = NULL, *h = NULL;
+    nb_tape *outer = nb_tape_begin(), *inner = nb_tape_begin();
+    CHECK_OK(nb_tape_watch(outer, x));
+    CHECK_OK(nb_tape_watch(inner, x));
+    CHECK_OK(nb_tape_gradient(inner, nb_sum_all(nb_prod(x, NB_AXES(1), false)), 1, &x, &g));
+    CHECK_OK(nb_tape_gradient(outer, nb_sum_all(g), 1, &x, &h));
+    CHECK(check_max_error(h, &want[0][0], 12) <= 1e-15);
+
+    const double lv[3] = {INFINITY, 1000, 0};
+    nb_tensor *l = nb_from_buffer(NB_F64, NB_SHAPE(3), lv), *gl = NULL;
+    nb_tape *t = nb_tape_begin();
+    CHECK_OK(nb_tape_watch(t, l));
+    CHECK_OK(nb_tape_gradient(t, nb_logsumexp(l, NB_ALL_AXES, false), 1, &l, &gl));
+    CHECK(isnan(nb_tensor_get(gl, 0))); /* exp(inf - inf), as PyTorch's */
+    CHECK(nb_tensor_get(gl, 1) == 0 && nb_tensor_get(gl, 2) == 0);
+}
+
 int main(void)
 {
     RUN(test_reduce_values);
@@ -512,6 +538,7 @@ int main(void)
     RUN(test_sum_mean_all);
     RUN(test_logsumexp_stable);
     RUN(test_reduce_edge_points);
+    RUN(test_edge_points_higher_order);
     RUN(test_reduce_gradients);
     RUN(test_ties_share);
     RUN(test_second_order);
