@@ -67,8 +67,11 @@ static nb_status pow_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
      * where b = 0 (0 * 0^-1): a^0 is constant, so its slope is 0 there. */
     nb_tensor *one = nb__scalar_on(n->op->name, a->device, a->dtype, 1.0);
     nb_tensor *zero = nb__scalar_on(n->op->name, a->device, a->dtype, 0.0);
-    nb_tensor *da = nb_where(nb_equal(b, zero), zero, nb_mul(b, nb_pow(a, nb_sub(b, one))));
-    gi[0] = nb__sum_to(nb_mul(g[0], da), SHAPE_OF(a));
+    nb_tensor *b_zero = nb_equal(b, zero);
+    nb_tensor *da = nb_where(b_zero, zero, nb_mul(b, nb_pow(a, nb_sub(b, one))));
+    /* Selected again after the product: a NaN from further on is no slope of a^0
+     * either; and da, 0 there, keeps a second order off the unselected 0 * inf. */
+    gi[0] = nb__sum_to(nb_where(b_zero, zero, nb_mul(g[0], da)), SHAPE_OF(a));
     /* d/db = a^b log a, taken as 0 where a <= 0 (where it is undefined). */
     nb_tensor *pos = nb_greater(a, zero);
     nb_tensor *loga = nb_where(pos, nb_log(nb_where(pos, a, one)), zero);
@@ -236,6 +239,16 @@ nb_tensor *nb__step(const nb_tensor *x) { return nb__unary(NB_UN_STEP, x, 0.0); 
         return nb__ok(gi[0]);                                                      \
     }
 
+/* The step mask inside relu's gradients is a constant of the backward pass: it
+ * passes no gradient at all, where zeros would meet an infinite slope further
+ * back as 0 * inf = NaN in a second-order gradient. */
+static nb_status none_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
+{
+    (void)n, (void)g;
+    gi[0] = NULL;
+    return NB_OK;
+}
+
 GRAD(neg, nb_neg(G))
 GRAD(abs, nb_mul(G, nb_sign(X)))
 GRAD(zero, nb_zeros_like(X))
@@ -259,8 +272,9 @@ GRAD(reciprocal, nb_neg(nb_mul(G, nb_square(Y))))
 GRAD(normal_pdf, nb_mul(G, nb_neg(nb_mul(X, Y))))
 GRAD(add_scalar, G)
 GRAD(mul_scalar, nb_mul_scalar(G, ALPHA))
-/* x^0 is constant: slope 0 even at x = 0, where alpha * x^(alpha-1) is 0 * inf. */
-GRAD(pow_scalar, ALPHA == 0.0 ? nb_mul_scalar(G, 0.0) : nb_mul(G, nb_mul_scalar(nb_pow_scalar(X, ALPHA - 1.0), ALPHA)))
+/* x^0 is constant: slope 0 even at x = 0, where alpha * x^(alpha-1) is 0 * inf,
+ * and whatever G is (0 * G would pass on a NaN, and a second order through G). */
+GRAD(pow_scalar, ALPHA == 0.0 ? nb_zeros_like(X) : nb_mul(G, nb_mul_scalar(nb_pow_scalar(X, ALPHA - 1.0), ALPHA)))
 
 static const nb_op_def unary_defs[NB_UN_COUNT] = {
     [NB_UN_NEG] = {"neg", neg_grad},
@@ -281,7 +295,7 @@ static const nb_op_def unary_defs[NB_UN_COUNT] = {
     [NB_UN_GELU] = {"gelu", gelu_grad},
     [NB_UN_SOFTPLUS] = {"softplus", softplus_grad},
     [NB_UN_RECIPROCAL] = {"reciprocal", reciprocal_grad},
-    [NB_UN_STEP] = {"step", zero_grad},
+    [NB_UN_STEP] = {"step", none_grad},
     [NB_UN_NORMAL_PDF] = {"normal_pdf", normal_pdf_grad},
     [NB_UN_ADD_SCALAR] = {"add_scalar", add_scalar_grad},
     [NB_UN_MUL_SCALAR] = {"mul_scalar", mul_scalar_grad},

@@ -794,6 +794,35 @@ static void test_pow_edge_gradients(void)
     CHECK(check_max_error(gab[1], want_b, 4) <= 1e-15);
 }
 
+/* A constant slope stays constant whatever flows into it: x^0 and pow(a, 0)
+ * pass 0 even where the incoming gradient is NaN (0 * NaN was NaN), and relu's
+ * step mask passes no gradient back at all, so a second order through an
+ * infinite slope (u * inf) is 0, not 0 * inf = NaN; as PyTorch gives. */
+static void test_constant_slopes(void)
+{
+    const double xv[2] = {2, 3}, bv[2] = {0, 1}, cv[2] = {NAN, 1};
+    nb_tensor *x = nb_from_buffer(NB_F64, NB_SHAPE(2), xv), *b = nb_from_buffer(NB_F64, NB_SHAPE(2), bv);
+    nb_tensor *c = nb_from_buffer(NB_F64, NB_SHAPE(2), cv), *g = NULL, *gp = NULL;
+    nb_tape *t = nb_tape_begin_persistent();
+    CHECK_OK(nb_tape_watch(t, x));
+    CHECK_OK(nb_tape_gradient(t, nb_sum_all(nb_mul(nb_pow_scalar(x, 0.0), c)), 1, &x, &g));
+    CHECK(nb_tensor_get(g, 0) == 0 && nb_tensor_get(g, 1) == 0);
+    CHECK_OK(nb_tape_gradient(t, nb_sum_all(nb_mul(nb_pow(x, b), c)), 1, &x, &gp));
+    CHECK(nb_tensor_get(gp, 0) == 0 && nb_tensor_get(gp, 1) == 1);
+    nb_tape_free(t);
+
+    const double uv[1] = {1}, wv[1] = {INFINITY};
+    nb_tensor *u = nb_from_buffer(NB_F64, NB_SHAPE(1), uv), *w = nb_from_buffer(NB_F64, NB_SHAPE(1), wv);
+    nb_tensor *d1 = NULL, *d2 = NULL;
+    nb_tape *outer = nb_tape_begin(), *inner = nb_tape_begin();
+    CHECK_OK(nb_tape_watch(outer, u));
+    CHECK_OK(nb_tape_watch(inner, u));
+    CHECK_OK(nb_tape_gradient(inner, nb_sum_all(nb_relu(nb_mul(u, w))), 1, &u, &d1));
+    CHECK(nb_tensor_get(d1, 0) == INFINITY);
+    CHECK_OK(nb_tape_gradient_ex(outer, nb_sum_all(d1), NULL, 1, &u, &d2, NB_UNCONNECTED_ZERO));
+    CHECK(nb_tensor_get(d2, 0) == 0);
+}
+
 int main(void)
 {
     RUN(test_strided_readback);
@@ -811,5 +840,6 @@ int main(void)
     RUN(test_second_derivative);
     RUN(test_second_order_all);
     RUN(test_pow_edge_gradients);
+    RUN(test_constant_slopes);
     return check_finish();
 }
