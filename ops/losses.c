@@ -65,20 +65,25 @@ nb_tensor *nb_sparse_softmax_cross_entropy(const nb_tensor *logits, const nb_ten
             return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: label %.0f is outside [0, %lld)", op,
                                  lo < 0 ? lo : hi, (long long)C);
     }
-    nb_tensor *target = nb_one_hot(labels, C, logits->dtype);
+    nb_tensor *target = nb_one_hot(labels, C, NB_BOOL);
     if (target && target->device != logits->device && !nb__device_pushed())
         return nb__fail_null(NB_ERR_DEVICE, "%s: logits on %s and labels on %s", op, logits->device->name,
                              labels->device->name);
-    return nb_neg(nb_sum(nb_mul(target, nb_log_softmax(logits, -1)), NB_AXES(-1), false));
+    /* Picked, not multiplied by the one-hot: a -inf logit of another class
+     * would make 0 * -inf = NaN of a finite loss. */
+    nb_tensor *zero = nb__scalar_on(op, logits->device, logits->dtype, 0.0);
+    return nb_neg(nb_sum(nb_where(target, nb_log_softmax(logits, -1), zero), NB_AXES(-1), false));
 }
 
-/* max(x, 0) - x z + log(1 + exp(-|x|)): accurate for any x, but relu and abs
- * have slope 0 at 0, so its own gradient there would be -z. */
+/* max(x, 0) - x z + log(1 + exp(-|x|)), written max(x, 0) (1 - z) + max(-x, 0) z
+ * + ...: accurate for any x, and +inf, not inf - inf = NaN, at an infinite
+ * logit. relu and abs have slope 0 at 0, so its own gradient there would be -z. */
 static nb_status sigmoid_ce_forward(int n_in, nb_tensor *const *in, int n_out, nb_tensor **out, void *user)
 {
     (void)n_in, (void)n_out, (void)user;
     nb_tensor *x = in[0], *z = in[1];
-    out[0] = nb_add(nb_sub(nb_relu(x), nb_mul(x, z)), nb_softplus(nb_neg(nb_abs(x))));
+    nb_tensor *linear = nb_add(nb_mul(nb_relu(x), nb_add_scalar(nb_neg(z), 1.0)), nb_mul(nb_relu(nb_neg(x)), z));
+    out[0] = nb_add(linear, nb_softplus(nb_neg(nb_abs(x))));
     return out[0] ? NB_OK : nb_error();
 }
 

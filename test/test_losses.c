@@ -500,6 +500,38 @@ static void test_second_order(void)
     CHECK_OK(nb_gradient_check(gc_second, &mse, NB_TENSORS(x, u), GC_EPS, 1e-5, NULL));
 }
 
+/* Losses at infinite logits: sparse_softmax_cross_entropy picks the label's
+ * log-probability, so a -inf logit of another class leaves it finite (the
+ * one-hot product made 0 * -inf = NaN); sigmoid_cross_entropy of +-inf is +inf
+ * unless the label makes it 0 * inf (was inf - inf = NaN), its slope finite. */
+static void test_losses_at_infinite_logits(void)
+{
+    const double lv[3] = {-INFINITY, 0, 1};
+    const int64_t yv[1] = {2};
+    nb_tensor *logits = nb_from_buffer(NB_F64, NB_SHAPE(1, 3), lv), *g = NULL;
+    nb_tensor *labels = nb_from_buffer(NB_I64, NB_SHAPE(1), yv);
+    nb_tape *t = nb_tape_begin();
+    CHECK_OK(nb_tape_watch(t, logits));
+    nb_tensor *loss = nb_sparse_softmax_cross_entropy(logits, labels);
+    const double e = exp(1.0);
+    CHECK_NEAR(nb_tensor_item(loss), log(1 + e) - 1, 1e-15);
+    CHECK_OK(nb_tape_gradient(t, nb_sum_all(loss), 1, &logits, &g));
+    const double want[3] = {0, 1 / (1 + e), e / (1 + e) - 1};
+    CHECK(check_max_error(g, want, 3) <= 1e-15);
+
+    const double xv[4] = {INFINITY, -INFINITY, INFINITY, -INFINITY}, zv[4] = {0.25, 0.25, 0, 1};
+    nb_tensor *x = nb_from_buffer(NB_F64, NB_SHAPE(4), xv), *z = nb_from_buffer(NB_F64, NB_SHAPE(4), zv);
+    nb_tensor *gx = NULL;
+    nb_tape *t2 = nb_tape_begin();
+    CHECK_OK(nb_tape_watch(t2, x));
+    nb_tensor *l = nb_sigmoid_cross_entropy(x, z);
+    for (int i = 0; i < 4; i++)
+        CHECKF(nb_tensor_get(l, i) == INFINITY, "element %d is %g", i, nb_tensor_get(l, i));
+    CHECK_OK(nb_tape_gradient(t2, nb_sum_all(l), 1, &x, &gx));
+    const double wantx[4] = {0.75, -0.25, 1, -1};
+    CHECK(check_max_error(gx, wantx, 4) == 0);
+}
+
 int main(void)
 {
     RUN(test_softmax_values);
@@ -511,6 +543,7 @@ int main(void)
     RUN(test_sigmoid_cross_entropy);
     RUN(test_sigmoid_cross_entropy_gradients);
     RUN(test_mean_squared_error);
+    RUN(test_losses_at_infinite_logits);
     RUN(test_second_order);
     RUN(test_errors);
     return check_finish();
