@@ -374,11 +374,12 @@ static void test_unary_values(void)
         const unop *op = &unops[o];
         for (int d = 0; d < 2; d++) {
             nb_tensor *xs[4] = {
-                rnd(dts[d], NB_SHAPE(7, 5), op->domain, seed++),
-                rnd_strided(dts[d], NB_SHAPE(7, 5), op->domain, seed++),
-                rnd(dts[d], NB_SCALAR, op->domain, seed++),
-                rnd_strided(dts[d], NB_SHAPE(3, 2, 4), op->domain, seed++),
+                rnd(dts[d], NB_SHAPE(7, 5), op->domain, seed + 0),
+                rnd_strided(dts[d], NB_SHAPE(7, 5), op->domain, seed + 1),
+                rnd(dts[d], NB_SCALAR, op->domain, seed + 2),
+                rnd_strided(dts[d], NB_SHAPE(3, 2, 4), op->domain, seed + 3),
             };
+            seed += 4;
             for (int k = 0; k < 4; k++) {
                 double e = unary_error(op, xs[k]);
                 if (!(e <= value_tol(dts[d])))

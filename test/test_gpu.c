@@ -842,16 +842,18 @@ static void test_gradient_checker(void)
     };
     for (size_t i = 0; i < sizeof bin / sizeof *bin; i++) {
         for (size_t p = 0; p < sizeof pairs / sizeof *pairs; p++) {
-            nb_tensor *ab[2] = {bin[i].pos_a ? uniform64(pairs[p][0], 0.5, 2.0, seed++)
-                                             : uniform64(pairs[p][0], -2.0, 2.0, seed++),
-                                bin[i].pos_b ? uniform64(pairs[p][1], 0.5, 2.0, seed++)
-                                             : uniform64(pairs[p][1], -2.0, 2.0, seed++)};
+            nb_tensor *ab[2] = {bin[i].pos_a ? uniform64(pairs[p][0], 0.5, 2.0, seed + 0)
+                                             : uniform64(pairs[p][0], -2.0, 2.0, seed + 1),
+                                bin[i].pos_b ? uniform64(pairs[p][1], 0.5, 2.0, seed + 2)
+                                             : uniform64(pairs[p][1], -2.0, 2.0, seed + 3)};
+            seed += 4;
             gpu_gradient_check(bin[i].name, (gpu_gc){.op = GG_BINARY, .binary = bin[i].fn, .strided = p == 3}, 2, ab);
         }
     }
     const bool mask[4] = {true, false, false, true};
     nb_tensor *cond = nb_from_buffer(NB_BOOL, NB_SHAPE(4, 1), mask);
-    nb_tensor *wab[2] = {uniform64(NB_SHAPE(2, 1, 3), -2, 2, seed++), uniform64(NB_SHAPE(3), -2, 2, seed++)};
+    nb_tensor *wab[2] = {uniform64(NB_SHAPE(2, 1, 3), -2, 2, seed + 0), uniform64(NB_SHAPE(3), -2, 2, seed + 1)};
+    seed += 2;
     gpu_gradient_check("where", (gpu_gc){.op = GG_WHERE, .aux = cond}, 2, wab);
 
     /* reductions over several axis sets, with and without keepdims, and a strided input */
@@ -889,7 +891,8 @@ static void test_gradient_checker(void)
         {NB_SHAPE(2, 3, 4), NB_SHAPE(4), false, false},
     };
     for (size_t i = 0; i < sizeof mm / sizeof *mm; i++) {
-        nb_tensor *ab[2] = {uniform64(mm[i].a, -1, 1, seed++), uniform64(mm[i].b, -1, 1, seed++)};
+        nb_tensor *ab[2] = {uniform64(mm[i].a, -1, 1, seed + 0), uniform64(mm[i].b, -1, 1, seed + 1)};
+        seed += 2;
         gpu_gradient_check("matmul", (gpu_gc){.op = GG_MATMUL, .ta = mm[i].ta, .tb = mm[i].tb}, 2, ab);
     }
 
@@ -907,7 +910,8 @@ static void test_gradient_checker(void)
     }
 
     /* the four losses (dense labels get a gradient too) */
-    nb_tensor *sce[2] = {uniform64(NB_SHAPE(4, 5), -2, 2, seed++), nb_softmax(uniform64(NB_SHAPE(4, 5), -1, 1, seed++), -1)};
+    nb_tensor *sce[2] = {uniform64(NB_SHAPE(4, 5), -2, 2, seed + 0), nb_softmax(uniform64(NB_SHAPE(4, 5), -1, 1, seed + 1), -1)};
+    seed += 2;
     gpu_gradient_check("softmax_cross_entropy", (gpu_gc){.op = GG_SOFTMAX_CE}, 2, sce);
     const int64_t l64[4] = {1, 0, 4, 4};
     const int32_t l32[4] = {3, 2, 0, 1};
@@ -916,9 +920,11 @@ static void test_gradient_checker(void)
                        (gpu_gc){.op = GG_SPARSE_CE, .aux = nb_from_buffer(NB_I64, NB_SHAPE(4), l64)}, 1, &logits);
     gpu_gradient_check("sparse_softmax_cross_entropy i32",
                        (gpu_gc){.op = GG_SPARSE_CE, .aux = nb_from_buffer(NB_I32, NB_SHAPE(4), l32)}, 1, &logits);
-    nb_tensor *sig[2] = {uniform64(NB_SHAPE(3, 4), -3, 3, seed++), uniform64(NB_SHAPE(3, 4), 0, 1, seed++)};
+    nb_tensor *sig[2] = {uniform64(NB_SHAPE(3, 4), -3, 3, seed + 0), uniform64(NB_SHAPE(3, 4), 0, 1, seed + 1)};
+    seed += 2;
     gpu_gradient_check("sigmoid_cross_entropy", (gpu_gc){.op = GG_SIGMOID_CE}, 2, sig);
-    nb_tensor *mse[2] = {uniform64(NB_SHAPE(3, 4), -2, 2, seed++), uniform64(NB_SHAPE(3, 4), -2, 2, seed++)};
+    nb_tensor *mse[2] = {uniform64(NB_SHAPE(3, 4), -2, 2, seed + 0), uniform64(NB_SHAPE(3, 4), -2, 2, seed + 1)};
+    seed += 2;
     gpu_gradient_check("mean_squared_error", (gpu_gc){.op = GG_MSE}, 2, mse);
 
     /* shape ops */
@@ -928,12 +934,15 @@ static void test_gradient_checker(void)
     gpu_gradient_check("permute", (gpu_gc){.op = GG_PERMUTE}, 1, &x3);
     gpu_gradient_check("slice", (gpu_gc){.op = GG_SLICE}, 1, &x3);
     gpu_gradient_check("pad", (gpu_gc){.op = GG_PAD}, 1, &x3);
-    nb_tensor *cat[3] = {uniform64(NB_SHAPE(2, 1), -2, 2, seed++), uniform64(NB_SHAPE(2, 3), -2, 2, seed++),
-                         uniform64(NB_SHAPE(2, 2), -2, 2, seed++)}; /* the last transposed: [2, 2] */
+    nb_tensor *cat[3] = {uniform64(NB_SHAPE(2, 1), -2, 2, seed + 0), uniform64(NB_SHAPE(2, 3), -2, 2, seed + 1),
+                         uniform64(NB_SHAPE(2, 2), -2, 2, seed + 2)}; /* the last transposed: [2, 2] */
+    seed += 3;
     gpu_gradient_check("concat", (gpu_gc){.op = GG_CONCAT}, 3, cat);
-    nb_tensor *st[2] = {uniform64(NB_SHAPE(2, 3), -2, 2, seed++), uniform64(NB_SHAPE(3, 2), -2, 2, seed++)};
+    nb_tensor *st[2] = {uniform64(NB_SHAPE(2, 3), -2, 2, seed + 0), uniform64(NB_SHAPE(3, 2), -2, 2, seed + 1)};
+    seed += 2;
     gpu_gradient_check("stack", (gpu_gc){.op = GG_STACK}, 2, st);
-    nb_tensor *bc[2] = {uniform64(NB_SHAPE(3, 1), -2, 2, seed++), uniform64(NB_SHAPE(2, 3, 4), -2, 2, seed++)};
+    nb_tensor *bc[2] = {uniform64(NB_SHAPE(3, 1), -2, 2, seed + 0), uniform64(NB_SHAPE(2, 3, 4), -2, 2, seed + 1)};
+    seed += 2;
     gpu_gradient_check("broadcast_to", (gpu_gc){.op = GG_BROADCAST}, 2, bc);
     /* repeated indices: the gradient (scatter_add) accumulates */
     const int64_t i64[6] = {0, 4, 2, 2, 1, 4};

@@ -585,7 +585,7 @@ static void run_on_replica(nb_replica_state *rs, void *arg)
 {
     run_job *j = arg;
     nb_scope *scope = nb_scope_begin();
-    nb_tensor **outs = j->outputs + (size_t)rs->index * (size_t)j->n_outputs;
+    nb_tensor **outs = j->outputs ? j->outputs + (size_t)rs->index * (size_t)j->n_outputs : NULL;
     shares sh = {0};
     if (!scope) {
         nb__replica_failed(rs, NB_ERR_OUT_OF_MEMORY, "out of host memory");
