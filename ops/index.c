@@ -1,35 +1,8 @@
 /* Indexing ops: gather (rows of params picked by integer indices), its gradient
- * scatter_add, and one_hot. Their outputs' shapes obey the rule shape.c's
- * ops keep: dims (a zero dim counted as 1) times the element size fit in
- * int64. */
+ * scatter_add, and one_hot. Outputs are checked by nb__shape_fits first. */
 #include "op.h"
 
 #include <string.h>
-
-/* Whether op may allocate an output of dtype and shape (ndim, shape), dims >= 0:
- * false with an error naming op and the shape when its dims, a zero dim
- * counted as 1, take more than int64 bytes: NB_ERR_OUT_OF_MEMORY when its real
- * size does (no device holds it), NB_ERR_INVALID_ARGUMENT for an empty output
- * whose other dims alone are too large. (shape.c has the same check.) */
-static bool shape_fits(const char *op, nb_dtype dtype, int ndim, const int64_t *shape)
-{
-    int64_t span = (int64_t)nb_dtype_size(dtype);
-    bool fits = true;
-    for (int i = 0; i < ndim && fits; i++)
-        fits = !__builtin_mul_overflow(span, shape[i] > 1 ? shape[i] : 1, &span);
-    if (fits)
-        return true;
-    char s[NB_SHAPE_STR_MAX];
-    nb__shape_str(ndim, shape, s, sizeof s);
-    int64_t numel = nb__shape_numel(ndim, shape), bytes;
-    if (numel < 0 || __builtin_mul_overflow(numel, (int64_t)nb_dtype_size(dtype), &bytes))
-        nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: a %s output of shape %s would need more bytes than any device can hold",
-                 op, nb_dtype_name(dtype), s);
-    else
-        nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: shape %s of %s is too large: its dims (a zero dim counted as 1) "
-                 "take more than 2^63 bytes", op, s, nb_dtype_name(dtype));
-    return false;
-}
 
 /* t itself when contiguous, else a private contiguous copy on t's device (not
  * scoped, not recorded: the caller records the op with t itself), whose
@@ -86,7 +59,7 @@ nb_tensor *nb_gather(const nb_tensor *params, const nb_tensor *indices)
     int64_t shape[NB_MAX_DIMS];
     memcpy(shape, indices->shape, sizeof(int64_t) * (size_t)indices->ndim);
     memcpy(shape + indices->ndim, params->shape + 1, sizeof(int64_t) * (size_t)(params->ndim - 1));
-    if (!shape_fits(op, params->dtype, ndim, shape))
+    if (!nb__shape_fits(op, true, params->dtype, ndim, shape))
         return NULL;
     nb_tensor *out = nb__out(op, dev, params->dtype, ndim, shape);
     if (!out)
@@ -191,7 +164,7 @@ nb_tensor *nb_one_hot(const nb_tensor *indices, int64_t depth, nb_dtype dtype)
     int64_t shape[NB_MAX_DIMS];
     memcpy(shape, indices->shape, sizeof(int64_t) * (size_t)indices->ndim);
     shape[indices->ndim] = depth;
-    if (!shape_fits(op, dtype, indices->ndim + 1, shape))
+    if (!nb__shape_fits(op, true, dtype, indices->ndim + 1, shape))
         return NULL;
     nb_tensor *out = nb__out(op, dev, dtype, indices->ndim + 1, shape);
     if (!out || !out->numel)

@@ -17,32 +17,6 @@ static nb_shape shape_of(const nb_tensor *t)
     return s;
 }
 
-/* Whether op may make a tensor of dtype and shape (ndim, shape), whose dims
- * are known to be >= 0: false with an error naming op and the shape when the
- * dims, zero dims counted as 1, take more than int64 bytes. For an output op
- * allocates, a real size past that is NB_ERR_OUT_OF_MEMORY (no device holds
- * it); otherwise (a view, or an empty output whose dims alone are too large)
- * NB_ERR_INVALID_ARGUMENT. */
-static bool shape_fits(const char *op, bool allocates, nb_dtype dtype, int ndim, const int64_t *shape)
-{
-    int64_t span = (int64_t)nb_dtype_size(dtype);
-    bool fits = true;
-    for (int i = 0; i < ndim && fits; i++)
-        fits = !__builtin_mul_overflow(span, shape[i] > 1 ? shape[i] : 1, &span);
-    if (fits)
-        return true;
-    char s[NB_SHAPE_STR_MAX];
-    nb__shape_str(ndim, shape, s, sizeof s);
-    int64_t numel = nb__shape_numel(ndim, shape), bytes;
-    if (allocates && (numel < 0 || __builtin_mul_overflow(numel, (int64_t)nb_dtype_size(dtype), &bytes)))
-        nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: a %s output of shape %s would need more bytes than any device can hold",
-                 op, nb_dtype_name(dtype), s);
-    else
-        nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: shape %s of %s is too large: its dims (a zero dim counted as 1) "
-                 "take more than 2^63 bytes", op, s, nb_dtype_name(dtype));
-    return false;
-}
-
 /* Copies in (any strides) into a fresh contiguous tensor of in's shape laid out
  * as (ndim, shape) -- the same number of elements. Not scoped (refs = 1). */
 static nb_tensor *copy_contiguous(const char *op, nb_device *dev, const nb_tensor *in, int ndim,
@@ -116,7 +90,7 @@ nb_tensor *nb_reshape(const nb_tensor *x, nb_shape shape)
         return nb__fail_null(NB_ERR_SHAPE, "%s: cannot reshape %s (%lld elements) into %s (%lld elements)", op,
                              nb__shape_str(SHAPE_OF(x), sx, sizeof sx), (long long)x->numel,
                              nb__shape_str(shape.ndim, shape.dims, ss, sizeof ss), (long long)known);
-    if (!shape_fits(op, false, x->dtype, shape.ndim, shape.dims))
+    if (!nb__shape_fits(op, false, x->dtype, shape.ndim, shape.dims))
         return NULL;
     const nb_tensor *in[1];
     const nb_tensor *src = place1(op, x, in);
@@ -378,7 +352,7 @@ nb_tensor *nb_broadcast_to(const nb_tensor *x, nb_shape shape)
                                  nb__shape_str(shape.ndim, shape.dims, ss, sizeof ss), i, (long long)have,
                                  (long long)want);
     }
-    if (!shape_fits(op, false, x->dtype, shape.ndim, shape.dims))
+    if (!nb__shape_fits(op, false, x->dtype, shape.ndim, shape.dims))
         return NULL;
     const nb_tensor *in[1];
     const nb_tensor *src = place1(op, x, in);
@@ -518,7 +492,7 @@ static nb_tensor *join(const nb_op_def *def, bool stacking, int n, nb_tensor *co
             }
         }
     }
-    if (!shape_fits(op, true, x0->dtype, out_ndim, shape))
+    if (!nb__shape_fits(op, true, x0->dtype, out_ndim, shape))
         goto done;
     out = nb__out(op, dev, x0->dtype, out_ndim, shape);
     if (!out)

@@ -294,9 +294,16 @@ static void test_huge_shapes(void)
     CHECK_ERROR(NB_ERR_OUT_OF_MEMORY, "nb_zeros", "u8", "[4294967296, 4294967296]");
     CHECK(nb_random_normal(NB_F32, NB_SHAPE(big, 4), 0, 1, 1) == NULL);
     CHECK_ERROR(NB_ERR_OUT_OF_MEMORY, "nb_random_normal", "f32");
-    /* a zero dim makes any other dims fine: no elements */
-    nb_tensor *e = nb_zeros(NB_F32, NB_SHAPE(0, big, big));
+    /* an empty tensor's other dims must still fit (as NumPy's rule has it): its
+     * strides, and those of its views, would overflow otherwise */
+    CHECK(nb_zeros(NB_F32, NB_SHAPE(0, big, big)) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_zeros", "[0, 4611686018427387904, 4611686018427387904]", "zero dim");
+    CHECK(nb_empty(NB_F32, NB_SHAPE(0, (int64_t)1 << 40, (int64_t)1 << 40)) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_empty");
+    nb_tensor *e = nb_zeros(NB_F32, NB_SHAPE(0, (int64_t)1 << 30, (int64_t)1 << 30));
     CHECK(e && nb_tensor_numel(e) == 0);
+    nb_tensor *ep = nb_permute(e, NB_AXES(2, 0, 1));
+    CHECK(ep && nb_tensor_numel(ep) == 0 && nb_tensor_shape(ep).dims[0] == (int64_t)1 << 30);
     CHECK(nb_arange(NB_F32, 0, 1e30, 1) == NULL);
     CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_arange", "too many");
     CHECK(nb_arange(NB_F64, -1e308, 1e308, 1e-300) == NULL); /* the count is inf */

@@ -96,6 +96,14 @@ void nb__contiguous_strides(int ndim, const int64_t *shape, size_t elem, int64_t
 /* Elements of a shape: 0 when a dim is 0 (whatever the others), -1 when a dim
  * is negative or the count overflows int64. */
 int64_t nb__shape_numel(int ndim, const int64_t *shape);
+/* Whether who may make a tensor of dtype and shape (dims known to be >= 0):
+ * every tensor's dims, a zero dim counted as 1, times its element size fit in
+ * int64, so no stride or offset of it or of its views can overflow, even when
+ * it is empty. False with an error naming who, the shape and the dtype
+ * otherwise: NB_ERR_OUT_OF_MEMORY when who allocates and the real size is past
+ * int64 (no device holds it), else NB_ERR_INVALID_ARGUMENT (a view, or an empty
+ * tensor whose other dims alone are too large). */
+bool nb__shape_fits(const char *who, bool allocates, nb_dtype dtype, int ndim, const int64_t *shape);
 /* "[2, 3]" of a tensor or shape into buf; returns buf. */
 char *nb__shape_str(int ndim, const int64_t *shape, char *buf, size_t size);
 #define NB_SHAPE_STR_MAX 128

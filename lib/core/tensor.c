@@ -94,10 +94,30 @@ int64_t nb__shape_numel(int ndim, const int64_t *shape)
     return n;
 }
 
+bool nb__shape_fits(const char *who, bool allocates, nb_dtype dtype, int ndim, const int64_t *shape)
+{
+    int64_t span = (int64_t)nb_dtype_size(dtype);
+    bool fits = true;
+    for (int i = 0; i < ndim && fits; i++)
+        fits = !__builtin_mul_overflow(span, shape[i] > 1 ? shape[i] : 1, &span);
+    if (fits)
+        return true;
+    char s[NB_SHAPE_STR_MAX];
+    nb__shape_str(ndim, shape, s, sizeof s);
+    int64_t numel = nb__shape_numel(ndim, shape), bytes;
+    if (allocates && (numel < 0 || __builtin_mul_overflow(numel, (int64_t)nb_dtype_size(dtype), &bytes)))
+        nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: a %s tensor of shape %s would need more bytes than any device can hold",
+                 who, nb_dtype_name(dtype), s);
+    else
+        nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: shape %s of %s is too large: its dims (a zero dim counted as 1) "
+                 "take more than 2^63 bytes", who, s, nb_dtype_name(dtype));
+    return false;
+}
+
 void nb__contiguous_strides(int ndim, const int64_t *shape, size_t elem, int64_t *strides)
 {
-    /* Only a shape with a zero dim can overflow here (others were checked to
-     * fit in bytes); its strides are never used to reach an element. */
+    /* Saturates rather than wraps for a caller that has not checked the shape
+     * with nb__shape_fits (every tensor's shape is checked, so none reaches here). */
     int64_t s = (int64_t)elem;
     for (int i = ndim - 1; i >= 0; i--) {
         strides[i] = s;
@@ -153,16 +173,17 @@ nb_tensor *nb__tensor_new(const char *who, nb_device *dev, nb_dtype dtype, int n
     if ((unsigned)dtype >= NB_DTYPE_COUNT || !(dev->backend->dtypes & (1u << dtype)))
         return nb__fail_null(NB_ERR_DTYPE, "%s: dtype %s is not supported on %s", who, nb_dtype_name(dtype),
                              dev->name);
-    int64_t numel = nb__shape_numel(ndim, shape);
-    if (numel < 0 || __builtin_mul_overflow((size_t)numel, elem, &bytes) || bytes > (size_t)INT64_MAX) {
-        char sh[NB_SHAPE_STR_MAX];
-        nb__shape_str(ndim, shape, sh, sizeof sh);
-        for (int i = 0; i < ndim; i++)
-            if (shape[i] < 0)
-                return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: shape %s has a negative dim", who, sh);
-        return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: a %s tensor of shape %s would need more bytes than any "
-                             "device can hold", who, nb_dtype_name(dtype), sh);
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0) {
+            char sh[NB_SHAPE_STR_MAX];
+            return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: shape %s has a negative dim", who,
+                                 nb__shape_str(ndim, shape, sh, sizeof sh));
+        }
     }
+    if (!nb__shape_fits(who, true, dtype, ndim, shape))
+        return NULL;
+    int64_t numel = nb__shape_numel(ndim, shape); /* fits: neither can overflow */
+    bytes = (size_t)numel * elem;
     /* The allocators' own messages then say which op ran out of memory. */
     const char *outer = nb__error_context(who);
     nb_storage *s = nb__storage_new(dev, bytes);

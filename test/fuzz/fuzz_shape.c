@@ -304,23 +304,15 @@ static void failed(int expect)
 }
 
 /* Checks what any tensor must be: dims >= 0, numel their product, strides
- * row-major when it says it is contiguous, a span that fits (unless lenient). */
-static bool sound(const nb_tensor *t, const info *x, bool lenient)
+ * row-major when it says it is contiguous, a span that fits. */
+static bool sound(const nb_tensor *t, const info *x)
 {
     REQUIRE(valid_dtype(x->dt), "dtype %d", (int)x->dt);
     for (int i = 0; i < x->nd; i++)
         REQUIRE(x->d[i] >= 0, "dim %d is %lld", i, (long long)x->d[i]);
     REQUIRE(x->numel == numel_of(x->nd, x->d), "numel %lld for dims whose product is %lld", (long long)x->numel,
             (long long)numel_of(x->nd, x->d));
-    if (span_of(x->nd, x->d, elem_of(x->dt)) < 0) {
-        /* The core still makes empty tensors with such dims (nb_zeros,
-         * pad); ops on them overflow in its geometry code, so they are left
-         * out of the pool unless FUZZ_KEEP_HUGE_EMPTY asks to keep them. */
-        REQUIRE(lenient, "a tensor whose dims (zeros counted as 1) pass int64 bytes");
-#ifndef FUZZ_KEEP_HUGE_EMPTY
-        return false;
-#endif
-    }
+    REQUIRE(span_of(x->nd, x->d, elem_of(x->dt)) >= 0, "a tensor whose dims (zeros counted as 1) pass int64 bytes");
     if (x->contig && x->numel > 0) {
         int64_t expect = (int64_t)elem_of(x->dt);
         for (int i = x->nd - 1; i >= 0; i--) {
@@ -345,7 +337,7 @@ static void keep(nb_tensor *r, double *v)
 
 /* A call that returns one tensor r: checks it against the model (expect, dtype
  * dt, shape (nd, d), values want when known; want is taken over) and keeps it. */
-static void land(int expect, nb_tensor *r, nb_dtype dt, int nd, const int64_t *d, double *want, bool lenient)
+static void land(int expect, nb_tensor *r, nb_dtype dt, int nd, const int64_t *d, double *want)
 {
     if (!r) {
         failed(expect);
@@ -367,7 +359,7 @@ static void land(int expect, nb_tensor *r, nb_dtype dt, int nd, const int64_t *d
                 nb_shape_format(e, exp, sizeof exp));
     }
     nb_shape_format(nb_tensor_shape(r), F.outcome, sizeof F.outcome);
-    if (!sound(r, &x, lenient)) {
+    if (!sound(r, &x)) {
         free(want);
         return;
     }
@@ -417,10 +409,12 @@ static void op_arange(nb_dtype dt)
     int64_t bytes;
     if (expect == MUST_PASS && (__builtin_mul_overflow(n, (int64_t)elem_of(dt), &bytes) || bytes > BUDGET))
         return;
-    if (expect == MUST_PASS && !numeric_dtype(dt))
-        expect = EITHER; /* a range of bools or bytes, or f16 on the CPU: the backend's choice */
+    if (expect == MUST_PASS && !cpu_dtype(dt))
+        expect = MUST_FAIL; /* f16 and bf16 are GPU only */
+    else if (expect == MUST_PASS && !numeric_dtype(dt))
+        expect = EITHER; /* a range of bools or bytes: the backend's choice */
     nb_tensor *r = nb_arange(dt, start, stop, step);
-    land(expect, r, dt, 1, &n, NULL, false);
+    land(expect, r, dt, 1, &n, NULL);
 }
 
 static void op_create(void)
@@ -445,8 +439,10 @@ static void op_create(void)
         expect = MUST_FAIL;
     else if (bytes > BUDGET || (kind == 4 && n > MIRROR_MAX))
         return;
-    else if (span_of(nd, s.dims, elem) < 0 || !cpu_dtype(dt))
-        expect = EITHER; /* the core may allow empty tensors with huge dims; f16 is GPU only */
+    else if (span_of(nd, s.dims, elem) < 0)
+        expect = MUST_FAIL; /* an empty tensor whose other dims pass int64 bytes */
+    else if (!cpu_dtype(dt))
+        expect = MUST_FAIL; /* f16 and bf16 are GPU only */
     else
         expect = MUST_PASS;
 
@@ -478,7 +474,7 @@ static void op_create(void)
             : kind == 2 ? nb_full(dt, s, fill)
                         : nb_empty(dt, s);
     }
-    land(expect, r, dt, nd, s.dims, want, true);
+    land(expect, r, dt, nd, s.dims, want);
 }
 
 /* ---- views ---------------------------------------------------------------------------- */
@@ -520,7 +516,7 @@ static void op_reshape(void)
     if (byte() < 16 && t.ndim > 1 && t.ndim <= NB_MAX_DIMS)
         t.dims[0] = t.dims[t.ndim - 1] = -1;
     if (!s->t) {
-        land(MUST_FAIL, nb_reshape(NULL, t), NB_F32, 0, NULL, NULL, false);
+        land(MUST_FAIL, nb_reshape(NULL, t), NB_F32, 0, NULL, NULL);
         return;
     }
     info x = info_of(s->t);
@@ -557,7 +553,7 @@ static void op_reshape(void)
             return;
     }
     nb_tensor *r = nb_reshape(s->t, t);
-    land(expect, r, x.dt, out.ndim, out.dims, expect == MUST_FAIL ? NULL : copy_values(s->v, x.numel), false);
+    land(expect, r, x.dt, out.ndim, out.dims, expect == MUST_FAIL ? NULL : copy_values(s->v, x.numel));
 }
 
 static void op_permute(bool transpose)
@@ -581,7 +577,7 @@ static void op_permute(bool transpose)
     if (n > 0 && byte() < 32)
         axes.axes[byte() % (unsigned)n] = axis_arg();
     if (!s->t) {
-        land(MUST_FAIL, transpose ? nb_transpose(NULL, a0, a1) : nb_permute(NULL, axes), NB_F32, 0, NULL, NULL, false);
+        land(MUST_FAIL, transpose ? nb_transpose(NULL, a0, a1) : nb_permute(NULL, axes), NB_F32, 0, NULL, NULL);
         return;
     }
     info x = info_of(s->t);
@@ -614,7 +610,7 @@ static void op_permute(bool transpose)
         od[i] = x.d[perm[i]];
     nb_tensor *r = transpose ? nb_transpose(s->t, a0, a1) : nb_permute(s->t, axes);
     double *want = expect == MUST_PASS && x.numel <= MIRROR_MAX ? permuted(s->v, x.nd, x.d, perm, x.numel) : NULL;
-    land(expect, r, x.dt, x.nd, od, want, false);
+    land(expect, r, x.dt, x.nd, od, want);
 }
 
 static void op_expand_squeeze(bool expand)
@@ -623,7 +619,7 @@ static void op_expand_squeeze(bool expand)
     slot *s = slot_arg();
     int axis = axis_arg();
     if (!s->t) {
-        land(MUST_FAIL, expand ? nb_expand_dims(NULL, axis) : nb_squeeze(NULL, axis), NB_F32, 0, NULL, NULL, false);
+        land(MUST_FAIL, expand ? nb_expand_dims(NULL, axis) : nb_squeeze(NULL, axis), NB_F32, 0, NULL, NULL);
         return;
     }
     info x = info_of(s->t);
@@ -642,7 +638,7 @@ static void op_expand_squeeze(bool expand)
                 od[nd++] = x.d[i];
     }
     nb_tensor *r = expand ? nb_expand_dims(s->t, axis) : nb_squeeze(s->t, axis);
-    land(expect, r, x.dt, nd, od, expect == MUST_PASS ? copy_values(s->v, x.numel) : NULL, false);
+    land(expect, r, x.dt, nd, od, expect == MUST_PASS ? copy_values(s->v, x.numel) : NULL);
 }
 
 /* Values of the block of x (dims xd) at begin with dims od. */
@@ -672,7 +668,7 @@ static void op_slice(void)
         if (byte() < 64)
             size.dims[i] = -1;
     if (!s->t) {
-        land(MUST_FAIL, nb_slice(NULL, begin, size), NB_F32, 0, NULL, NULL, false);
+        land(MUST_FAIL, nb_slice(NULL, begin, size), NB_F32, 0, NULL, NULL);
         return;
     }
     info x = info_of(s->t);
@@ -687,7 +683,7 @@ static void op_slice(void)
         od[i] = z;
     }
     nb_tensor *r = nb_slice(s->t, begin, size);
-    land(expect, r, x.dt, x.nd, od, expect == MUST_PASS ? block(s->v, x.nd, x.d, begin.dims, od) : NULL, false);
+    land(expect, r, x.dt, x.nd, od, expect == MUST_PASS ? block(s->v, x.nd, x.d, begin.dims, od) : NULL);
 }
 
 static void op_broadcast_to(void)
@@ -710,7 +706,7 @@ static void op_broadcast_to(void)
         }
     }
     if (!s->t) {
-        land(MUST_FAIL, nb_broadcast_to(NULL, t), NB_F32, 0, NULL, NULL, false);
+        land(MUST_FAIL, nb_broadcast_to(NULL, t), NB_F32, 0, NULL, NULL);
         return;
     }
     info x = info_of(s->t);
@@ -735,7 +731,7 @@ static void op_broadcast_to(void)
             want[f] = s->v[ravel(x.nd, x.d, xi)];
         }
     }
-    land(expect, nb_broadcast_to(s->t, t), x.dt, t.ndim, t.dims, want, false);
+    land(expect, nb_broadcast_to(s->t, t), x.dt, t.ndim, t.dims, want);
 }
 
 static void op_contiguous(void)
@@ -743,7 +739,7 @@ static void op_contiguous(void)
     F.call = "contiguous";
     slot *s = slot_arg();
     if (!s->t) {
-        land(MUST_FAIL, nb_contiguous(NULL), NB_F32, 0, NULL, NULL, false);
+        land(MUST_FAIL, nb_contiguous(NULL), NB_F32, 0, NULL, NULL);
         return;
     }
     info x = info_of(s->t);
@@ -752,7 +748,7 @@ static void op_contiguous(void)
     nb_tensor *r = nb_contiguous(s->t);
     if (r)
         REQUIRE(nb_tensor_is_contiguous(r), "a contiguous copy that is not contiguous");
-    land(MUST_PASS, r, x.dt, x.nd, x.d, copy_values(s->v, x.numel), false);
+    land(MUST_PASS, r, x.dt, x.nd, x.d, copy_values(s->v, x.numel));
 }
 
 /* ---- joining and splitting ------------------------------------------------------------ */
@@ -833,7 +829,7 @@ static void op_join(bool stacking)
         }
     }
     nb_tensor *r = stacking ? nb_stack(k, k ? xs : NULL, axis) : nb_concat(k, k ? xs : NULL, axis);
-    land(expect, r, expect == MUST_PASS ? x[0].dt : NB_F32, ond, od, want, false);
+    land(expect, r, expect == MUST_PASS ? x[0].dt : NB_F32, ond, od, want);
 }
 
 static void op_split(void)
@@ -881,7 +877,7 @@ static void op_split(void)
     memcpy(od, x.d, sizeof od);
     for (int i = 0; i < n; i++) {
         od[a] = piece[i];
-        land(expect, out[i], x.dt, x.nd, od, block(xv, x.nd, x.d, begin, od), false);
+        land(expect, out[i], x.dt, x.nd, od, block(xv, x.nd, x.d, begin, od));
         begin[a] += piece[i];
     }
     free(xv);
@@ -894,7 +890,7 @@ static void op_gather(void)
     F.call = "gather";
     slot *p = slot_arg(), *ix = slot_arg();
     if (!p->t || !ix->t) {
-        land(MUST_FAIL, nb_gather(p->t, ix->t), NB_F32, 0, NULL, NULL, false);
+        land(MUST_FAIL, nb_gather(p->t, ix->t), NB_F32, 0, NULL, NULL);
         return;
     }
     info xp = info_of(p->t), xi = info_of(ix->t);
@@ -928,7 +924,7 @@ static void op_gather(void)
             want[f] = p->v[(int64_t)ix->v[i] * row + c];
         }
     }
-    land(expect, nb_gather(p->t, ix->t), xp.dt, nd, od, want, false);
+    land(expect, nb_gather(p->t, ix->t), xp.dt, nd, od, want);
 }
 
 static void op_one_hot(void)
@@ -938,7 +934,7 @@ static void op_one_hot(void)
     int64_t depth = dim_arg();
     nb_dtype dt = dtype_arg();
     if (!ix->t) {
-        land(MUST_FAIL, nb_one_hot(NULL, depth, dt), NB_F32, 0, NULL, NULL, false);
+        land(MUST_FAIL, nb_one_hot(NULL, depth, dt), NB_F32, 0, NULL, NULL);
         return;
     }
     info xi = info_of(ix->t);
@@ -953,7 +949,7 @@ static void op_one_hot(void)
         if (expect == SKIP)
             return;
         if (expect == MUST_PASS && !cpu_dtype(dt))
-            expect = EITHER;
+            expect = MUST_FAIL; /* f16 and bf16 are GPU only */
     }
     double *want = NULL;
     int64_t n = expect == MUST_PASS ? numel_of(nd, od) : -1;
@@ -962,7 +958,7 @@ static void op_one_hot(void)
         for (int64_t f = 0; f < n; f++)
             want[f] = ix->v[f / depth] == (double)(f % depth);
     }
-    land(expect, nb_one_hot(ix->t, depth, dt), dt, nd, od, want, false);
+    land(expect, nb_one_hot(ix->t, depth, dt), dt, nd, od, want);
 }
 
 /* ---- pad and reading back ------------------------------------------------------------- */
@@ -975,7 +971,7 @@ static void op_pad(void)
     nb_shape before = shape_arg(nd), after = shape_arg(nd);
     double value = (double)(byte() % 8);
     if (!s->t) {
-        land(MUST_FAIL, nb_pad(NULL, before, after, value), NB_F32, 0, NULL, NULL, false);
+        land(MUST_FAIL, nb_pad(NULL, before, after, value), NB_F32, 0, NULL, NULL);
         return;
     }
     info x = info_of(s->t);
@@ -991,7 +987,7 @@ static void op_pad(void)
     if (expect == MUST_PASS && bytes > BUDGET)
         return;
     if (expect == MUST_PASS && span_of(x.nd, od, elem_of(x.dt)) < 0)
-        expect = EITHER; /* pad (ops/copy.c) leaves this to the core */
+        expect = MUST_FAIL; /* empty, but its other dims pass int64 bytes */
     double *want = NULL;
     if (expect == MUST_PASS && n <= MIRROR_MAX && (s->v || x.numel == 0)) {
         int64_t oi[NB_MAX_DIMS];
@@ -1006,7 +1002,7 @@ static void op_pad(void)
             want[f] = inside ? s->v[ravel(x.nd, x.d, oi)] : x.dt == NB_BOOL ? value != 0 : value;
         }
     }
-    land(expect, nb_pad(s->t, before, after, value), x.dt, x.nd, od, want, true);
+    land(expect, nb_pad(s->t, before, after, value), x.dt, x.nd, od, want);
 }
 
 static void op_read(void)
