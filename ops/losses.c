@@ -65,6 +65,8 @@ nb_tensor *nb_sparse_softmax_cross_entropy(const nb_tensor *logits, const nb_ten
             return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: label %.0f is outside [0, %lld)", op,
                                  lo < 0 ? lo : hi, (long long)C);
     }
+    if (C == 0) /* no classes, so no labels (checked above): an empty loss */
+        return nb_neg(nb_sum(logits, NB_AXES(-1), false));
     nb_tensor *target = nb_one_hot(labels, C, NB_BOOL);
     if (target && target->device != logits->device && !nb__device_pushed())
         return nb__fail_null(NB_ERR_DEVICE, "%s: logits on %s and labels on %s", op, logits->device->name,

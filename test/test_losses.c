@@ -532,6 +532,19 @@ static void test_losses_at_infinite_logits(void)
     CHECK(check_max_error(gx, wantx, 4) == 0);
 }
 
+/* No examples and no classes: logits [0, 0] give an empty loss [0] (one_hot
+ * refused the depth 0 with an error naming it). */
+static void test_sparse_no_classes(void)
+{
+    nb_tensor *logits = nb_zeros(NB_F64, NB_SHAPE(0, 0)), *labels = nb_zeros(NB_I64, NB_SHAPE(0)), *g = NULL;
+    nb_tape *t = nb_tape_begin();
+    CHECK_OK(nb_tape_watch(t, logits));
+    nb_tensor *loss = nb_sparse_softmax_cross_entropy(logits, labels);
+    CHECK(has_shape(loss, NB_SHAPE(0)));
+    CHECK_OK(nb_tape_gradient_ex(t, loss, NULL, 1, &logits, &g, NB_UNCONNECTED_ZERO));
+    CHECK(has_shape(g, NB_SHAPE(0, 0)));
+}
+
 int main(void)
 {
     RUN(test_softmax_values);
@@ -544,6 +557,7 @@ int main(void)
     RUN(test_sigmoid_cross_entropy_gradients);
     RUN(test_mean_squared_error);
     RUN(test_losses_at_infinite_logits);
+    RUN(test_sparse_no_classes);
     RUN(test_second_order);
     RUN(test_errors);
     return check_finish();
