@@ -1,0 +1,323 @@
+"""The PyTorch reference of every nabla op the differential test generates
+(test/differential.py): evaluate(name, args) computes one op in its inputs'
+floating dtype (float64, or float32 for the native f32 comparison).
+
+Arguments are as in the runner's program text: variables (anything with a
+torch value in .t), numbers and lists. Integer variables hold int64 or integral
+float64 values, bools torch.bool.
+
+Where nabla documents or keeps a policy that differs from PyTorch, the
+reference follows nabla; each such place says so. Most are NaN conventions at
+NaN inputs, or the one-sided limits at -0.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+
+def sum_to(g, shape):
+    """Sums a broadcast gradient back to shape."""
+    lead = g.dim() - len(shape)
+    if lead:
+        g = g.sum(tuple(range(lead)))
+    dims = tuple(i for i, d in enumerate(shape) if d == 1 and g.shape[i] != 1)
+    if dims:
+        g = g.sum(dims, keepdim=True)
+    return g.reshape(shape)
+
+
+def ref_sign(x):
+    """nabla's sign(NaN) is NaN (as NumPy's) and sign(-0) is -0; torch.sign
+    gives 0 and +0. The gradient is zero in both."""
+    xd = x.detach()
+    value = torch.where(xd == 0, xd, torch.where(xd.isnan(), xd, torch.sign(xd)))
+    # The value, with torch.sign's (zero) gradient still flowing back to x.
+    return torch.where(torch.ones_like(xd, dtype=torch.bool), value, torch.sign(x))
+
+
+class RefAbs(torch.autograd.Function):
+    """nabla's abs has the slope sign(x), so NaN at NaN (torch's is 0)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.abs(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * ref_sign(x)
+
+
+class RefRelu(torch.autograd.Function):
+    """nabla's relu multiplies the gradient by its step x > 0, so a NaN input
+    passes none and a NaN gradient stays NaN where x <= 0 (torch's selects)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.relu(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * (x > 0).to(g.dtype)
+
+
+class RefRsqrt(torch.autograd.Function):
+    """rsqrt with the slope -y / 2x, as nabla's: at -0, where y = -inf, that is
+    -inf (the limit from above, where rsqrt is defined); torch's -y^3 / 2 gives
+    +inf there."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.rsqrt(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * (-0.5 * torch.rsqrt(x) / x)
+
+
+class RefSoftplus(torch.autograd.Function):
+    """softplus exact everywhere (torch's switches to x above 20) with the slope
+    sigmoid(x), whose own slope is 0 at -inf (logaddexp's is NaN there)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.logaddexp(x, torch.zeros_like(x))
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * torch.sigmoid(x)
+
+
+class RefPow(torch.autograd.Function):
+    """nabla's pow (TensorFlow's rule): d/db a^b = a^b log a is taken as 0 where
+    a <= 0 (torch gives NaN for a < 0, and -inf at 0 for b < 0). d/da is
+    b a^(b-1), 0 where b = 0 whatever the incoming gradient, as in torch. The
+    backward uses this same pow, so the second order follows the same rule."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return torch.pow(a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        zero = torch.zeros((), dtype=a.dtype)
+        b_zero = b == 0
+        da = torch.where(b_zero, zero, b * RefPow.apply(a, b - 1))
+        pos = a > 0
+        loga = torch.where(pos, torch.log(torch.where(pos, a, torch.ones_like(a))), zero)
+        db = RefPow.apply(a, b) * loga
+        return sum_to(torch.where(b_zero, zero, g * da), a.shape), sum_to(g * db, b.shape)
+
+
+def ref_pow_scalar(x, e):
+    """C's pow, as nabla's: torch computes x^0.5 and x^-0.5 as sqrt and rsqrt
+    (NaN at -inf, -0 kept), but not with the exponent as a tensor. x^0 keeps
+    the scalar form, whose slope is a constant 0."""
+    return torch.pow(x, e if e == 0 else torch.tensor(e, dtype=x.dtype))
+
+
+class RefSelect(torch.autograd.Function):
+    """nabla's maximum/minimum: the value is a where a > b (a < b) or a is NaN,
+    else b, so a tie of +0 and -0 gives b; the gradient goes to a where
+    a >= b (a <= b), ties included (torch.maximum splits them in half), and
+    to b elsewhere, NaN included."""
+
+    @staticmethod
+    def forward(ctx, a, b, is_max):
+        ctx.save_for_backward(a, b)
+        ctx.is_max = is_max
+        pick = (a > b if is_max else a < b) | a.isnan()
+        return torch.where(pick, a, b)
+
+    @staticmethod
+    def backward(ctx, g):
+        a, b = ctx.saved_tensors
+        mask = a >= b if ctx.is_max else a <= b
+        zero = torch.zeros((), dtype=g.dtype)
+        return sum_to(torch.where(mask, g, zero), a.shape), sum_to(torch.where(mask, zero, g), b.shape), None
+
+
+def ref_reduce(name, x, axes, keep):
+    """nabla's reductions over a set of axes ([] means all). max and min share
+    the gradient among ties, as torch's amax/amin do (torch.max picks one)."""
+    if x.dim() == 0:
+        return ref_reduce(name, x.reshape(1), [0], False)
+    dims = sorted({a % x.dim() for a in axes}) if axes else list(range(x.dim()))
+    if name == "sum":
+        return x.sum(dims, keepdim=keep)
+    if name == "mean":
+        return x.mean(dims, keepdim=keep)
+    if name == "max":
+        return x.amax(dims, keepdim=keep)
+    if name == "min":
+        return x.amin(dims, keepdim=keep)
+    if name == "logsumexp":
+        return torch.logsumexp(x, dims, keepdim=keep)
+    y = x  # prod: torch's takes one dim at a time
+    for d in reversed(dims):
+        y = y.prod(d, keepdim=True)
+    return y if keep else y.reshape([s for i, s in enumerate(x.shape) if i not in dims])
+
+
+def ref_cast_int(x, dtype):
+    """nabla's float-to-integer cast: toward zero, saturating, NaN to 0. Kept
+    as float64 values (2^63 - 1 is not a float64)."""
+    lo, hi = (-2.0**31, 2.0**31 - 1) if dtype == "i32" else (-2.0**63, 2.0**63)
+    x = x.detach()
+    return torch.where(x.isnan(), 0.0, x).clamp(lo, hi).trunc() + 0.0  # an integer has no -0
+
+
+class RefSigmoidCE(torch.autograd.Function):
+    """nabla's sigmoid_cross_entropy, max(x,0)(1-z) + max(-x,0) z + log(1 +
+    exp(-|x|)), with the gradient (sigmoid(x) - z) g and -x g as torch's; at an
+    infinite logit its value is the limit (torch's is NaN at x = -inf)."""
+
+    @staticmethod
+    def forward(ctx, x, z):
+        ctx.save_for_backward(x, z)
+        return torch.relu(x) * (1 - z) + torch.relu(-x) * z + torch.log1p(torch.exp(-x.abs()))
+
+    @staticmethod
+    def backward(ctx, g):
+        x, z = ctx.saved_tensors
+        return (torch.sigmoid(x) - z) * g, -x * g
+
+
+UNARY = {
+    "neg": lambda x: -x,
+    "abs": RefAbs.apply,
+    "sign": ref_sign,
+    "exp": torch.exp,
+    "log": torch.log,
+    "sqrt": torch.sqrt,
+    "rsqrt": RefRsqrt.apply,
+    "square": lambda x: x * x,
+    "sin": torch.sin,
+    "cos": torch.cos,
+    "tanh": torch.tanh,
+    "erf": torch.erf,
+    "sigmoid": torch.sigmoid,
+    "relu": RefRelu.apply,
+    "gelu": F.gelu,
+    "softplus": RefSoftplus.apply,
+}
+
+BINARY = {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "pow": RefPow.apply,
+    "maximum": lambda a, b: RefSelect.apply(a, b, True),
+    "minimum": lambda a, b: RefSelect.apply(a, b, False),
+}
+
+COMPARE = {
+    "equal": torch.eq,
+    "not_equal": torch.ne,
+    "less": torch.lt,
+    "less_equal": torch.le,
+    "greater": torch.gt,
+    "greater_equal": torch.ge,
+}
+
+REDUCE = ("sum", "mean", "max", "min", "prod", "logsumexp")
+
+
+def _cast(x, dtype):
+    t = x.t
+    if dtype in ("f32", "f64"):
+        return t.double()  # the rounding to f32 is the caller's
+    if dtype == "bool":
+        return t.detach() != 0
+    if t.dtype == torch.bool:
+        return t.double()
+    return ref_cast_int(t.double(), dtype) if x.dtype in ("f32", "f64") else t
+
+
+def _split(x, axis, pick, n, sized, *sizes):
+    d = x.t.shape[axis]
+    sizes = list(sizes) if sized else [d // n] * n
+    return torch.split(x.t, sizes, dim=axis)[pick]
+
+
+def _slice(x, begin, size):
+    t = x.t
+    for i, (b, s) in enumerate(zip(begin, size)):
+        t = t.narrow(i, b, t.shape[i] - b if s == -1 else s)
+    return t
+
+
+def _pad(x, before, after, value):
+    pads = []
+    for b, a in zip(reversed(before), reversed(after)):
+        pads += [b, a]
+    return F.pad(x.t, pads, value=value)
+
+
+def _sparse_ce(x, z):
+    n = x.t.shape[0]
+    return -F.log_softmax(x.t, -1).gather(1, z.t.long().reshape(n, 1)).reshape(n)
+
+
+OPS = {
+    "leaky_relu": lambda x, a: F.leaky_relu(x.t, a),
+    "pow_scalar": lambda x, e: ref_pow_scalar(x.t, e),
+    "add_scalar": lambda x, c: x.t + c,
+    "mul_scalar": lambda x, c: x.t * c,
+    "where": lambda c, a, b: torch.where(c.t, a.t, b.t),
+    "sum_all": lambda x: x.t.sum(),
+    "mean_all": lambda x: x.t.mean(),
+    "argmax": lambda x, axis, keep: x.t.detach().argmax(axis, keepdim=bool(keep)),
+    "argmin": lambda x, axis, keep: x.t.detach().argmin(axis, keepdim=bool(keep)),
+    # nabla's products sum from +0, so a zero result is +0 (torch's may be -0).
+    "matmul": lambda a, b: torch.matmul(a.t, b.t) + 0.0,
+    "softmax": lambda x, axis: F.softmax(x.t, dim=axis),
+    "log_softmax": lambda x, axis: F.log_softmax(x.t, dim=axis),
+    "softmax_cross_entropy": lambda x, z: -(z.t * F.log_softmax(x.t, -1)).sum(-1),
+    "sparse_softmax_cross_entropy": _sparse_ce,
+    "sigmoid_cross_entropy": lambda x, z: RefSigmoidCE.apply(x.t, z.t),
+    "mean_squared_error": lambda a, b: ((a.t - b.t) ** 2).mean(),
+    "reshape": lambda x, shape: x.t.reshape(shape),
+    "transpose": lambda x, d0, d1: x.t.transpose(d0, d1),
+    "permute": lambda x, perm: x.t.permute(perm),
+    "expand_dims": lambda x, axis: x.t.unsqueeze(axis),
+    "squeeze": lambda x, axis: x.t.squeeze(axis),
+    "slice": _slice,
+    "broadcast_to": lambda x, shape: x.t.expand(shape),
+    "contiguous": lambda x: x.t.contiguous(),
+    "concat": lambda axis, xs: torch.cat([x.t for x in xs], axis),
+    "stack": lambda axis, xs: torch.stack([x.t for x in xs], axis),
+    "split": _split,
+    "gather": lambda x, idx: x.t[idx.t.long()],
+    "one_hot": lambda idx, depth, dtype: F.one_hot(idx.t.long(), depth).double(),
+    "cast": _cast,
+    "pad": _pad,
+    "stop_gradient": lambda x: x.t.detach(),
+}
+for _name, _fn in UNARY.items():
+    OPS[_name] = lambda x, _fn=_fn: _fn(x.t)
+for _name, _fn in BINARY.items():
+    OPS[_name] = lambda a, b, _fn=_fn: _fn(a.t, b.t)
+for _name, _fn in COMPARE.items():
+    OPS[_name] = lambda a, b, _fn=_fn: _fn(a.t, b.t)
+for _name in REDUCE:
+    OPS[_name] = lambda x, keep, axes, _name=_name: ref_reduce(_name, x.t, axes, bool(keep))
+
+
+def evaluate(name, args):
+    """Op name applied to args (runner order); a float result may come back
+    in float64 whatever the inputs, the caller converts it."""
+    return OPS[name](*args)
