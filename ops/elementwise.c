@@ -82,11 +82,15 @@ static nb_status pow_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
 static nb_status select_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi, bool is_max)
 {
     nb_tensor *a = n->in[0], *b = n->in[1];
-    /* Ties send the gradient to a. */
-    nb_tensor *mask = is_max ? nb_greater_equal(a, b) : nb_less_equal(a, b);
+    /* The winner takes the gradient; a tie splits it in half (as PyTorch does:
+     * the two slopes are equally good); where either is NaN it goes to b.
+     * Selected, not multiplied, so an infinite gradient meets no zero. */
+    nb_tensor *wins = is_max ? nb_greater(a, b) : nb_less(a, b);
+    nb_tensor *tie = nb_equal(a, b);
     nb_tensor *zero = nb__scalar_on(n->op->name, a->device, a->dtype, 0.0);
-    gi[0] = nb__sum_to(nb_where(mask, g[0], zero), SHAPE_OF(a));
-    gi[1] = nb__sum_to(nb_where(mask, zero, g[0]), SHAPE_OF(b));
+    nb_tensor *half = nb_mul_scalar(g[0], 0.5);
+    gi[0] = nb__sum_to(nb_where(wins, g[0], nb_where(tie, half, zero)), SHAPE_OF(a));
+    gi[1] = nb__sum_to(nb_where(wins, zero, nb_where(tie, half, g[0])), SHAPE_OF(b));
     return nb__ok2(gi[0], gi[1]);
 }
 

@@ -131,8 +131,8 @@ def ref_pow_scalar(x, e):
 class RefSelect(torch.autograd.Function):
     """nabla's maximum/minimum: the value is a where a > b (a < b) or a is NaN,
     else b, so a tie of +0 and -0 gives b; the gradient goes to a where
-    a >= b (a <= b), ties included (torch.maximum splits them in half), and
-    to b elsewhere, NaN included."""
+    a > b (a < b), is split in half at a tie (as torch.maximum does), and
+    goes to b elsewhere, NaN included."""
 
     @staticmethod
     def forward(ctx, a, b, is_max):
@@ -144,9 +144,13 @@ class RefSelect(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         a, b = ctx.saved_tensors
-        mask = a >= b if ctx.is_max else a <= b
+        wins = a > b if ctx.is_max else a < b
+        tie = a == b
         zero = torch.zeros((), dtype=g.dtype)
-        return sum_to(torch.where(mask, g, zero), a.shape), sum_to(torch.where(mask, zero, g), b.shape), None
+        half = g * 0.5
+        ga = torch.where(wins, g, torch.where(tie, half, zero))
+        gb = torch.where(wins, zero, torch.where(tie, half, g))
+        return sum_to(ga, a.shape), sum_to(gb, b.shape), None
 
 
 def ref_reduce(name, x, axes, keep):

@@ -209,12 +209,13 @@ static void test_binary_gradients(void)
     }
 }
 
-/* maximum / minimum send a tied gradient to a. */
+/* maximum / minimum split a tied gradient in half between a and b (as
+ * PyTorch does); where either is NaN the gradient goes to b. */
 static void test_maximum_ties(void)
 {
-    const double av[4] = {1, 2, 3, 4}, bv[4] = {1, 5, 3, 0};
-    nb_tensor *a = nb_from_buffer(NB_F64, NB_SHAPE(4), av);
-    nb_tensor *b = nb_from_buffer(NB_F64, NB_SHAPE(4), bv);
+    const double av[5] = {1, 2, 3, 4, NAN}, bv[5] = {1, 5, 3, 0, 2};
+    nb_tensor *a = nb_from_buffer(NB_F64, NB_SHAPE(5), av);
+    nb_tensor *b = nb_from_buffer(NB_F64, NB_SHAPE(5), bv);
     for (int m = 0; m < 2; m++) {
         nb_tape *tape = nb_tape_begin();
         CHECK_OK(nb_tape_watch(tape, a));
@@ -225,10 +226,11 @@ static void test_maximum_ties(void)
         CHECK(g[0] && g[1]);
         if (!g[0] || !g[1])
             continue;
-        const double ga_max[4] = {1, 0, 1, 1}, gb_max[4] = {0, 1, 0, 0};
-        const double ga_min[4] = {1, 1, 1, 0}, gb_min[4] = {0, 0, 0, 1};
-        CHECK(check_max_error(g[0], m ? ga_min : ga_max, 4) == 0);
-        CHECK(check_max_error(g[1], m ? gb_min : gb_max, 4) == 0);
+        const double ga_max[5] = {0.5, 0, 0.5, 1, 0}, gb_max[5] = {0.5, 1, 0.5, 0, 1};
+        const double ga_min[5] = {0.5, 1, 0.5, 0, 0}, gb_min[5] = {0.5, 0, 0.5, 1, 1};
+        CHECK(check_max_error(g[0], m ? ga_min : ga_max, 5) == 0);
+        CHECK(check_max_error(g[1], m ? gb_min : gb_max, 5) == 0);
+        CHECK(isnan(nb_tensor_get(y, 4))); /* the value propagates NaN either way */
     }
 }
 

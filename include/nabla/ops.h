@@ -33,7 +33,7 @@ nb_tensor *nb_sub(const nb_tensor *a, const nb_tensor *b);
 nb_tensor *nb_mul(const nb_tensor *a, const nb_tensor *b);
 nb_tensor *nb_div(const nb_tensor *a, const nb_tensor *b);
 nb_tensor *nb_pow(const nb_tensor *a, const nb_tensor *b);     /* floating only */
-nb_tensor *nb_maximum(const nb_tensor *a, const nb_tensor *b); /* ties: gradient to a */
+nb_tensor *nb_maximum(const nb_tensor *a, const nb_tensor *b); /* ties split the gradient */
 nb_tensor *nb_minimum(const nb_tensor *a, const nb_tensor *b);
 /* The same with a scalar of a's dtype as the second operand. */
 nb_tensor *nb_add_scalar(const nb_tensor *a, double b);
