@@ -9,7 +9,36 @@
  * (nothing is promoted; use nb_cast), NB_ERR_DEVICE for inputs on two devices,
  * NB_ERR_INVALID_ARGUMENT for a bad axis or value. Given a NULL input an op
  * returns NULL and keeps the earlier error, so a chain is checked once at its end.
- * Binary elementwise ops broadcast by NumPy's rules. */
+ * Binary elementwise ops broadcast by NumPy's rules.
+ *
+ * Edge points. What every op gives at its edges is policy, the same on every
+ * device and kept by tests (test_differential compares with PyTorch in float64):
+ * PyTorch's answer where it has one, TensorFlow's where PyTorch refuses.
+ * - Floating values follow IEEE 754 and C's math library: x/0 is +-inf, 0/0 NaN,
+ *   log(0) -inf, log and sqrt of a negative NaN, rsqrt(+-0) +-inf, pow(0, 0) 1,
+ *   pow of a negative base NaN unless the exponent is an integer.
+ * - NaN propagates: an op with a NaN input gives NaN where it enters, also
+ *   through maximum/minimum and the max/min reductions; argmax/argmin take NaN as
+ *   the extreme (its first index); comparisons with NaN are false (not_equal
+ *   true). sign(NaN) is NaN (PyTorch gives 0; nabla does not turn NaN into a
+ *   number), and abs's slope there is NaN too.
+ * - Integers wrap on overflow (two's complement); division truncates toward
+ *   zero; division by zero is NB_ERR_INVALID_ARGUMENT. Casts: see nb_cast.
+ * - Empty axes: sum 0, prod 1, mean NaN, logsumexp -inf; max, min, argmax and
+ *   argmin over an empty axis are NB_ERR_INVALID_ARGUMENT (nothing to pick).
+ * - Slopes at kinks: relu, abs and sign have slope 0 at 0 (relu passes none at
+ *   NaN); leaky_relu alpha at 0 and below; maximum/minimum split a tie in half;
+ *   max/min reductions share a tie equally; x^0 has slope 0 everywhere, 0
+ *   included, and pow's slope in its exponent is 0 where the base is <= 0;
+ *   sqrt's slope at 0 is +inf. prod's gradient is exact where inputs are 0
+ *   (no division by x); logsumexp is -inf when every input is -inf and +inf when
+ *   one is +inf, with slope 0 on the finite inputs beside a +inf and NaN on the
+ *   infinite ones (as PyTorch); sigmoid_cross_entropy's slope at a logit of 0 is
+ *   0.5 - label.
+ * - Softmax of a row holding +inf, or only -inf, is NaN, as in PyTorch.
+ * - Indices out of range (gather, sparse_softmax_cross_entropy labels) are
+ *   NB_ERR_INVALID_ARGUMENT naming the index; one_hot gives a row of zeros for
+ *   them, as TensorFlow does. */
 #ifndef NABLA_OPS_H
 #define NABLA_OPS_H
 
