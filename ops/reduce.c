@@ -113,8 +113,12 @@ static nb_status prod_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi
     nb_tensor *zeros = nb_sum(nb_cast(is_zero, x->dtype), axes, true);  /* how many are 0 */
     nb_tensor *zsum = nb_sum(nb_where(is_zero, x, zero), axes, true);   /* the zeros: 0, slope 1 */
     nb_tensor *over = nb_div(others, nonzero);
+    /* Beside one zero the value is 0 even where the others' product overflows
+     * (inf * 0 would be NaN): only the zero's slope needs it, finite. */
+    nb_tensor *inf = nb__scalar_on(n->op->name, x->device, x->dtype, INFINITY);
+    nb_tensor *finite_over = nb_where(nb_less(nb_abs(over), inf), over, zero);
     nb_tensor *at_nonzero = nb_where(nb_equal(zeros, zero), over,
-                                     nb_where(nb_equal(zeros, one), nb_mul(over, zsum), zero));
+                                     nb_where(nb_equal(zeros, one), nb_mul(finite_over, zsum), zero));
     nb_tensor *at_zero = nb_where(nb_equal(zeros, one), others,
                                   nb_where(nb_equal(zeros, two), nb_mul(others, nb_sub(zsum, x)), zero));
     nb_tensor *d = nb_where(is_zero, at_zero, at_nonzero);

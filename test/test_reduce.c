@@ -522,6 +522,15 @@ static void test_edge_points_higher_order(void)
     CHECK_OK(nb_tape_gradient(outer, nb_sum_all(g), 1, &x, &h));
     CHECK(check_max_error(h, &want[0][0], 12) <= 1e-15);
 
+    /* Beside one zero the gradient is 0 even where the product of the others
+     * overflows f32 (was inf * 0 = NaN); at the zero it is that product, inf. */
+    const float fv[3] = {0, 1e30f, 1e30f};
+    nb_tensor *f = nb_from_buffer(NB_F32, NB_SHAPE(3), fv), *gf = NULL;
+    nb_tape *tf = nb_tape_begin();
+    CHECK_OK(nb_tape_watch(tf, f));
+    CHECK_OK(nb_tape_gradient(tf, nb_prod(f, NB_ALL_AXES, false), 1, &f, &gf));
+    CHECK(nb_tensor_get(gf, 0) == INFINITY && nb_tensor_get(gf, 1) == 0 && nb_tensor_get(gf, 2) == 0);
+
     const double lv[3] = {INFINITY, 1000, 0};
     nb_tensor *l = nb_from_buffer(NB_F64, NB_SHAPE(3), lv), *gl = NULL;
     nb_tape *t = nb_tape_begin();
