@@ -423,6 +423,14 @@ class Program:
             # from further on, its second order is inf * 0 = NaN at a zero where
             # torch's formulas happen to give 0.
             raise Rollback
+        if name == "prod":
+            t = x.t.detach().double().abs()
+            if t[t > 0].log().sum() > (80 if x.dtype == "f32" else 700):
+                # Left out: the product of the nonzero inputs overflows. nabla's
+                # gradient builds on it; the result is 0 beside a zero, but a
+                # second order through it meets inf * 0 = NaN (torch's f64
+                # exclusive products do not overflow).
+                raise Rollback
         return self.op(name, [x, int(rng.random() < 0.5), self.random_axes(x.ndim)], x.dtype)
 
     def g_arg(self, x):
@@ -461,6 +469,23 @@ class Program:
             b = self.input(bshape, dt)
         if rng.random() < 0.3 and a.ndim >= 2 and b.ndim >= 2:  # (b^T a^T) for good measure
             a, b = self.op("transpose", [b, -1, -2], dt), self.op("transpose", [a, -1, -2], dt)
+        return self.op("matmul", [a, b], dt)
+
+    def g_big_matmul(self, x):
+        """A product past the direct loop of the built-in gemm (M*N*K > 512):
+        its packed, register-tiled path, edge tiles and column-major output."""
+        rng = self.rng
+        dt = x.dtype
+        M, K, N = rng.randint(8, 12), rng.randint(8, 12), rng.randint(8, 12)
+        a = x if x.ndim == 2 and x.shape[0] * x.shape[1] >= 64 else self.input((M, K), dt)
+        K = a.shape[1]
+        if rng.random() < 0.5:
+            b = self.input((K, N), dt)
+        else:
+            b = self.op("transpose", [self.input((N, K), dt), 0, 1], dt)
+        if rng.random() < 0.3:  # (b^T a^T)^T: a column-major result
+            return self.op("transpose", [self.op("matmul", [self.op("transpose", [b, 0, 1], dt),
+                                                            self.op("transpose", [a, 0, 1], dt)], dt), 0, 1], dt)
         return self.op("matmul", [a, b], dt)
 
     def g_softmax(self, x):
@@ -610,7 +635,7 @@ class Program:
 
     GENERATORS = [
         ("g_unary", 6), ("g_scalar", 2), ("g_binary", 6), ("g_where", 2), ("g_reduce", 4),
-        ("g_arg", 1), ("g_matmul", 3), ("g_softmax", 2), ("g_loss", 2), ("g_view", 4),
+        ("g_arg", 1), ("g_matmul", 3), ("g_big_matmul", 0.5), ("g_softmax", 2), ("g_loss", 2), ("g_view", 4),
         ("g_join", 2), ("g_index", 2), ("g_cast", 2), ("g_pad", 1), ("g_stop", 0.3),
     ]
 
