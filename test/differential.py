@@ -278,8 +278,8 @@ class Program:
                     out[i] = out[rng.randrange(n)] if c == "tie" else c
         return [f32(v) for v in out] if dtype == "f32" else out
 
-    def input(self, shape, dtype, kind="normal", watch=None, hi=2):
-        """A new input: floats (watched unless told), integers in [0, hi), bools."""
+    def input(self, shape, dtype, kind="normal", watch=None, hi=2, lo=0):
+        """A new input: floats (watched unless told), integers in [lo, hi), bools."""
         shape = tuple(shape)
         n = numel(shape)
         if dtype in FLOATS:
@@ -289,9 +289,9 @@ class Program:
             vals = [float(self.rng.random() < 0.5) for _ in range(n)]
             watch = False
         else:
-            if hi <= 0 < n:
+            if hi <= lo and n > 0:
                 raise Rollback  # no valid index into an empty dim
-            vals = [float(self.rng.randrange(hi)) for _ in range(n)]
+            vals = [float(self.rng.randrange(lo, hi)) for _ in range(n)]
             watch = False
         v = Var(len(self.vars), dtype, vals=vals, shape=shape, watch=watch)
         v.compute("emulate")
@@ -572,6 +572,9 @@ class Program:
             n = rng.randint(2, min(d, 4))
             cuts = sorted(rng.sample(range(1, d), n - 1))
             sizes = [b - a for a, b in zip([0] + cuts, cuts + [d])]
+            if rng.random() < 0.2:  # an empty piece
+                sizes.insert(rng.randrange(n + 1), 0)
+                n += 1
             return self.op(name, [x, axis, rng.randrange(n), n, 1] + sizes, dt)
         if name == "stack":
             parts = [x, x if rng.random() < 0.3 else self.input(x.shape, dt)]
@@ -584,7 +587,7 @@ class Program:
         parts = [x]
         for _ in range(rng.randint(1, 2)):
             shape = list(x.shape)
-            shape[axis] = rng.choice([1, 2, 3])
+            shape[axis] = rng.choice([0, 1, 2, 3])
             parts.append(x if rng.random() < 0.3 else self.input(shape, dt))
         rng.shuffle(parts)
         return self.op(name, [axis, parts], dt)
@@ -601,8 +604,16 @@ class Program:
         # one_hot over the last dim, masking x
         if x.shape[-1] == 0:
             raise Rollback  # one_hot's depth is at least 1
-        idx = self.input(x.shape[:-1], rng.choice(["i32", "i64"]), hi=x.shape[-1])
-        return self.op("mul", [x, self.op("one_hot", [idx, x.shape[-1], dt], dt)], dt)
+        depth = x.shape[-1]
+        outside = rng.random() < 0.2  # indices out of range give rows of zeros
+        idx = self.input(x.shape[:-1], rng.choice(["i32", "i64"]), lo=-outside, hi=depth + 2 * outside)
+        if rng.random() < 0.3:  # another dtype, then cast
+            odt = rng.choice(["i32", "i64", "bool"])
+            oh = self.op("one_hot", [idx, depth, odt], odt)
+            oh = self.op("cast", [oh, dt], dt)
+        else:
+            oh = self.op("one_hot", [idx, depth, dt], dt)
+        return self.op("mul", [x, oh], dt)
 
     def g_cast(self, x):
         rng = self.rng

@@ -306,7 +306,9 @@ OPS = {
     "stack": lambda axis, xs: torch.stack([x.t for x in xs], axis),
     "split": _split,
     "gather": lambda x, idx: x.t[idx.t.long()],
-    "one_hot": lambda idx, depth, dtype: F.one_hot(idx.t.long(), depth).double(),
+    # An index outside [0, depth) gives a row of zeros (TensorFlow's rule;
+    # F.one_hot refuses it).
+    "one_hot": lambda idx, depth, dtype: (idx.t.long().unsqueeze(-1) == torch.arange(depth)).double(),
     "cast": _cast,
     "pad": _pad,
     "stop_gradient": lambda x: x.t.detach(),
