@@ -878,6 +878,9 @@ def main():
         return 0
     t_gen = time.time()
     run = subprocess.run([args.runner], input=text, capture_output=True, text=True, timeout=240)
+    if run.returncode == 77:  # the device asked for (NB_DIFF_DEVICE) is not there
+        print(f"differential: {run.stderr.strip()}")
+        return 77
     if run.returncode != 0 or "runtime error:" in run.stderr or "Sanitizer" in run.stderr:
         print(f"differential: the runner exited with {run.returncode}\n{run.stderr[-4000:]}")
         return 1

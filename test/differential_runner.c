@@ -16,7 +16,10 @@
  * Output, one record a line:
  *   R id | V dtype ndim dims... n values... | G k n values... | H k n values... |
  *   X message (an error nabla reported) | L count (tensors leaked) | E
- * Values print with "%.17g" (nan, inf, -inf). */
+ * Values print with "%.17g" (nan, inf, -inf).
+ *
+ * NB_DIFF_DEVICE=/gpu:0 runs every program on that device (strict placement);
+ * with no GPU there it exits 77 (skipped), or 1 under NB_REQUIRE_GPU=1. */
 #include <nabla/nabla.h>
 
 #include <math.h>
@@ -503,8 +506,34 @@ static bool run_program(void)
     return more && ended;
 }
 
+/* Pushes NB_DIFF_DEVICE when it is set: 0 when the programs can run, else the
+ * exit status. */
+static int place(void)
+{
+    const char *dev = getenv("NB_DIFF_DEVICE");
+    if (!dev || !dev[0])
+        return 0;
+    if (strncmp(dev, "/gpu", 4) == 0 && nb_physical_gpu_count() == 0) {
+        const char *want = getenv("NB_REQUIRE_GPU");
+        bool required = want && want[0] && strcmp(want, "0") != 0;
+        const char *why = nb_gpu_unavailable_reason();
+        fprintf(stderr, "differential_runner: no GPU for %s (%s): %s\n", dev, why ? why : "none found",
+                required ? "FAILED, NB_REQUIRE_GPU=1 asks for one" : "skipped");
+        return required ? 1 : 77;
+    }
+    nb_set_soft_placement(false);
+    if (nb_device_push(dev) != NB_OK) {
+        fprintf(stderr, "differential_runner: %s\n", nb_error_message());
+        return 2;
+    }
+    return 0;
+}
+
 int main(void)
 {
+    int st = place();
+    if (st)
+        return st;
     char word[64];
     while (token(word, sizeof word)) {
         if (strcmp(word, "P") != 0) {
