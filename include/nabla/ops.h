@@ -31,7 +31,7 @@
  *   max/min reductions share a tie equally; x^0 has slope 0 everywhere, 0
  *   included, and pow's slope in its exponent is 0 where the base is <= 0;
  *   sqrt's slope at 0 is +inf. prod's gradient is exact where inputs are 0
- *   (no division by x); logsumexp is -inf when every input is -inf and +inf when
+ *   (no division by x), but NaN where an input is infinite; logsumexp is -inf when every input is -inf and +inf when
  *   one is +inf, with slope 0 on the finite inputs beside a +inf and NaN on the
  *   infinite ones (as PyTorch); sigmoid_cross_entropy's slope at a logit of 0 is
  *   0.5 - label.
