@@ -85,9 +85,9 @@ done:
     return st;
 }
 
-static nb_status gradient_ids(nb_tape *tape, const nb_tensor *target, const nb_tensor *seed, int n,
-                              const uint64_t *ids, nb_tensor *const *like, nb_tensor **out,
-                              nb_unconnected unconnected)
+nb_status nb__tape_gradient_ids(nb_tape *tape, const nb_tensor *target, const nb_tensor *seed, int n,
+                                const uint64_t *ids, nb_tensor *const *like, nb_tensor **out,
+                                nb_unconnected unconnected)
 {
     const char *who = "nb_tape_gradient";
     /* The output array first: everything below writes to it. */
@@ -180,7 +180,7 @@ nb_status nb_tape_gradient_ex(nb_tape *tape, const nb_tensor *target, const nb_t
         return nb__fail(NB_ERR_OUT_OF_MEMORY, "nb_tape_gradient: out of host memory");
     for (int i = 0; i < n; i++)
         ids[i] = sources && sources[i] ? sources[i]->id : 0;
-    nb_status st = gradient_ids(tape, target, output_gradient, n, ids, sources, grads, unconnected);
+    nb_status st = nb__tape_gradient_ids(tape, target, output_gradient, n, ids, sources, grads, unconnected);
     if (ids != small)
         free(ids);
     return st;
@@ -190,40 +190,4 @@ nb_status nb_tape_gradient(nb_tape *tape, const nb_tensor *target, int n, nb_ten
                            nb_tensor **grads)
 {
     return nb_tape_gradient_ex(tape, target, NULL, n, sources, grads, NB_UNCONNECTED_NULL);
-}
-
-nb_status nb_tape_gradient_vars(nb_tape *tape, const nb_tensor *target, int n, nb_variable *const *vars,
-                                nb_tensor **grads)
-{
-    uint64_t small[16] = {0};
-    nb_tensor *like_small[16] = {0};
-    uint64_t *ids = n <= 16 ? small : malloc(sizeof *ids * (size_t)n);
-    nb_tensor **like = n <= 16 ? like_small : malloc(sizeof *like * (size_t)n);
-    if (!ids || !like) {
-        if (ids != small)
-            free(ids);
-        if (like != like_small)
-            free(like);
-        return nb__fail(NB_ERR_OUT_OF_MEMORY, "nb_tape_gradient_vars: out of host memory");
-    }
-    for (int i = 0; i < n; i++) {
-        ids[i] = 0;
-        like[i] = NULL;
-        if (!vars || !vars[i])
-            continue;
-        /* The value this tape saw being read, else the current one. */
-        if (tape)
-            for (size_t r = tape->n_reads; r-- > 0 && !ids[i];)
-                if (tape->reads[r].var == vars[i])
-                    ids[i] = tape->reads[r].id;
-        like[i] = nb_read(vars[i]);
-        if (!ids[i] && like[i])
-            ids[i] = like[i]->id;
-    }
-    nb_status st = gradient_ids(tape, target, NULL, n, ids, like, grads, NB_UNCONNECTED_NULL);
-    if (ids != small)
-        free(ids);
-    if (like != like_small)
-        free(like);
-    return st;
 }

@@ -69,8 +69,4 @@ typedef struct nb_tapes_aside {
 void nb__tapes_set_aside(nb_tapes_aside *out);
 void nb__tapes_restore(const nb_tapes_aside *in);
 
-/* Called by nb_read: watches t on every recording tape, remembering that it is
- * variable v's value. */
-void nb__tape_watch_variable_read(nb_variable *v, const nb_tensor *t);
-
 #endif

@@ -163,40 +163,36 @@ nb_status nb_tape_watch(nb_tape *tape, const nb_tensor *t)
     return watch_id(tape, t->id, "nb_tape_watch");
 }
 
-static nb_status note_read(nb_tape *tape, nb_variable *v, uint64_t id)
+nb_status nb__tape_note_read(nb_tape *tape, const void *key, const nb_tensor *t)
 {
     if (tape->n_reads == tape->cap_reads) {
         size_t cap = tape->cap_reads ? tape->cap_reads * 2 : 16;
-        nb_var_read *r = realloc(tape->reads, sizeof *r * cap);
+        nb_tape_read *r = realloc(tape->reads, sizeof *r * cap);
         if (!r)
             return nb__fail(NB_ERR_OUT_OF_MEMORY, "nb_read: out of host memory");
         tape->reads = r;
         tape->cap_reads = cap;
     }
-    tape->reads[tape->n_reads++] = (nb_var_read){v, id};
-    return watch_id(tape, id, "nb_read");
+    tape->reads[tape->n_reads++] = (nb_tape_read){key, t->id};
+    return watch_id(tape, t->id, "nb_read");
 }
 
-void nb__tape_watch_variable_read(nb_variable *v, const nb_tensor *t)
+void nb__tape_watch_read(const void *key, const nb_tensor *t)
 {
     if (!nb__tape_recording() || !nb__is_floating(t->dtype))
         return;
     for (int i = 0; i < tl_depth; i++)
         if (!tl_stack[i]->paused)
-            note_read(tl_stack[i], v, t->id);
+            nb__tape_note_read(tl_stack[i], key, t);
 }
 
-nb_status nb_tape_watch_variable(nb_tape *tape, nb_variable *v)
+uint64_t nb__tape_read_id(const nb_tape *tape, const void *key)
 {
-    if (!tape || !v)
-        return nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_tape_watch_variable: %s is NULL", tape ? "variable" : "tape");
-    nb_tensor *t = nb_read(v);
-    if (!t)
-        return nb_error();
-    if (!nb__is_floating(t->dtype))
-        return nb__fail(NB_ERR_DTYPE, "nb_tape_watch_variable: variable '%s' is %s: only floating dtypes have gradients",
-                        nb_variable_name(v), nb_dtype_name(t->dtype));
-    return note_read(tape, v, t->id);
+    if (tape)
+        for (size_t r = tape->n_reads; r-- > 0;)
+            if (tape->reads[r].key == key)
+                return tape->reads[r].id;
+    return 0;
 }
 
 static void *arena_alloc(nb_tape *tape, size_t bytes)

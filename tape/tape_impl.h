@@ -3,6 +3,7 @@
 #define NB_TAPE_IMPL_H
 
 #include "record.h"
+#include "sources.h"
 #include "idmap.h"
 
 typedef struct nb_arena_chunk {
@@ -11,10 +12,11 @@ typedef struct nb_arena_chunk {
     _Alignas(16) unsigned char data[];
 } nb_arena_chunk;
 
-typedef struct nb_var_read {
-    nb_variable *var;
+/* A value of some outside object (a variable) read while the tape was open. */
+typedef struct nb_tape_read {
+    const void *key;
     uint64_t id;
-} nb_var_read;
+} nb_tape_read;
 
 struct nb_tape {
     bool persistent;
@@ -26,7 +28,7 @@ struct nb_tape {
     nb_node *nodes;
     size_t n_nodes, cap_nodes;
     nb_arena_chunk *arena;
-    nb_var_read *reads;
+    nb_tape_read *reads;
     size_t n_reads, cap_reads;
 };
 

@@ -17,7 +17,7 @@
 
 #include "lib/core/backend.h"
 #include "ops/op.h"
-#include "tape/record.h"
+#include "tape/sources.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -157,7 +157,7 @@ nb_tensor *nb_read(nb_variable *v)
     if (!nb__own(t))
         return NULL;
     if (v->trainable && nb__is_floating(t->dtype))
-        nb__tape_watch_variable_read(v, t);
+        nb__tape_watch_read(v, t);
     return t;
 }
 
