@@ -38,64 +38,38 @@ def ref_sign(x):
     return torch.where(torch.ones_like(xd, dtype=torch.bool), value, torch.sign(x))
 
 
-class RefAbs(torch.autograd.Function):
-    """nabla's abs has the slope sign(x), so NaN at NaN (torch's is 0)."""
+def elementwise_ref(forward, slope):
+    """A one-input op whose gradient is g * slope(x), slope built from torch ops
+    so that the second order differentiates it too."""
 
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return torch.abs(x)
+    class Ref(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return forward(x)
 
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g * ref_sign(x)
+        @staticmethod
+        def backward(ctx, g):
+            (x,) = ctx.saved_tensors
+            return g * slope(x)
 
-
-class RefRelu(torch.autograd.Function):
-    """nabla's relu multiplies the gradient by its step x > 0, so a NaN input
-    passes none and a NaN gradient stays NaN where x <= 0 (torch's selects)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return torch.relu(x)
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g * (x > 0).to(g.dtype)
+    return Ref
 
 
-class RefRsqrt(torch.autograd.Function):
-    """rsqrt with the slope -y / 2x, as nabla's: at -0, where y = -inf, that is
-    -inf (the limit from above, where rsqrt is defined); torch's -y^3 / 2 gives
-    +inf there."""
+# nabla's abs has the slope sign(x), so NaN at NaN (torch's is 0).
+RefAbs = elementwise_ref(torch.abs, ref_sign)
 
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return torch.rsqrt(x)
+# nabla's relu multiplies the gradient by its step x > 0, so a NaN input passes
+# none and a NaN gradient stays NaN where x <= 0 (torch's selects).
+RefRelu = elementwise_ref(torch.relu, lambda x: (x > 0).to(x.dtype))
 
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g * (-0.5 * torch.rsqrt(x) / x)
+# rsqrt with the slope -y / 2x, as nabla's: at -0, where y = -inf, that is -inf
+# (the limit from above, where rsqrt is defined); torch's -y^3 / 2 gives +inf.
+RefRsqrt = elementwise_ref(torch.rsqrt, lambda x: -0.5 * torch.rsqrt(x) / x)
 
-
-class RefSoftplus(torch.autograd.Function):
-    """softplus exact everywhere (torch's switches to x above 20) with the slope
-    sigmoid(x), whose own slope is 0 at -inf (logaddexp's is NaN there)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return torch.logaddexp(x, torch.zeros_like(x))
-
-    @staticmethod
-    def backward(ctx, g):
-        (x,) = ctx.saved_tensors
-        return g * torch.sigmoid(x)
+# softplus exact everywhere (torch's switches to x above 20) with the slope
+# sigmoid(x), whose own slope is 0 at -inf (logaddexp's is NaN there).
+RefSoftplus = elementwise_ref(lambda x: torch.logaddexp(x, torch.zeros_like(x)), torch.sigmoid)
 
 
 class RefPow(torch.autograd.Function):
