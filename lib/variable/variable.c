@@ -47,7 +47,8 @@ static atomic_uint_fast64_t g_next_uid = 1;
 
 /* ---- creation ------------------------------------------------------------------- */
 
-nb_variable *nb_variable_new(const char *name, const nb_tensor *initial)
+/* A plain variable, not registered (the copies of a mirrored variable). */
+static nb_variable *plain_new(const char *name, const nb_tensor *initial)
 {
     if (!initial) {
         if (nb_error())
@@ -83,10 +84,21 @@ nb_variable *nb_variable_new(const char *name, const nb_tensor *initial)
     return v;
 }
 
+nb_variable *nb_variable_new(const char *name, const nb_tensor *initial)
+{
+    nb_variable *v = plain_new(name, initial);
+    if (v && nb__variable_register(v, "nb_variable_new") != NB_OK) {
+        nb_variable_free(v);
+        return NULL;
+    }
+    return v;
+}
+
 void nb_variable_free(nb_variable *v)
 {
     if (!v)
         return;
+    nb__variable_unregister(v);
     for (int i = 0; i < v->n_copies; i++)
         nb_variable_free(v->copies[i]);
     free(v->copies);
@@ -121,7 +133,7 @@ nb_variable *nb__variable_mirrored_new(uint64_t owner, const char *name, int n, 
     nb_scope *scope = nb_scope_begin();
     for (int r = 0; r < n && scope; r++) {
         const nb_tensor *src = initial->device == devices[r] ? initial : nb__copy_to_device(initial, devices[r]);
-        if (!src || !(v->copies[r] = nb_variable_new(copy, src)))
+        if (!src || !(v->copies[r] = plain_new(copy, src)))
             break;
         v->n_copies++;
     }
@@ -131,6 +143,10 @@ nb_variable *nb__variable_mirrored_new(uint64_t owner, const char *name, int n, 
     if (v->n_copies < n) {
         nb_variable_free(v);
         return nb_error() ? NULL : nb__fail_null(NB_ERR_INTERNAL, "%s: could not copy '%s' to every replica", who, name);
+    }
+    if (nb__variable_register(v, who) != NB_OK) {
+        nb_variable_free(v);
+        return NULL;
     }
     return v;
 }
