@@ -25,6 +25,145 @@ nb_tensor *nb_idx_read(const char *path);
  * NULL and size is not 0. */
 nb_tensor *nb_idx_read_memory(const void *data, size_t size);
 
+/* ---- datasets ---------------------------------------------------------------
+ *
+ * A dataset is a recipe for a sequence of elements; an element is a fixed number
+ * of tensors (its components, at most NB_DATASET_MAX_COMPONENTS), e.g. an image
+ * and its label. Sources make elements (from tensors, IDX files, a C callback);
+ * transformations make a new dataset from one (shuffle, repeat, batch, map,
+ * prefetch). Nothing is read until an iterator asks: nb_dataset_iterate starts a
+ * pass and nb_dataset_next gives one element at a time.
+ *
+ * Ownership: every dataset is freed with nb_dataset_free. A transformation takes
+ * over its input: freeing the result frees the input too, so a pipeline is one
+ * expression and one free. On failure a transformation frees its input as well,
+ * so a chain like nb_dataset_batch(nb_dataset_shuffle(src, ...), ...) needs no
+ * clean-up between the steps; a NULL input gives NULL (the earlier error stays).
+ * A dataset must outlive its iterators and must not be changed while they run.
+ * Datasets keep their own references to the tensors they hold, so the caller's
+ * tensors may be released after the dataset is made.
+ *
+ * Elements handed out by nb_dataset_next belong to the caller's current scope
+ * (or to the caller when no scope is open), like the result of any op; the
+ * dataset's own temporaries never reach it. Functions a dataset calls (map,
+ * generator) run inside a scope the dataset opens and ends around each call:
+ * what they return is kept, the rest of what they make is released.
+ *
+ * End of data: nb_dataset_next returns NB_ERR_OUT_OF_RANGE (TensorFlow's
+ * OutOfRangeError) and records no error, so nb_error() is unchanged and the loop
+ *     while ((st = nb_dataset_next(it, batch)) == NB_OK) { ... }
+ * ends with st == NB_ERR_OUT_OF_RANGE, or with another code (recorded) when the
+ * pipeline failed.
+ *
+ * Mirrored strategies: nb_mirrored_step and nb_mirrored_run take a global batch
+ * and already split it by rows over the replicas (include/nabla/distribute.h), so
+ * a batch from nb_dataset_next is passed to them as it is. */
+
+/* Most components an element may have. */
+#define NB_DATASET_MAX_COMPONENTS 16
+
+typedef struct nb_dataset nb_dataset;
+typedef struct nb_dataset_iterator nb_dataset_iterator;
+
+/* A dataset of the rows of n tensors: element i is (ts[0][i], ..., ts[n-1][i]),
+ * each without the first dim. Every tensor needs at least one dim and all the
+ * same first dim. The dataset keeps its own references (the elements are views of
+ * them). Returns a dataset the caller frees with nb_dataset_free; NULL and
+ * NB_ERR_INVALID_ARGUMENT for n outside 1 .. NB_DATASET_MAX_COMPONENTS, a NULL
+ * array or tensor, a 0-d tensor, or first dims that differ (the message names
+ * both lengths); NB_ERR_OUT_OF_MEMORY when memory runs out. */
+nb_dataset *nb_dataset_from_tensors(int n, nb_tensor *const *ts);
+
+/* The rows of one IDX file (nb_idx_read): element i is row i, in the file's
+ * dtype. NULL and nb_idx_read's error when the file cannot be read. */
+nb_dataset *nb_dataset_from_idx(const char *path);
+
+/* Images and labels from two IDX files (the MNIST layout): element i is (image
+ * i, label i), as the files store them (NB_U8 for MNIST: map to cast). NULL and
+ * NB_ERR_IO when either cannot be read, NB_ERR_INVALID_ARGUMENT when their first
+ * dims differ (both named). */
+nb_dataset *nb_dataset_from_idx_pair(const char *images_path, const char *labels_path);
+
+/* A source function: writes the n components of element `index` (0, 1, ... in
+ * order, from 0 again for every pass) to out and returns NB_OK, returns
+ * NB_ERR_OUT_OF_RANGE without recording an error when there are no more
+ * elements, or fails with an error (recorded, as by any op). It runs inside a
+ * scope the dataset opens: it simply returns tensors the ops gave it. It may run
+ * on a prefetch thread, one call at a time. */
+typedef nb_status (*nb_dataset_generator_fn)(void *user, int64_t index, int n, nb_tensor **out);
+
+/* A dataset whose elements of n components come from fn (see above); user is
+ * passed along and stays the caller's. NULL and NB_ERR_INVALID_ARGUMENT for a
+ * NULL fn or n outside 1 .. NB_DATASET_MAX_COMPONENTS. */
+nb_dataset *nb_dataset_from_generator(int n, nb_dataset_generator_fn fn, void *user);
+
+/* Buffered shuffling as in TensorFlow: a buffer of buffer_size elements is
+ * filled from ds; each element handed out is picked uniformly from the buffer
+ * and its slot refilled from ds. buffer_size >= the dataset's length gives a
+ * uniform permutation. Every pass (every iterator, and every epoch under
+ * nb_dataset_repeat) draws with a new seed derived from seed and the pass
+ * number, so epochs differ while two datasets built with the same seed give the
+ * same sequence. Takes over ds. NULL and NB_ERR_INVALID_ARGUMENT for
+ * buffer_size < 1 (ds is freed). */
+nb_dataset *nb_dataset_shuffle(nb_dataset *ds, int64_t buffer_size, uint64_t seed);
+
+/* ds count times over (count < 0: forever; 0: empty). Takes over ds. A pass
+ * that gives no element ends the repetition (so an empty dataset repeated
+ * forever is empty, not a hang). */
+nb_dataset *nb_dataset_repeat(nb_dataset *ds, int64_t count);
+
+/* Stacks batch_size consecutive elements into one, component by component,
+ * along a new leading dim. The last batch may be smaller unless drop_remainder.
+ * Components must keep one shape and dtype within a batch (nb_stack's error
+ * otherwise, from nb_dataset_next). Takes over ds. NULL and
+ * NB_ERR_INVALID_ARGUMENT for batch_size < 1 (ds is freed). */
+nb_dataset *nb_dataset_batch(nb_dataset *ds, int64_t batch_size, bool drop_remainder);
+
+/* A map function: reads n_in components, writes n_out to out, returns NB_OK or
+ * an error (recorded); returning NB_OK with an output NULL or an error pending
+ * counts as failing. Runs inside a scope the dataset opens, possibly on a
+ * prefetch thread, one call at a time. */
+typedef nb_status (*nb_dataset_map_fn)(void *user, int n_in, nb_tensor *const *in, int n_out,
+                                       nb_tensor **out);
+
+/* Applies fn to every element, giving elements of n_out components. user stays
+ * the caller's. Takes over ds. NULL and NB_ERR_INVALID_ARGUMENT for a NULL fn or
+ * n_out outside 1 .. NB_DATASET_MAX_COMPONENTS (ds is freed). */
+nb_dataset *nb_dataset_map(nb_dataset *ds, int n_out, nb_dataset_map_fn fn, void *user);
+
+/* Reads ahead on a background thread: up to n elements are kept ready, already
+ * copied to device ("/gpu:0", ...; NULL keeps them where ds makes them; a CPU
+ * device simply reads ahead). The copy is nb_to_device's, queued on the device.
+ * Gives the same sequence as ds. Errors on the thread reach nb_dataset_next in
+ * order, after the elements made before them. Takes over ds. NULL and
+ * NB_ERR_INVALID_ARGUMENT for n < 1, NB_ERR_DEVICE for an unknown device (ds is
+ * freed in both cases). */
+nb_dataset *nb_dataset_prefetch(nb_dataset *ds, int n, const char *device);
+
+/* Components per element; 0 for NULL. */
+int nb_dataset_components(const nb_dataset *ds);
+
+/* Frees ds and the datasets it took over. Its iterators must be freed first.
+ * NULL is ignored. */
+void nb_dataset_free(nb_dataset *ds);
+
+/* Starts a pass over ds. Returns an iterator the caller frees with
+ * nb_dataset_iterator_free (before freeing ds); NULL and NB_ERR_INVALID_ARGUMENT
+ * for NULL, NB_ERR_OUT_OF_MEMORY when memory or a thread cannot be had. */
+nb_dataset_iterator *nb_dataset_iterate(nb_dataset *ds);
+
+/* Writes the next element's components to out (nb_dataset_components of them),
+ * owned by the caller's current scope. Returns NB_OK; NB_ERR_OUT_OF_RANGE at the
+ * end of the data, recording no error; or the error (recorded) that stopped the
+ * pipeline: NB_ERR_INVALID_ARGUMENT for NULL, the error of a source, map or op
+ * otherwise. On anything but NB_OK every out[i] is NULL. An iterator that
+ * failed or ended keeps giving the same result. */
+nb_status nb_dataset_next(nb_dataset_iterator *it, nb_tensor **out);
+
+/* Stops the pass (joining a prefetch thread) and frees the iterator and the
+ * elements it held. NULL is ignored. */
+void nb_dataset_iterator_free(nb_dataset_iterator *it);
+
 #ifdef __cplusplus
 }
 #endif

@@ -59,7 +59,8 @@ typedef enum nb_status {
     NB_ERR_IO,               /* a file missing or malformed */
     NB_ERR_BACKEND,          /* a CUDA, cuBLAS, cuDNN, ... call failed */
     NB_ERR_UNSUPPORTED,      /* valid, but not available in this build or on this device */
-    NB_ERR_INTERNAL
+    NB_ERR_INTERNAL,
+    NB_ERR_OUT_OF_RANGE      /* past the end: a dataset iterator with no more elements */
 } nb_status;
 
 #ifdef __cplusplus
