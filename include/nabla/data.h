@@ -164,6 +164,40 @@ nb_status nb_dataset_next(nb_dataset_iterator *it, nb_tensor **out);
  * elements it held. NULL is ignored. */
 void nb_dataset_iterator_free(nb_dataset_iterator *it);
 
+/* ---- tf.train.Example ---------------------------------------------------------
+ *
+ * A tf.train.Example is a protocol buffer: a map from feature names to lists of
+ * floats, 64-bit integers or byte strings. nb_example_parse reads the features
+ * it is asked for from one serialized Example (a TFRecord's payload, say), with
+ * its own decoder: nothing else is needed. */
+
+/* The kind of list a feature holds, and the tensor it becomes. */
+typedef enum nb_feature_kind {
+    NB_FEATURE_FLOAT = 0, /* float_list -> NB_F32 [count] */
+    NB_FEATURE_INT64 = 1, /* int64_list -> NB_I64 [count] */
+    NB_FEATURE_BYTES = 2  /* bytes_list of exactly one value -> NB_U8 [its length] */
+} nb_feature_kind;
+
+/* What to read: the feature's name, its kind, and how many elements it must
+ * have (values; bytes of the one value for NB_FEATURE_BYTES), or -1 for any. */
+typedef struct nb_feature_spec {
+    const char *name;
+    nb_feature_kind kind;
+    int64_t count;
+} nb_feature_spec;
+
+/* Parses the n features specs names from the serialized Example at data (size
+ * bytes) and writes one 1-d tensor per spec to out, on the current device and
+ * owned by the current scope. data is only read. Returns NB_OK; on failure every
+ * out[i] is NULL and it returns (and records) NB_ERR_IO for bytes that are not a
+ * well-formed Example (the message names the byte offset), or
+ * NB_ERR_INVALID_ARGUMENT naming the feature when one is missing, holds another
+ * kind of list, holds other than one value for NB_FEATURE_BYTES, or has another
+ * count than the spec's (both counts named), and for NULL arguments, n < 1 or a
+ * spec without a name. Unknown fields of every wire type are skipped; when a
+ * name appears twice the last entry counts, as protobuf's map does. */
+nb_status nb_example_parse(const void *data, size_t size, int n, const nb_feature_spec *specs, nb_tensor **out);
+
 #ifdef __cplusplus
 }
 #endif
