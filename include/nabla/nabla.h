@@ -11,6 +11,7 @@
 #include <nabla/variable.h>
 #include <nabla/optimizer.h>
 #include <nabla/data.h>
+#include <nabla/checkpoint.h>
 #include <nabla/tfrecord.h>
 #include <nabla/gpu.h>
 #include <nabla/distribute.h>

@@ -34,6 +34,7 @@ typedef struct slot_entry {
 
 struct nb_optimizer {
     opt_kind kind;
+    const char *kind_name; /* "sgd", "momentum", "adam", "adamw" */
     nb_update_params params;
     int64_t iterations;
     slot_entry *slots; /* open addressing on uid; capacity a power of two */
@@ -66,12 +67,13 @@ static bool check_beta(const char *who, const char *what, double b)
     return false;
 }
 
-static nb_optimizer *optimizer_new(const char *who, opt_kind kind, nb_update_params p)
+static nb_optimizer *optimizer_new(const char *who, opt_kind kind, const char *kind_name, nb_update_params p)
 {
     nb_optimizer *opt = calloc(1, sizeof *opt);
     if (!opt)
         return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
     opt->kind = kind;
+    opt->kind_name = kind_name;
     opt->params = p;
     return opt;
 }
@@ -81,7 +83,7 @@ nb_optimizer *nb_sgd_new(double learning_rate)
     const char *who = "nb_sgd_new";
     if (!check_rate(who, learning_rate))
         return NULL;
-    return optimizer_new(who, OPT_SGD, (nb_update_params){.lr = learning_rate});
+    return optimizer_new(who, OPT_SGD, "sgd", (nb_update_params){.lr = learning_rate});
 }
 
 nb_optimizer *nb_sgd_momentum_new(double learning_rate, double momentum, bool nesterov)
@@ -89,29 +91,29 @@ nb_optimizer *nb_sgd_momentum_new(double learning_rate, double momentum, bool ne
     const char *who = "nb_sgd_momentum_new";
     if (!check_rate(who, learning_rate) || !check_nonneg(who, "momentum", momentum))
         return NULL;
-    return optimizer_new(who, OPT_MOMENTUM,
+    return optimizer_new(who, OPT_MOMENTUM, "momentum",
                          (nb_update_params){.lr = learning_rate, .momentum = momentum, .nesterov = nesterov});
 }
 
-static nb_optimizer *adam_new(const char *who, double lr, double beta1, double beta2, double epsilon,
+static nb_optimizer *adam_new(const char *who, const char *kind_name, double lr, double beta1, double beta2, double epsilon,
                               double weight_decay)
 {
     if (!check_rate(who, lr) || !check_beta(who, "beta1", beta1) || !check_beta(who, "beta2", beta2) ||
         !check_nonneg(who, "epsilon", epsilon) || !check_nonneg(who, "weight decay", weight_decay))
         return NULL;
-    return optimizer_new(who, OPT_ADAM,
+    return optimizer_new(who, OPT_ADAM, kind_name,
                          (nb_update_params){.lr = lr, .beta1 = beta1, .beta2 = beta2, .epsilon = epsilon,
                                             .weight_decay = weight_decay});
 }
 
 nb_optimizer *nb_adam_new(double learning_rate, double beta1, double beta2, double epsilon)
 {
-    return adam_new("nb_adam_new", learning_rate, beta1, beta2, epsilon, 0.0);
+    return adam_new("nb_adam_new", "adam", learning_rate, beta1, beta2, epsilon, 0.0);
 }
 
 nb_optimizer *nb_adamw_new(double learning_rate, double beta1, double beta2, double epsilon, double weight_decay)
 {
-    return adam_new("nb_adamw_new", learning_rate, beta1, beta2, epsilon, weight_decay);
+    return adam_new("nb_adamw_new", "adamw", learning_rate, beta1, beta2, epsilon, weight_decay);
 }
 
 void nb_optimizer_free(nb_optimizer *opt)
@@ -438,4 +440,136 @@ nb_status nb_optimizer_apply(nb_optimizer *opt, int n, nb_variable *const *vars,
     if (pg != (nb_tensor **)grads && pg != small_grads)
         free(pg);
     return st;
+}
+
+/* ---- state, for checkpoints ----------------------------------------------------- */
+
+const char *nb_optimizer_kind(const nb_optimizer *opt) { return opt ? opt->kind_name : NULL; }
+
+double nb_optimizer_hyperparameter(const nb_optimizer *opt, const char *name)
+{
+    if (!opt || !name)
+        return NAN;
+    const nb_update_params *p = &opt->params;
+    bool momentum = opt->kind == OPT_MOMENTUM, adam = opt->kind == OPT_ADAM;
+    if (strcmp(name, "learning_rate") == 0)
+        return p->lr;
+    if (momentum && strcmp(name, "momentum") == 0)
+        return p->momentum;
+    if (momentum && strcmp(name, "nesterov") == 0)
+        return p->nesterov ? 1.0 : 0.0;
+    if (adam && strcmp(name, "beta1") == 0)
+        return p->beta1;
+    if (adam && strcmp(name, "beta2") == 0)
+        return p->beta2;
+    if (adam && strcmp(name, "epsilon") == 0)
+        return p->epsilon;
+    if (adam && strcmp(name, "weight_decay") == 0)
+        return p->weight_decay;
+    return NAN;
+}
+
+static const char *const momentum_slots[] = {"momentum"};
+static const char *const adam_slots[] = {"adam_m", "adam_v"};
+
+int nb_optimizer_slot_names(const nb_optimizer *opt, const char *const **names)
+{
+    int n = !opt ? 0 : opt->kind == OPT_ADAM ? 2 : opt->kind == OPT_MOMENTUM ? 1 : 0;
+    if (names)
+        *names = !opt ? NULL : opt->kind == OPT_ADAM ? adam_slots : momentum_slots;
+    return n;
+}
+
+/* The index of slot among opt's slot names, or -1 with the error recorded. */
+static int slot_index(const char *who, const nb_optimizer *opt, const nb_variable *v, const char *slot)
+{
+    if (!opt || !v || !slot) {
+        nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: the %s is NULL", who, !opt ? "optimizer" : !v ? "variable" : "slot name");
+        return -1;
+    }
+    const char *const *names;
+    int n = nb_optimizer_slot_names(opt, &names);
+    for (int i = 0; i < n; i++)
+        if (strcmp(names[i], slot) == 0)
+            return i;
+    nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: a %s optimizer has no slot '%s' (variable '%s')", who, opt->kind_name,
+             slot, nb_variable_name(v));
+    return -1;
+}
+
+nb_tensor *nb_optimizer_get_slot(nb_optimizer *opt, nb_variable *v, const char *slot)
+{
+    const char *who = "nb_optimizer_get_slot";
+    int i = slot_index(who, opt, v, slot);
+    if (i < 0)
+        return NULL;
+    uint64_t uid = nb__variable_uid(v);
+    slot_entry *e = opt->cap ? slot_lookup(opt->slots, opt->cap, uid) : NULL;
+    nb_tensor *s = e && e->uid == uid ? (i == 0 ? e->s1 : e->s2) : NULL;
+    if (!s)
+        return NULL;
+    nb_tensor *c = nb__tensor_new(who, s->device, s->dtype, s->ndim, s->shape);
+    if (!c)
+        return NULL;
+    nb_view cv = nb__view(c), sv = nb__view(s);
+    if (s->device->backend->copy(s->device, &cv, &sv) != NB_OK) {
+        nb__release(c);
+        return NULL;
+    }
+    return nb__own(c);
+}
+
+nb_status nb_optimizer_set_slot(nb_optimizer *opt, nb_variable *v, const char *slot, const nb_tensor *value)
+{
+    const char *who = "nb_optimizer_set_slot";
+    int i = slot_index(who, opt, v, slot);
+    if (i < 0)
+        return nb_error();
+    if (!value)
+        return nb_error() ? nb_error()
+                          : nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: value for slot '%s' of '%s' is NULL", who, slot,
+                                     nb_variable_name(v));
+    const nb_tensor *x = nb__variable_value(v);
+    bool same_shape = nb__same_shape(value, x);
+    if (!same_shape || value->dtype != x->dtype) {
+        char sx[NB_SHAPE_STR_MAX], sv[NB_SHAPE_STR_MAX];
+        return nb__fail(!same_shape ? NB_ERR_SHAPE : NB_ERR_DTYPE, "%s: variable '%s' is %s %s, slot '%s' value is %s %s",
+                        who, nb_variable_name(v), nb_dtype_name(x->dtype), nb__shape_str(x->ndim, x->shape, sx, sizeof sx),
+                        slot, nb_dtype_name(value->dtype), nb__shape_str(value->ndim, value->shape, sv, sizeof sv));
+    }
+    int copies = nb_variable_replicas(v);
+    nb_status st = NB_OK;
+    int token = nb__tapes_pause();
+    nb_scope *scope = nb_scope_begin();
+    if (!scope)
+        st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
+    for (int r = 0; r < (copies ? copies : 1) && !st; r++) {
+        nb_variable *c = nb__variable_copy(v, r);
+        slot_entry *e = slots_for(opt, c, true, who);
+        if (!e) {
+            st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
+            break;
+        }
+        nb_tensor *s = i == 0 ? e->s1 : e->s2;
+        const nb_tensor *src = value->device == s->device ? value : nb__copy_to_device(value, s->device);
+        if (!src) {
+            st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
+            break;
+        }
+        nb_view dv = nb__view(s), svw = nb__view(src);
+        st = s->device->backend->copy(s->device, &dv, &svw);
+    }
+    if (scope)
+        nb_scope_end(scope);
+    nb__tapes_resume(token);
+    return st;
+}
+
+nb_status nb_optimizer_set_iterations(nb_optimizer *opt, int64_t iterations)
+{
+    if (!opt || iterations < 0)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_optimizer_set_iterations: %s", !opt ? "optimizer is NULL"
+                                                                                          : "iterations < 0");
+    opt->iterations = iterations;
+    return NB_OK;
 }
