@@ -13,6 +13,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "progress.h"
+
 #define BATCH 128
 
 static bool quick; /* --quick: a short run; missing data then skips (exit 77) */
@@ -79,16 +81,6 @@ static double evaluate(nb_tensor *x, nb_tensor *y, nb_variable *const *p)
     return right / (double)n;
 }
 
-/* A small deterministic generator for the shuffles (xorshift64*). */
-static uint64_t rng_state = 0x9E3779B97F4A7C15u;
-static uint64_t rng_next(void)
-{
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return rng_state * 2685821657736338717u;
-}
-
 int main(int argc, char **argv)
 {
     nb_set_error_handler(nb_error_handler_exit, NULL);
@@ -143,28 +135,29 @@ int main(int argc, char **argv)
     nb_variable *stats = nb_variable_new("stats", nb_zeros(NB_F32, NB_SHAPE(2)));
     nb_variable_set_trainable(stats, false);
 
-    int64_t *order = malloc(sizeof *order * (size_t)n);
-    for (int64_t i = 0; i < n; i++)
-        order[i] = i;
+    /* Shuffled mini-batches: every pass over the dataset is a new order. */
+    nb_tensor *train[2] = {x_train, y_train};
+    nb_dataset *batches = nb_dataset_batch(nb_dataset_shuffle(nb_dataset_from_tensors(2, train), n, 1), BATCH, false);
+    int64_t steps_per_epoch = (n + BATCH - 1) / BATCH;
+    if (max_steps > 0 && max_steps < steps_per_epoch)
+        steps_per_epoch = max_steps;
     double test_acc = 0;
     printf("epoch   loss    train acc  test acc  seconds\n");
     for (int epoch = 1; epoch <= epochs; epoch++) {
         double start_time = now();
         nb_scope *es = nb_scope_begin();
-        for (int64_t i = n - 1; i > 0; i--) { /* Fisher-Yates */
-            int64_t j = (int64_t)(rng_next() % (uint64_t)(i + 1)), t = order[i];
-            order[i] = order[j];
-            order[j] = t;
-        }
-        nb_tensor *perm = nb_from_buffer(NB_I64, NB_SHAPE(n), order); /* on the device */
+        nb_dataset_iterator *it = nb_dataset_iterate(batches);
         nb_variable_assign(stats, nb_zeros(NB_F32, NB_SHAPE(2)));
         int64_t seen = 0;
-        for (int64_t start = 0, step = 0; start < n && (!max_steps || step < max_steps);
-             start += BATCH, step++) {
+        progress bar;
+        progress_begin(&bar, epoch, steps_per_epoch);
+        for (int64_t step = 0; step < steps_per_epoch; step++) {
             nb_scope *s = nb_scope_begin();
-            int64_t len = n - start < BATCH ? n - start : BATCH;
-            nb_tensor *idx = nb_slice(perm, NB_SHAPE(start), NB_SHAPE(len));
-            nb_tensor *xb = nb_gather(x_train, idx), *yb = nb_gather(y_train, idx);
+            nb_tensor *batch[2];
+            if (nb_dataset_next(it, batch) != NB_OK) /* the end of the data (errors exit) */
+                break;
+            nb_tensor *xb = batch[0], *yb = batch[1];
+            int64_t len = nb_tensor_dim(xb, 0);
             nb_tape *tape = nb_tape_begin();
             nb_tensor *logits = model(xb, params);
             nb_tensor *loss = nb_mean_all(nb_sparse_softmax_cross_entropy(logits, yb));
@@ -174,8 +167,15 @@ int main(int argc, char **argv)
             nb_tensor *both[2] = {nb_mul_scalar(loss, (double)len), correct(logits, yb)};
             nb_variable_assign_add(stats, nb_stack(2, both, 0));
             seen += len;
+            if (progress_due(&bar, step + 1)) { /* reading the sums waits for the device */
+                float run[2];
+                nb_tensor_read(nb_read(stats), run, sizeof run);
+                progress_show(&bar, step + 1, run[0] / (double)seen, seen);
+            }
             nb_scope_end(s);
         }
+        progress_end(&bar);
+        nb_dataset_iterator_free(it);
         float sums[2];
         nb_tensor_read(nb_read(stats), sums, sizeof sums);
         test_acc = evaluate(x_test, y_test, params);
@@ -186,7 +186,7 @@ int main(int argc, char **argv)
     }
     printf("final test accuracy: %.2f%%\n", 100.0 * test_acc);
 
-    free(order);
+    nb_dataset_free(batches);
     nb_variable_free(stats);
     for (int i = 0; i < 6; i++)
         nb_variable_free(params[i]);

@@ -18,6 +18,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "progress.h"
+
 #define BATCH 128 /* the global batch, as in fashion_mnist */
 #define MAX_REPLICAS 64
 
@@ -216,6 +218,8 @@ int main(int argc, char **argv)
         nb_tensor *perm = nb_from_buffer(NB_I64, NB_SHAPE(n), order);
         nb_variable_assign(loss_sum, nb_zeros(NB_F64, NB_SCALAR));
         int64_t seen = 0;
+        progress bar;
+        progress_begin(&bar, epoch, steps_per_epoch);
         for (int64_t step = 0; step < steps_per_epoch; step++) {
             nb_scope *sc = nb_scope_begin();
             int64_t start = step * BATCH, len = n - start < BATCH ? n - start : BATCH;
@@ -228,13 +232,11 @@ int main(int argc, char **argv)
             seen += len;
             if (first_loss < 0)
                 first_loss = nb_tensor_item(loss);
-            if ((step + 1) % 100 == 0) /* reading the sum waits for the device */
-                printf("  epoch %d, step %lld/%lld: loss %.4f, %.0f images/s\n", epoch,
-                       (long long)step + 1, (long long)steps_per_epoch,
-                       nb_tensor_item(nb_read(loss_sum)) / (double)seen,
-                       (double)seen / (now() - start_time));
+            if (progress_due(&bar, step + 1)) /* reading the sum waits for the device */
+                progress_show(&bar, step + 1, nb_tensor_item(nb_read(loss_sum)) / (double)seen, seen);
             nb_scope_end(sc);
         }
+        progress_end(&bar);
         last_loss = nb_tensor_item(nb_read(loss_sum)) / (double)seen;
         double seconds = now() - start_time;
         test_acc = evaluate(s, x_test, y_test, params);
