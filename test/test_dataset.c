@@ -220,6 +220,14 @@ static void test_generator(void)
         CHECK(drain(ds, v, 10) == 6);
         CHECK(v[5] == 25 && v[2] == 4);
     }
+    /* An error pending before the call stays the pending one; the generator
+     * does not take it for its own. */
+    nb_reshape(nb_zeros(NB_F32, NB_SHAPE(2)), NB_SHAPE(5));
+    nb_dataset_iterator *gi = nb_dataset_iterate(ds);
+    nb_tensor *one[1];
+    CHECK(nb_dataset_next(gi, one) == NB_OK && nb_tensor_item(one[0]) == 0);
+    CHECK_ERROR(NB_ERR_SHAPE, "[5]");
+    nb_dataset_iterator_free(gi);
     nb_dataset_free(ds);
     ds = nb_dataset_from_generator(1, failing, NULL);
     nb_dataset_iterator *it = nb_dataset_iterate(ds);

@@ -157,7 +157,8 @@ nb_dataset_iterator *nb_dataset_iterate(nb_dataset *ds);
  * end of the data, recording no error; or the error (recorded) that stopped the
  * pipeline: NB_ERR_INVALID_ARGUMENT for NULL, the error of a source, map or op
  * otherwise. On anything but NB_OK every out[i] is NULL. An iterator that
- * failed or ended keeps giving the same result. */
+ * failed or ended keeps giving the same result. An error pending before the
+ * call stays the pending one (the pipeline's functions do not see it). */
 nb_status nb_dataset_next(nb_dataset_iterator *it, nb_tensor **out);
 
 /* Stops the pass (joining a prefetch thread) and frees the iterator and the

@@ -738,7 +738,22 @@ nb_dataset_iterator *nb_dataset_iterate(nb_dataset *ds)
     return it_new(ds);
 }
 
+static nb_status next_element(nb_dataset_iterator *it, nb_tensor **out);
+
 nb_status nb_dataset_next(nb_dataset_iterator *it, nb_tensor **out)
+{
+    /* An error already pending is set aside, so that the pipeline's functions
+     * see only their own, and restored ahead of any new one. */
+    if (nb_error() == NB_OK)
+        return next_element(it, out);
+    nb_error_saved saved;
+    nb__error_stash(&saved);
+    nb_status st = next_element(it, out);
+    nb__error_unstash(&saved);
+    return st;
+}
+
+static nb_status next_element(nb_dataset_iterator *it, nb_tensor **out)
 {
     if (!it || !out)
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_dataset_next: %s is NULL", it ? "out" : "the iterator");
