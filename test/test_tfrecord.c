@@ -114,11 +114,11 @@ static void test_round_trip(void)
         CHECKF(data != NULL && size == n && memcmp(data, buf, n) == 0, "record %d of %zu bytes", i, n);
         offset += 16 + n;
     }
-    for (int k = 0; k < 2; k++) { /* the end, and again */
+    for (int k = 0; k < 2; k++) { /* the end, and again: no error recorded */
         const void *data = buf;
         size_t size = 5;
-        CHECK_OK(nb_tfrecord_next(r, &data, &size));
-        CHECK(data == NULL && size == 0);
+        CHECK(nb_tfrecord_next(r, &data, &size) == NB_ERR_OUT_OF_RANGE);
+        CHECK(data == NULL && size == 0 && nb_error() == NB_OK);
     }
     nb_tfrecord_reader_close(r);
     free(buf);
@@ -165,13 +165,17 @@ static int read_all(const char *path, bool *failed)
     for (;;) {
         const void *data;
         size_t size;
-        if (nb_tfrecord_next(r, &data, &size) != NB_OK) {
-            *failed = true;
-            CHECK(data == NULL && size == 0);
+        nb_status st = nb_tfrecord_next(r, &data, &size);
+        if (st == NB_ERR_OUT_OF_RANGE) {
+            CHECK(data == NULL && size == 0 && nb_error() == NB_OK);
             break;
         }
-        if (!data)
+        if (st != NB_OK) {
+            *failed = true;
+            CHECK(data == NULL && size == 0 && nb_error() == st);
             break;
+        }
+        CHECK(data != NULL);
         count++;
     }
     nb_tfrecord_reader_close(r);
@@ -296,7 +300,7 @@ static void test_python_fixture(void)
     }
     const void *data;
     size_t size;
-    CHECK_OK(nb_tfrecord_next(r, &data, &size));
+    CHECK(nb_tfrecord_next(r, &data, &size) == NB_ERR_OUT_OF_RANGE);
     CHECK(data == NULL);
     CHECK(nb_tfrecord_reader_offset(r) == 1352);
     nb_tfrecord_reader_close(r);
@@ -333,7 +337,7 @@ static void test_bad_arguments(void)
     CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_tfrecord_next: data is NULL");
     CHECK(nb_tfrecord_next(NULL, &data, &size) == NB_ERR_INVALID_ARGUMENT);
     CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_tfrecord_next: reader is NULL");
-    CHECK_OK(nb_tfrecord_next(r, &data, &size));
+    CHECK(nb_tfrecord_next(r, &data, &size) == NB_ERR_OUT_OF_RANGE); /* an empty file */
     CHECK(data == NULL && size == 0);
     nb_tfrecord_reader_close(r);
 }

@@ -13,6 +13,7 @@
 #include <nabla/data.h>
 #include <nabla/checkpoint.h>
 #include <nabla/tfrecord.h>
+#include <nabla/summary.h>
 #include <nabla/gpu.h>
 #include <nabla/distribute.h>
 

@@ -53,7 +53,10 @@ nb_tfrecord_reader *nb_tfrecord_reader_open(const char *path);
 /* Reads the next record. Returns NB_OK with *data and *size set to it: the
  * bytes belong to the reader and stay valid until the next call or close (a
  * record of 0 bytes has a non-NULL *data). At the end of the file it returns
- * NB_OK with *data NULL and *size 0, and again on every later call. A corrupt
+ * NB_ERR_OUT_OF_RANGE (as a dataset iterator does) with *data NULL and *size 0,
+ * recording no error, and again on every later call:
+ *     while ((st = nb_tfrecord_next(r, &data, &size)) == NB_OK) { ... }
+ * ends with st == NB_ERR_OUT_OF_RANGE, or another code (recorded). A corrupt
  * file returns NB_ERR_IO with a message naming the function, the file and the
  * byte offset where the record or field starts: a truncated header or data, a
  * length whose CRC does not match, a length larger than what is left of the

@@ -226,7 +226,7 @@ nb_status nb_tfrecord_next(nb_tfrecord_reader *r, const void **data, size_t *siz
         return nb__fail(r->failed, "nb_tfrecord_next: '%s': %s", r->path,
                         r->failure ? r->failure : "an earlier read failed");
     if (r->at_end)
-        return NB_OK;
+        return NB_ERR_OUT_OF_RANGE;
 
     const uint64_t start = r->offset;
     uint8_t head[HEADER_BYTES];
@@ -234,7 +234,7 @@ nb_status nb_tfrecord_next(nb_tfrecord_reader *r, const void **data, size_t *siz
     if (!read_exact(r, head, sizeof head, &got)) {
         if (got == 0 && !ferror(r->fp)) {
             r->at_end = true;
-            return NB_OK;
+            return NB_ERR_OUT_OF_RANGE; /* the end: no error recorded */
         }
         return reader_fail(r, NB_ERR_IO, "truncated header at byte offset %llu (%zu of %d bytes: %s)",
                            (unsigned long long)start, got, HEADER_BYTES, read_problem(r));

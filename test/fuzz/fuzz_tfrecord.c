@@ -3,7 +3,7 @@
  * NB_ERR_IO (or NB_ERR_OUT_OF_MEMORY) with a message naming nb_tfrecord_next,
  * the file and a byte offset; every record read must be framed in the input
  * exactly where the reader's offsets say, with the input's own bytes; the end
- * must be the input's end. The records read are then written again with
+ * (NB_ERR_OUT_OF_RANGE, no error recorded) must be the input's end. The records read are then written again with
  * nb_tfrecord_writer and must reproduce the input's bytes up to that point.
  * Any disagreement, crash, sanitizer report or leak is a finding. */
 #ifndef _GNU_SOURCE
@@ -83,6 +83,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         REQUIRE(nb_tfrecord_reader_offset(r) == offset, "offset %llu, expected %llu",
                 (unsigned long long)nb_tfrecord_reader_offset(r), (unsigned long long)offset);
         nb_status st = nb_tfrecord_next(r, &rec, &n);
+        if (st == NB_ERR_OUT_OF_RANGE) {
+            REQUIRE(rec == NULL && n == 0 && offset == size, "the end at %llu of %zu bytes",
+                    (unsigned long long)offset, size);
+            REQUIRE(nb_error() == NB_OK, "an error at the end: %s", nb_error_message());
+            break;
+        }
         if (st != NB_OK) {
             char msg[1024];
             snprintf(msg, sizeof msg, "%s", nb_error_message());
@@ -98,10 +104,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             nb_error_clear();
             break;
         }
-        if (!rec) {
-            REQUIRE(n == 0 && offset == size, "the end at %llu of %zu bytes", (unsigned long long)offset, size);
-            break;
-        }
+        REQUIRE(rec != NULL, "NB_OK without a record");
         REQUIRE(offset + 16 + n <= size, "a record of %zu bytes at %llu past the end of %zu", n,
                 (unsigned long long)offset, size);
         REQUIRE(le64(data + offset) == n, "length field disagrees with %zu", n);
