@@ -2,8 +2,11 @@
  * mini-batches; runs on the GPU when there is one.
  *
  *   fashion_mnist [--data DIR] [--device NAME] [--epochs N] [--steps N] [--quick]
+ *                 [--logdir DIR]
  *
  * --steps caps the steps per epoch; --quick trains on 4000 images for one epoch.
+ * --logdir writes TensorBoard summaries there: each epoch's loss and accuracies
+ * and histograms of the weights (tensorboard --logdir DIR shows them).
  * The data are the four IDX files of Fashion-MNIST (Debian/Ubuntu:
  * apt-get install dataset-fashion-mnist). */
 #include <nabla/nabla.h>
@@ -88,6 +91,7 @@ int main(int argc, char **argv)
     const char *dir = "/usr/share/datasets/fashion-mnist";
     const char *device = nb_device_count(NB_DEVICE_GPU) > 0 ? "/gpu:0" : "/cpu:0";
     int epochs = 5, max_steps = 0;
+    const char *logdir = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--data") && i + 1 < argc)
             dir = argv[++i];
@@ -99,14 +103,17 @@ int main(int argc, char **argv)
             max_steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick"))
             quick = true, epochs = 1;
+        else if (!strcmp(argv[i], "--logdir") && i + 1 < argc)
+            logdir = argv[++i];
         else {
             fprintf(stderr,
-                    "usage: %s [--data DIR] [--device NAME] [--epochs N] [--steps N] [--quick]\n",
+                    "usage: %s [--data DIR] [--device NAME] [--epochs N] [--steps N] [--quick] [--logdir DIR]\n",
                     argv[0]);
             return 2;
         }
     }
 
+    nb_summary_writer *summary = logdir ? nb_summary_writer_open(logdir) : NULL;
     nb_scope *outer = nb_scope_begin();
     nb_device_push(device);
     double t0 = now();
@@ -182,9 +189,20 @@ int main(int argc, char **argv)
         printf("%5d  %7.4f  %8.2f%%  %7.2f%%  %7.1f\n", epoch, sums[0] / (double)seen,
                100.0 * sums[1] / (double)seen, 100.0 * test_acc, now() - start_time);
         fflush(stdout);
+        if (summary) {
+            nb_summary_scalar(summary, "train/loss", epoch, sums[0] / (double)seen);
+            nb_summary_scalar(summary, "train/accuracy", epoch, sums[1] / (double)seen);
+            nb_summary_scalar(summary, "test/accuracy", epoch, test_acc);
+            for (int l = 0; l < 3; l++) {
+                char tag[32];
+                snprintf(tag, sizeof tag, "dense%d/w", l + 1);
+                nb_summary_histogram(summary, tag, epoch, nb_read(params[2 * l]));
+            }
+        }
         nb_scope_end(es);
     }
     printf("final test accuracy: %.2f%%\n", 100.0 * test_acc);
+    nb_summary_writer_close(summary);
 
     nb_dataset_free(batches);
     nb_variable_free(stats);

@@ -4,13 +4,15 @@
  * the gradients of its share, and the averaged gradients update every copy.
  *
  *   mirrored_mnist [--replicas N] [--devices LIST] [--data DIR] [--epochs N]
- *                  [--steps N] [--quick]
+ *                  [--steps N] [--quick] [--logdir DIR]
  *
  * --replicas N (default 2) takes the first N GPUs; with fewer GPUs than N each
  * GPU is split into logical GPUs, and with none the CPU is split into N logical
  * CPU devices. --devices /gpu:0,/gpu:1 names the devices instead. --steps caps
  * the steps per epoch; --quick trains on 4000 images for one epoch. The data are
- * the four IDX files of Fashion-MNIST (apt-get install dataset-fashion-mnist). */
+ * the four IDX files of Fashion-MNIST (apt-get install dataset-fashion-mnist).
+ * --logdir writes TensorBoard summaries there: each epoch's loss and test
+ * accuracy and histograms of the weights. */
 #include <nabla/nabla.h>
 #include <math.h>
 #include <stdio.h>
@@ -113,6 +115,7 @@ int main(int argc, char **argv)
     const char *dir = "/usr/share/datasets/fashion-mnist";
     int replicas = 2, epochs = 5, max_steps = 0, n_names = 0;
     char *names[MAX_REPLICAS], *list = NULL;
+    const char *logdir = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--data") && i + 1 < argc)
             dir = argv[++i];
@@ -126,10 +129,12 @@ int main(int argc, char **argv)
             max_steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--quick"))
             quick = true, epochs = 1;
+        else if (!strcmp(argv[i], "--logdir") && i + 1 < argc)
+            logdir = argv[++i];
         else {
             fprintf(stderr,
                     "usage: %s [--replicas N] [--devices /gpu:0,/gpu:1] [--data DIR] [--epochs N]\n"
-                    "          [--steps N] [--quick]\n",
+                    "          [--steps N] [--quick] [--logdir DIR]\n",
                     argv[0]);
             return 2;
         }
@@ -165,6 +170,7 @@ int main(int argc, char **argv)
         return 1;
     }
     nb_set_error_handler(nb_error_handler_exit, NULL);
+    nb_summary_writer *summary = logdir ? nb_summary_writer_open(logdir) : NULL;
     /* Without names: the first N GPUs (logical ones when split), else CPU devices. */
     nb_mirrored *s = nb_mirrored_new(replicas, list ? (const char *const *)names : NULL);
 
@@ -243,9 +249,19 @@ int main(int argc, char **argv)
         printf("epoch %d: loss %.4f, test accuracy %.2f%%, %.0f images/s\n", epoch, last_loss,
                100.0 * test_acc, (double)seen / seconds);
         fflush(stdout);
+        if (summary) {
+            nb_summary_scalar(summary, "train/loss", epoch, last_loss);
+            nb_summary_scalar(summary, "test/accuracy", epoch, test_acc);
+            for (int l = 0; l < 3; l++) {
+                char tag[32];
+                snprintf(tag, sizeof tag, "dense%d/w", l + 1);
+                nb_summary_histogram(summary, tag, epoch, nb_read(params[2 * l]));
+            }
+        }
         nb_scope_end(es);
     }
     printf("test accuracy: %.2f%%\n", 100.0 * test_acc);
+    nb_summary_writer_close(summary);
 
     free(order);
     nb_variable_free(loss_sum);
