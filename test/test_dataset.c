@@ -386,6 +386,69 @@ static void test_idx(void)
     remove(pl2);
 }
 
+/* Records of a TFRecord file parsed as tf.train.Examples, batched and read ahead. */
+static void test_tfrecord_examples(void)
+{
+    /* features {label: int64 [7], x: float [1, 1, 1, 1]}; byte 17 is the label */
+    unsigned char ex[45] = {0x0a, 0x2b, 0x0a, 0x0e, 0x0a, 0x05, 0x6c, 0x61, 0x62, 0x65, 0x6c, 0x12, 0x05, 0x1a, 0x03,
+                            0x0a, 0x01, 0x07, 0x0a, 0x19, 0x0a, 0x01, 0x78, 0x12, 0x14, 0x12, 0x12, 0x0a, 0x10, 0x00,
+                            0x00, 0x80, 0x3f, 0x00, 0x00, 0x80, 0x3f, 0x00, 0x00, 0x80, 0x3f, 0x00, 0x00, 0x80, 0x3f};
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/nb_test_dataset_%d.tfrecord", (int)getpid());
+    nb_tfrecord_writer *w = nb_tfrecord_writer_open(path);
+    for (int i = 0; i < 5; i++) {
+        ex[17] = (unsigned char)i;
+        CHECK_OK(nb_tfrecord_write(w, ex, sizeof ex));
+    }
+    CHECK_OK(nb_tfrecord_writer_close(w));
+    const nb_feature_spec specs[2] = {{"label", NB_FEATURE_INT64, 1}, {"x", NB_FEATURE_FLOAT, 4}};
+    nb_dataset *ds = nb_dataset_from_tfrecord(path);
+    double v[8];
+    CHECK(drain(ds, v, 8) == 5 && v[0] == 0x0a); /* the raw records */
+    ds = nb_dataset_prefetch(nb_dataset_batch(nb_dataset_parse_examples(ds, 2, specs), 2, false), 2, NULL);
+    for (int pass = 0; pass < 2; pass++) {
+        nb_dataset_iterator *it = nb_dataset_iterate(ds);
+        nb_tensor *out[2];
+        int64_t k = 0;
+        nb_status st;
+        while ((st = nb_dataset_next(it, out)) == NB_OK) {
+            CHECK(has_shape(out[1], NB_SHAPE(nb_tensor_dim(out[0], 0), 4)) && nb_tensor_get(out[1], 3) == 1);
+            CHECK(has_shape(out[0], NB_SHAPE(nb_tensor_dim(out[0], 0), 1)) && nb_tensor_get(out[0], 0) == k);
+            k += nb_tensor_dim(out[0], 0);
+        }
+        CHECK(st == NB_ERR_OUT_OF_RANGE && k == 5);
+        nb_dataset_iterator_free(it);
+    }
+    nb_dataset_free(ds);
+    /* A record that is no Example fails the pass, naming the parser. */
+    w = nb_tfrecord_writer_open(path);
+    CHECK_OK(nb_tfrecord_write(w, ex, sizeof ex));
+    CHECK_OK(nb_tfrecord_write(w, "\x0a\x7f", 2));
+    CHECK_OK(nb_tfrecord_writer_close(w));
+    ds = nb_dataset_parse_examples(nb_dataset_from_tfrecord(path), 2, specs);
+    nb_dataset_iterator *it = nb_dataset_iterate(ds);
+    nb_tensor *out[2];
+    CHECK_OK(nb_dataset_next(it, out));
+    CHECK(nb_dataset_next(it, out) == NB_ERR_IO && !out[0]);
+    CHECK_ERROR(NB_ERR_IO, "nb_example_parse", "malformed");
+    nb_dataset_iterator_free(it);
+    nb_dataset_free(ds);
+    remove(path);
+    CHECK(nb_dataset_from_tfrecord(path) == NULL);
+    CHECK_ERROR(NB_ERR_IO, path);
+    CHECK(nb_dataset_parse_examples(range_ds(3), 0, specs) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_dataset_parse_examples", "0 specs");
+    nb_tensor *pair[2] = {nb_zeros(NB_U8, NB_SHAPE(2, 3)), nb_zeros(NB_U8, NB_SHAPE(2))};
+    CHECK(nb_dataset_parse_examples(nb_dataset_from_tensors(2, pair), 2, specs) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_dataset_parse_examples", "2 components");
+    ds = nb_dataset_parse_examples(range_ds(3), 2, specs);
+    it = nb_dataset_iterate(ds);
+    CHECK(nb_dataset_next(it, out) == NB_ERR_DTYPE);
+    CHECK_ERROR(NB_ERR_DTYPE, "nb_dataset_parse_examples", "f64");
+    nb_dataset_iterator_free(it);
+    nb_dataset_free(ds);
+}
+
 /* A replica's rows of the global batch, summed: the strategy splits the batch. */
 static nb_status replica_sum(nb_replica *r, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out, void *user)
 {
@@ -429,6 +492,7 @@ int main(void)
     RUN(test_prefetch);
     RUN(test_errors);
     RUN(test_idx);
+    RUN(test_tfrecord_examples);
     RUN(test_mirrored);
     return check_finish();
 }

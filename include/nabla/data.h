@@ -140,6 +140,25 @@ nb_dataset *nb_dataset_map(nb_dataset *ds, int n_out, nb_dataset_map_fn fn, void
  * freed in both cases). */
 nb_dataset *nb_dataset_prefetch(nb_dataset *ds, int n, const char *device);
 
+/* The records of a TFRecord file (include/nabla/tfrecord.h), in order: each
+ * element is one NB_U8 [size] tensor of a record's bytes on /cpu:0. Every pass
+ * reads the file again. Returns a dataset the caller frees with
+ * nb_dataset_free; NULL and NB_ERR_IO naming the file when it cannot be opened
+ * (checked now), NB_ERR_INVALID_ARGUMENT for NULL. A corrupt record stops the
+ * pass with the reader's NB_ERR_IO (file and byte offset) from nb_dataset_next. */
+nb_dataset *nb_dataset_from_tfrecord(const char *path);
+
+/* Parses each element of ds, one 1-d NB_U8 tensor of a serialized
+ * tf.train.Example (a TFRecord's record, say), with nb_example_parse: the result
+ * has n components, one per spec, on the record's device. specs (and their
+ * names) are copied. Takes over ds. NULL and NB_ERR_INVALID_ARGUMENT for n
+ * outside 1 .. NB_DATASET_MAX_COMPONENTS, NULL specs or a spec without a name,
+ * or ds with other than one component (ds is freed). A record that is not 1-d
+ * u8 is NB_ERR_DTYPE from nb_dataset_next; a bad record, nb_example_parse's
+ * error. nb_feature_spec is declared below. */
+struct nb_feature_spec;
+nb_dataset *nb_dataset_parse_examples(nb_dataset *ds, int n, const struct nb_feature_spec *specs);
+
 /* Components per element; 0 for NULL. */
 int nb_dataset_components(const nb_dataset *ds);
 

@@ -19,7 +19,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum ds_kind { DS_TENSORS, DS_GENERATOR, DS_SHUFFLE, DS_REPEAT, DS_BATCH, DS_MAP, DS_PREFETCH } ds_kind;
+typedef enum ds_kind {
+    DS_TENSORS, DS_GENERATOR, DS_TFRECORD, DS_SHUFFLE, DS_REPEAT, DS_BATCH, DS_MAP, DS_PARSE, DS_PREFETCH
+} ds_kind;
 
 struct nb_dataset {
     ds_kind kind;
@@ -44,6 +46,9 @@ struct nb_dataset {
     /* DS_PREFETCH */
     int depth;
     const char *device; /* a static name, or NULL */
+    /* DS_TFRECORD: the file; DS_PARSE: the specs, their names copied */
+    char *path;
+    nb_feature_spec *specs;
 };
 
 /* One element: n tensors, or (src set) row `row` of a tensor source not made yet. */
@@ -67,6 +72,7 @@ struct nb_dataset_iterator {
     bool input_done;
     uint64_t rng;
     prefetch_state *pf;
+    nb_tfrecord_reader *reader;
 };
 
 #define END NB_ERR_OUT_OF_RANGE
@@ -132,8 +138,10 @@ static nb_dataset *ds_alloc(ds_kind kind, int n, nb_dataset *input, const char *
     return ds;
 }
 
-/* For a transformation given a bad argument: frees the input and fails. */
-#define BAD_ARG(input, ...) (nb_dataset_free(input), nb__fail_null(NB_ERR_INVALID_ARGUMENT, __VA_ARGS__))
+/* For a transformation given a bad argument: fails (the message may read the
+ * input), then frees the input. */
+#define BAD_ARG(input, ...)                                                                  \
+    (nb__fail(NB_ERR_INVALID_ARGUMENT, __VA_ARGS__), nb_dataset_free(input), (nb_dataset *)NULL)
 
 nb_dataset *nb_dataset_from_tensors(int n, nb_tensor *const *ts)
 {
@@ -207,6 +215,50 @@ nb_dataset *nb_dataset_from_generator(int n, nb_dataset_generator_fn fn, void *u
         ds->user = user;
     }
     return ds;
+}
+
+nb_dataset *nb_dataset_from_tfrecord(const char *path)
+{
+    nb_tfrecord_reader *r = nb_tfrecord_reader_open(path); /* fails now, naming the file, if it cannot */
+    if (!r)
+        return NULL;
+    nb_tfrecord_reader_close(r);
+    nb_dataset *ds = ds_alloc(DS_TFRECORD, 1, NULL, "nb_dataset_from_tfrecord");
+    if (ds && !(ds->path = strdup(path))) {
+        nb_dataset_free(ds);
+        return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "nb_dataset_from_tfrecord: out of host memory");
+    }
+    return ds;
+}
+
+nb_dataset *nb_dataset_parse_examples(nb_dataset *ds, int n, const nb_feature_spec *specs)
+{
+    if (!ds)
+        return NULL;
+    if (n < 1 || n > NB_DATASET_MAX_COMPONENTS || !specs)
+        return BAD_ARG(ds, "nb_dataset_parse_examples: %d specs%s (1 to %d allowed)", n, specs ? "" : " at NULL",
+                       NB_DATASET_MAX_COMPONENTS);
+    if (ds->n != 1)
+        return BAD_ARG(ds, "nb_dataset_parse_examples: elements of %d components; the records are one", ds->n);
+    for (int i = 0; i < n; i++)
+        if (!specs[i].name)
+            return BAD_ARG(ds, "nb_dataset_parse_examples: spec %d has no name", i);
+    nb_dataset *out = ds_alloc(DS_PARSE, n, ds, "nb_dataset_parse_examples");
+    if (!out)
+        return NULL;
+    out->specs = calloc((size_t)n, sizeof *out->specs);
+    for (int i = 0; out->specs && i < n; i++) {
+        out->specs[i] = specs[i];
+        if (!(out->specs[i].name = strdup(specs[i].name))) {
+            nb_dataset_free(out);
+            return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "nb_dataset_parse_examples: out of host memory");
+        }
+    }
+    if (!out->specs) {
+        nb_dataset_free(out);
+        return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "nb_dataset_parse_examples: out of host memory");
+    }
+    return out;
 }
 
 nb_dataset *nb_dataset_shuffle(nb_dataset *ds, int64_t buffer_size, uint64_t seed)
@@ -290,6 +342,10 @@ void nb_dataset_free(nb_dataset *ds)
         nb_dataset *input = ds->input;
         for (int i = 0; i < NB_DATASET_MAX_COMPONENTS; i++)
             nb__release(ds->tensors[i]);
+        for (int i = 0; ds->specs && i < ds->n; i++)
+            free((char *)ds->specs[i].name);
+        free(ds->specs);
+        free(ds->path);
         free(ds);
         ds = input;
     }
@@ -325,6 +381,24 @@ static nb_status generator_next(nb_dataset_iterator *it, elem *e)
     if (st == NB_OK)
         it->pos++;
     return st;
+}
+
+/* Record i of the file: a new NB_U8 tensor of its bytes on /cpu:0. */
+static nb_status tfrecord_next(nb_dataset_iterator *it, elem *e)
+{
+    const void *data;
+    size_t size;
+    nb_status st = nb_tfrecord_next(it->reader, &data, &size);
+    if (st)
+        return st;
+    nb_tensor *t = nb__tensor_new("nb_dataset_from_tfrecord", nb__device_cpu0(), NB_U8, 1,
+                                  (int64_t[]){(int64_t)size});
+    if (!t)
+        return nb_error();
+    if (size)
+        memcpy(nb__data(t), data, size);
+    e->t[0] = t;
+    return NB_OK;
 }
 
 /* ---- shuffle ------------------------------------------------------------------- */
@@ -546,6 +620,46 @@ static nb_status map_next(nb_dataset_iterator *it, elem *e)
     return st;
 }
 
+/* A record's bytes (component 0, NB_U8 1-d) parsed as a tf.train.Example. */
+static nb_status parse_next(nb_dataset_iterator *it, elem *e)
+{
+    nb_dataset *ds = it->ds;
+    elem in = {0};
+    nb_status st = it_next(it->input, &in);
+    if (st == NB_OK)
+        st = elem_make(&in, 1);
+    if (st)
+        return st;
+    nb_tensor *rec = in.t[0];
+    if (rec->dtype != NB_U8 || rec->ndim != 1) {
+        char buf[64];
+        st = nb__fail(NB_ERR_DTYPE, "nb_dataset_parse_examples: a record is %s %s; it must be 1-d u8 bytes",
+                      nb_dtype_name(rec->dtype), nb__shape_str(rec->ndim, rec->shape, buf, sizeof buf));
+        elem_clear(&in, 1);
+        return st;
+    }
+    size_t size = (size_t)rec->numel;
+    unsigned char *bytes = malloc(size ? size : 1);
+    nb_scope *s = bytes ? nb_scope_begin() : NULL;
+    if (!s) {
+        free(bytes);
+        elem_clear(&in, 1);
+        return nb__fail(NB_ERR_OUT_OF_MEMORY, "nb_dataset_parse_examples: out of host memory for %zu bytes", size);
+    }
+    nb_tensor *out[NB_DATASET_MAX_COMPONENTS] = {0};
+    st = nb_tensor_read(rec, bytes, size);
+    if (st == NB_OK && (st = nb_device_push(nb_tensor_device(rec))) == NB_OK) { /* parsed where the bytes were */
+        st = nb_example_parse(bytes, size, ds->n, ds->specs, out);
+        nb_device_pop();
+    }
+    if (st == NB_OK)
+        st = elem_take(e, ds->n, out, "nb_dataset_parse_examples");
+    nb_scope_end(s);
+    free(bytes);
+    elem_clear(&in, 1);
+    return st;
+}
+
 /* ---- prefetch ------------------------------------------------------------------ */
 
 struct prefetch_state {
@@ -693,6 +807,10 @@ static nb_dataset_iterator *it_new(nb_dataset *ds)
         it->rng = mix(&st) + pass * 0xD1B54A32D192ED03u;
         it->rng = mix(&it->rng);
     }
+    if (ds->kind == DS_TFRECORD && !(it->reader = nb_tfrecord_reader_open(ds->path))) {
+        free(it);
+        return NULL;
+    }
     if (ds->input && ds->kind != DS_REPEAT && !(it->input = it_new(ds->input))) {
         free(it);
         return NULL;
@@ -713,6 +831,7 @@ static void it_free(nb_dataset_iterator *it)
     for (int64_t j = 0; j < it->buf_n; j++)
         elem_clear(&it->buf[j], it->ds->n);
     free(it->buf);
+    nb_tfrecord_reader_close(it->reader);
     it_free(it->input);
     free(it);
 }
@@ -722,6 +841,8 @@ static nb_status it_next(nb_dataset_iterator *it, elem *e)
     switch (it->ds->kind) {
     case DS_TENSORS: return tensors_next(it, e);
     case DS_GENERATOR: return generator_next(it, e);
+    case DS_TFRECORD: return tfrecord_next(it, e);
+    case DS_PARSE: return parse_next(it, e);
     case DS_SHUFFLE: return shuffle_next(it, e);
     case DS_REPEAT: return repeat_next(it, e);
     case DS_BATCH: return batch_next(it, e);
