@@ -374,7 +374,8 @@ nb_status nb_checkpoint_save(const char *path, int n, nb_variable *const *vars, 
     free(owned);
 
     if (!st) {
-        qsort(es.e, (size_t)es.n, sizeof *es.e, entry_cmp);
+        if (es.n > 1) /* (qsort wants a non-NULL array even for none) */
+            qsort(es.e, (size_t)es.n, sizeof *es.e, entry_cmp);
         for (int i = 1; i < es.n && !st; i++)
             if (strcmp(es.e[i - 1].name, es.e[i].name) == 0)
                 st = nb__fail(NB_ERR_INVALID_ARGUMENT,
@@ -835,7 +836,8 @@ static int info_begin_cmp(const void *a, const void *b)
  * data_len bytes of data exactly. NB_OK or NB_ERR_IO. */
 static nb_status check_layout(const char *who, const char *path, header *h, uint64_t data_len)
 {
-    qsort(h->t, (size_t)h->n, sizeof *h->t, info_name_cmp);
+    if (h->n > 1)
+        qsort(h->t, (size_t)h->n, sizeof *h->t, info_name_cmp);
     for (int i = 1; i < h->n; i++)
         if (strcmp(h->t[i - 1].name, h->t[i].name) == 0)
             return nb__fail(NB_ERR_IO, "%s: %s: tensor '%s' appears twice in the header", who, path, h->t[i].name);
@@ -889,7 +891,7 @@ static nb_status check_layout(const char *who, const char *path, header *h, uint
 static const tensor_info *find_info(const header *h, const char *name)
 {
     tensor_info key = {.name = (char *)name};
-    return bsearch(&key, h->t, (size_t)h->n, sizeof *h->t, info_name_cmp);
+    return h->n > 0 ? bsearch(&key, h->t, (size_t)h->n, sizeof *h->t, info_name_cmp) : NULL;
 }
 
 static const char *find_meta(const header *h, const char *key)
