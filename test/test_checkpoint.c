@@ -342,6 +342,7 @@ static void test_refusals(void)
             NB_ERR_INVALID_ARGUMENT, "'w' is F64 [2, 3] in the file", "F32 [2, 3]");
     REFUSED("{\"w\":{\"dtype\":\"F32\",\"shape\":[3,2],\"data_offsets\":[0,24]}}", data, 24,
             NB_ERR_INVALID_ARGUMENT, "'w' is F32 [3, 2]", "F32 [2, 3]");
+    REFUSED("{}", data, 0, NB_ERR_INVALID_ARGUMENT, "no tensor 'w'");
     REFUSED("{\"v\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]}}", data, 24,
             NB_ERR_INVALID_ARGUMENT, "no tensor 'w'");
     /* Optimizer state asked of a file without any, or of another kind. */
@@ -384,6 +385,34 @@ static void test_registered(void)
     CHECK_OK(nb_checkpoint_restore(path, 0, NULL, NULL));
     CHECK(nb_tensor_get(nb_read(a), 2) == 1.5 && nb_tensor_get(nb_read(b), 3) == 7);
     CHECK(nb_variables_free_all() == 2);
+}
+
+/* A variable on the GPU saves and restores through the host. */
+static void test_gpu(void)
+{
+    if (nb_device_count(NB_DEVICE_GPU) == 0) {
+        printf("test_gpu: skipped: no GPU\n");
+        return;
+    }
+    char path[512];
+    path_in(path, sizeof path, "gpu.safetensors");
+    CHECK_OK(nb_device_push("/gpu:0"));
+    nb_variable *a = nb_variable_new("gpu/a", nb_arange(NB_F32, 0, 12, 1));
+    nb_variable *b = nb_variable_new("gpu/a", nb_zeros(NB_F32, NB_SHAPE(12)));
+    CHECK_OK(nb_device_pop());
+    nb_optimizer *opt = nb_sgd_momentum_new(0.1, 0.9, false);
+    nb_tensor *g = nb_ones(NB_F32, NB_SHAPE(12));
+    CHECK_OK(nb_optimizer_apply(opt, 1, &a, &g));
+    CHECK_OK(nb_checkpoint_save(path, 1, &a, opt));
+    nb_optimizer *fresh = nb_sgd_momentum_new(0.1, 0.9, false);
+    CHECK_OK(nb_checkpoint_restore(path, 1, &b, fresh));
+    CHECK(on_device(nb_read(b), "/gpu:0") && same_bits(nb_read(a), nb_read(b)));
+    nb_tensor *m = nb_optimizer_get_slot(fresh, b, "momentum");
+    CHECK(m && on_device(m, "/gpu:0") && nb_tensor_get(m, 3) == 1);
+    nb_optimizer_free(opt);
+    nb_optimizer_free(fresh);
+    nb_variable_free(a);
+    nb_variable_free(b);
 }
 
 /* ---- the manager ---------------------------------------------------------------- */
@@ -509,6 +538,7 @@ int main(int argc, char **argv)
     RUN(test_resume);
     RUN(test_refusals);
     RUN(test_registered);
+    RUN(test_gpu);
     RUN(test_manager);
     RUN(test_python);
     remove_dir();
