@@ -218,6 +218,17 @@ typedef struct nb_feature_spec {
  * name appears twice the last entry counts, as protobuf's map does. */
 nb_status nb_example_parse(const void *data, size_t size, int n, const nb_feature_spec *specs, nb_tensor **out);
 
+struct nb_tfrecord_writer; /* tfrecord.h */
+
+/* Writes one Example holding n features, names[i] -> the values of values[i]
+ * (any shape, flattened; any device), as one record of w (see tfrecord.h):
+ * NB_F32 and NB_F64 become a float_list (rounded to float), NB_I32, NB_I64 and
+ * NB_BOOL an int64_list, NB_U8 a bytes_list of one value holding the tensor's
+ * bytes -- what nb_example_parse reads back. Returns NB_OK, or NB_ERR_DTYPE for
+ * f16 or bf16 (naming the feature), NB_ERR_INVALID_ARGUMENT for NULL arguments,
+ * n < 1 or a feature without a name or tensor, NB_ERR_IO when the write fails. */
+nb_status nb_example_write(struct nb_tfrecord_writer *w, int n, const char *const *names, nb_tensor *const *values);
+
 #ifdef __cplusplus
 }
 #endif

@@ -124,3 +124,40 @@ void nb__pb_packed_doubles(nb_pb *b, uint32_t field, const double *v, size_t n)
     for (size_t i = 0; i < n; i++)
         raw_le(b, double_bits(v[i]), 8);
 }
+
+void nb__pb_packed_floats(nb_pb *b, uint32_t field, const float *v, size_t n)
+{
+    if (n > SIZE_MAX / 4) {
+        b->failed = true;
+        return;
+    }
+    tag(b, field, WIRE_LEN);
+    raw_varint(b, (uint64_t)n * 4);
+    if (!reserve(b, n * 4))
+        return;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &v[i], sizeof u);
+        raw_le(b, u, 4);
+    }
+}
+
+void nb__pb_packed_varints(nb_pb *b, uint32_t field, const int64_t *v, size_t n)
+{
+    size_t len = 0; /* at most 10 bytes a value: no overflow below SIZE_MAX / 10 values */
+    if (n > SIZE_MAX / 10) {
+        b->failed = true;
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        uint64_t u = (uint64_t)v[i];
+        do {
+            len++;
+            u >>= 7;
+        } while (u);
+    }
+    tag(b, field, WIRE_LEN);
+    raw_varint(b, len);
+    for (size_t i = 0; i < n; i++)
+        raw_varint(b, (uint64_t)v[i]);
+}

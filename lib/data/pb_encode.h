@@ -1,6 +1,7 @@
 /* nabla — a tiny protocol-buffer encoder: just what TensorBoard's Event and
- * Summary messages need (varints, fixed64 and fixed32 numbers, length-
- * delimited bytes, nested messages, packed doubles). Internal to the library.
+ * Summary messages and tf.train.Example need (varints, fixed64 and fixed32
+ * numbers, length-delimited bytes, nested messages, packed doubles, floats and
+ * varints). Internal to the library.
  *
  * A message is built in an nb_pb, a growing byte buffer; a nested message is
  * built in its own nb_pb and appended with nb__pb_message. Appends never fail
@@ -36,5 +37,9 @@ void nb__pb_bytes(nb_pb *b, uint32_t field, const void *p, size_t n);
 void nb__pb_message(nb_pb *b, uint32_t field, const nb_pb *sub);
 /* Wire type 2: n doubles, packed. */
 void nb__pb_packed_doubles(nb_pb *b, uint32_t field, const double *v, size_t n);
+/* Wire type 2: n floats, packed. */
+void nb__pb_packed_floats(nb_pb *b, uint32_t field, const float *v, size_t n);
+/* Wire type 2: n varints, packed (int64 values as their uint64 bits). */
+void nb__pb_packed_varints(nb_pb *b, uint32_t field, const int64_t *v, size_t n);
 
 #endif
