@@ -13,6 +13,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include "lib/core/backend.h"
 #include "lib/core/core.h"
 #include "tape/record.h"
 
@@ -925,29 +926,38 @@ static nb_status check_against(const char *who, const char *path, const tensor_i
 }
 
 /* Reads tensor t's bytes from fp and makes a tensor of them on device dev
- * (owned by the current scope). */
+ * (owned by the current scope). On the CPU the bytes are read straight into
+ * the tensor's storage; another device gets them through a host buffer. */
 static nb_tensor *load_tensor(const char *who, const char *path, FILE *fp, uint64_t data_start,
                               const tensor_info *t, const char *dev)
 {
     size_t bytes = (size_t)(t->end - t->begin);
-    uint8_t *buf = malloc(bytes ? bytes : 1);
+    nb_shape s = {t->ndim, {0}};
+    memcpy(s.dims, t->shape, sizeof(int64_t) * (size_t)t->ndim);
+    if (nb_device_push(dev) != NB_OK)
+        return NULL;
+    nb_tensor *x = nb_empty((nb_dtype)g_dtypes[t->dtype].nb, s);
+    nb_device_pop();
+    if (!x || bytes == 0)
+        return x;
+    bool host = x->device->kind == NB_DEVICE_CPU;
+    uint8_t *buf = host ? nb__data(x) : malloc(bytes);
     if (!buf)
         return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: %s: out of host memory for tensor '%s' (%zu bytes)", who, path,
                              t->name, bytes);
-    if (bytes && (fseeko(fp, (off_t)(data_start + t->begin), SEEK_SET) != 0 || fread(buf, 1, bytes, fp) != bytes)) {
-        free(buf);
+    if (fseeko(fp, (off_t)(data_start + t->begin), SEEK_SET) != 0 || fread(buf, 1, bytes, fp) != bytes) {
+        if (!host)
+            free(buf);
         return nb__fail_null(NB_ERR_IO, "%s: %s: tensor '%s': could not read its %zu bytes (truncated?)", who, path,
                              t->name, bytes);
     }
     swap_bytes(buf, bytes, g_dtypes[t->dtype].size);
-    nb_shape s = {t->ndim, {0}};
-    memcpy(s.dims, t->shape, sizeof(int64_t) * (size_t)t->ndim);
-    nb_tensor *x = NULL;
-    if (nb_device_push(dev) == NB_OK) {
-        x = nb_from_buffer((nb_dtype)g_dtypes[t->dtype].nb, s, buf);
-        nb_device_pop();
+    if (!host) {
+        nb_status st = x->device->backend->copy_from_host(x->device, nb__data(x), buf, bytes);
+        free(buf);
+        if (st != NB_OK)
+            return NULL;
     }
-    free(buf);
     return x;
 }
 
