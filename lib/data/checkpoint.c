@@ -488,9 +488,17 @@ static char *parse_string(parser *ps)
     if (!expect(ps, '"'))
         return NULL;
     const char *start = ps->p;
+    /* An upper bound of the decoded length: the bytes up to the closing quote,
+     * an escaped quote not being one (an escape never decodes longer than it is
+     * written). */
     size_t cap = 16;
-    for (const char *q = start; q < ps->end && *q != '"'; q++)
+    for (const char *q = start; q < ps->end && *q != '"'; q++) {
         cap++;
+        if (*q == '\\' && q + 1 < ps->end) {
+            q++;
+            cap++;
+        }
+    }
     char *out = malloc(cap + 4);
     if (!out) {
         perr(ps, "out of host memory");
