@@ -17,6 +17,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#define FUZZ_NAME "fuzz_checkpoint"
+#include "fuzz_util.h"
+
 static char path[512], again[520]; /* the files restored: one pair per process */
 
 static void remove_files(void)
@@ -25,29 +28,12 @@ static void remove_files(void)
     unlink(again);
 }
 
-#define REQUIRE(cond, ...)                                                                   \
-    do {                                                                                     \
-        if (!(cond)) {                                                                       \
-            fprintf(stderr, "fuzz_checkpoint: %s:%d: %s: ", __FILE__, __LINE__, #cond);     \
-            fprintf(stderr, __VA_ARGS__);                                                    \
-            fprintf(stderr, "\n");                                                           \
-            abort();                                                                         \
-        }                                                                                    \
-    } while (0)
-
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
     setenv("NB_NUM_THREADS", "1", 0);
-    const char *tmp = getenv("TMPDIR");
-    snprintf(path, sizeof path, "%s/nb_fuzz_ckpt_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    int fd = mkstemp(path);
-    if (fd < 0) {
-        perror("fuzz_checkpoint: mkstemp");
-        exit(1);
-    }
-    close(fd);
+    fuzz_temp_file(path, sizeof path, "ckpt");
     snprintf(again, sizeof again, "%s.again", path);
     atexit(remove_files);
     return 0;

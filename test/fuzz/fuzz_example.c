@@ -12,15 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define REQUIRE(cond, ...)                                                                   \
-    do {                                                                                     \
-        if (!(cond)) {                                                                       \
-            fprintf(stderr, "fuzz_example: %s:%d: %s: ", __FILE__, __LINE__, #cond);         \
-            fprintf(stderr, __VA_ARGS__);                                                    \
-            fprintf(stderr, "\n");                                                           \
-            abort();                                                                         \
-        }                                                                                    \
-    } while (0)
+#define FUZZ_NAME "fuzz_example"
+#include "fuzz_util.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {

@@ -16,33 +16,19 @@
 #include <string.h>
 #include <unistd.h>
 
+#define FUZZ_NAME "fuzz_idx"
+#include "fuzz_util.h"
+
 static char path[512]; /* the file nb_idx_read reads: one per process */
 
 static void remove_file(void) { unlink(path); }
-
-#define REQUIRE(cond, ...)                                                                   \
-    do {                                                                                     \
-        if (!(cond)) {                                                                       \
-            fprintf(stderr, "fuzz_idx: %s:%d: %s: ", __FILE__, __LINE__, #cond);             \
-            fprintf(stderr, __VA_ARGS__);                                                    \
-            fprintf(stderr, "\n");                                                           \
-            abort();                                                                         \
-        }                                                                                    \
-    } while (0)
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
     setenv("NB_NUM_THREADS", "1", 0); /* one thread: faster and reproducible runs */
-    const char *tmp = getenv("TMPDIR");
-    snprintf(path, sizeof path, "%s/nb_fuzz_idx_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    int fd = mkstemp(path);
-    if (fd < 0) {
-        perror("fuzz_idx: mkstemp");
-        exit(1);
-    }
-    close(fd);
+    fuzz_temp_file(path, sizeof path, "idx");
     atexit(remove_file);
     return 0;
 }

@@ -17,6 +17,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#define FUZZ_NAME "fuzz_tfrecord"
+#include "fuzz_util.h"
+
 static char path[512], out_path[512]; /* one pair per process */
 
 static void remove_files(void)
@@ -25,34 +28,12 @@ static void remove_files(void)
     unlink(out_path);
 }
 
-#define REQUIRE(cond, ...)                                                                   \
-    do {                                                                                     \
-        if (!(cond)) {                                                                       \
-            fprintf(stderr, "fuzz_tfrecord: %s:%d: %s: ", __FILE__, __LINE__, #cond);        \
-            fprintf(stderr, __VA_ARGS__);                                                    \
-            fprintf(stderr, "\n");                                                           \
-            abort();                                                                         \
-        }                                                                                    \
-    } while (0)
-
-static void temp_file(char *p, size_t n, const char *name)
-{
-    const char *tmp = getenv("TMPDIR");
-    snprintf(p, n, "%s/nb_fuzz_%s_XXXXXX", tmp && *tmp ? tmp : "/tmp", name);
-    int fd = mkstemp(p);
-    if (fd < 0) {
-        perror("fuzz_tfrecord: mkstemp");
-        exit(1);
-    }
-    close(fd);
-}
-
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    temp_file(path, sizeof path, "tfrecord");
-    temp_file(out_path, sizeof out_path, "tfrecord_out");
+    fuzz_temp_file(path, sizeof path, "tfrecord");
+    fuzz_temp_file(out_path, sizeof out_path, "tfrecord_out");
     atexit(remove_files);
     return 0;
 }
