@@ -613,6 +613,18 @@ static char peek(parser *ps)
     return ps->p < ps->end ? *ps->p : 0;
 }
 
+/* After an element of a list closed by `close` ('}' or ']'): consumes a ','
+ * and returns 1 (another element follows) or consumes close and returns 0;
+ * -1 for anything else, recording nothing (the caller says where). */
+static int list_next(parser *ps, char close)
+{
+    char c = peek(ps);
+    if (c != ',' && c != close)
+        return -1;
+    ps->p++;
+    return c == ',';
+}
+
 /* "[a, b, ...]" of at most max non-negative integers; returns the count or -1. */
 static int parse_uint_array(parser *ps, uint64_t *out, int max, const char *what, const char *name)
 {
@@ -632,15 +644,11 @@ static int parse_uint_array(parser *ps, uint64_t *out, int max, const char *what
         if (!parse_uint(ps, &x))
             return -1;
         out[n++] = x;
-        char c = peek(ps);
-        if (c == ',') {
-            ps->p++;
+        int more = list_next(ps, ']');
+        if (more > 0)
             continue;
-        }
-        if (c == ']') {
-            ps->p++;
+        if (more == 0)
             return n;
-        }
         perr(ps, "tensor '%s': expected ',' or ']' in %s", name, what);
         return -1;
     }
@@ -688,15 +696,11 @@ static bool parse_metadata(parser *ps, header *h)
         m[2 * h->n_meta] = k;
         m[2 * h->n_meta + 1] = v;
         h->n_meta++;
-        char c = peek(ps);
-        if (c == ',') {
-            ps->p++;
+        int more = list_next(ps, '}');
+        if (more > 0)
             continue;
-        }
-        if (c == '}') {
-            ps->p++;
+        if (more == 0)
             return true;
-        }
         return perr(ps, "expected ',' or '}' in __metadata__");
     }
 }
@@ -755,15 +759,11 @@ static bool parse_tensor(parser *ps, tensor_info *t)
         free(k);
         if (!ok)
             return false;
-        char c = peek(ps);
-        if (c == ',') {
-            ps->p++;
+        int more = list_next(ps, '}');
+        if (more > 0)
             continue;
-        }
-        if (c == '}') {
-            ps->p++;
+        if (more == 0)
             break;
-        }
         return perr(ps, "tensor '%s': expected ',' or '}'", t->name);
     }
     if (!have_dtype || !have_shape || !have_offsets)
@@ -811,15 +811,11 @@ static bool parse_header(parser *ps, header *h)
                 if (!parse_tensor(ps, t))
                     return false;
             }
-            char c = peek(ps);
-            if (c == ',') {
-                ps->p++;
+            int more = list_next(ps, '}');
+            if (more > 0)
                 continue;
-            }
-            if (c == '}') {
-                ps->p++;
+            if (more == 0)
                 break;
-            }
             return perr(ps, "expected ',' or '}' after a tensor");
         }
     }
