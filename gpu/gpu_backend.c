@@ -114,6 +114,27 @@ static nb_status gpu_one_hot(nb_device *dev, const nb_view *out, const nb_view *
     return nb__gpu_one_hot(c, out, indices, on, off);
 }
 
+static nb_status gpu_cumsum(nb_device *dev, const nb_view *out, const nb_view *x, int axis, bool exclusive,
+                             bool reverse)
+{
+    ENTER(dev, "cumsum");
+    return nb__gpu_cumsum(c, out, x, axis, exclusive, reverse);
+}
+
+/* The ops.def list says which dtypes an elementwise op is defined for; the GPU
+ * runs all of them, f16 and bf16 included (computed in float). */
+bool nb__gpu_supports(const nb_device *dev, nb_kernel k, int variant, nb_dtype dtype)
+{
+    (void)dev;
+    if ((unsigned)dtype >= NB_DTYPE_COUNT)
+        return false;
+    switch (k) {
+    case NB_K_UNARY: return (nb__unary_dtypes((nb_unary_op)variant) & NB_MASK(dtype)) != 0;
+    case NB_K_BINARY: return (nb__binary_dtypes((nb_binary_op)variant) & NB_MASK(dtype)) != 0;
+    default: return true;
+    }
+}
+
 static nb_status gpu_sgd_update(nb_device *dev, const nb_view *param, const nb_view *grad, const nb_view *slot1,
                                 const nb_update_params *p)
 {
@@ -128,14 +149,25 @@ static nb_status gpu_adam_update(nb_device *dev, const nb_view *param, const nb_
     return nb__gpu_adam_update(c, param, grad, slot1, slot2, p);
 }
 
+static const nb_optim_kernels gpu_optim = {
+    .sgd_update = gpu_sgd_update,
+    .adam_update = gpu_adam_update,
+};
+
 const nb_backend nb__gpu_backend = {
     .name = "cuda",
+    .kind = NB_DEVICE_GPU,
     .dtypes = (1u << NB_DTYPE_COUNT) - 1,
 #if NB_HAVE_NCCL
     .collective = &nb__gpu_nccl,
 #else
     .collective = NULL, /* built without NCCL: the strategy reduces through copies */
 #endif
+    .optim = &gpu_optim,
+    .discover = nb__gpu_discover,
+    .physical_count = nb__gpu_physical_count,
+    .unavailable = nb__gpu_unavailable,
+    .supports = nb__gpu_supports,
     .alloc = gpu_alloc,
     .free = gpu_free,
     .copy_from_host = nb__gpu_copy_from_host,
@@ -151,11 +183,10 @@ const nb_backend nb__gpu_backend = {
     .where = gpu_where,
     .reduce = gpu_reduce,
     .arg_reduce = gpu_arg_reduce,
+    .cumsum = gpu_cumsum,
     .matmul = gpu_matmul,
     .softmax = gpu_softmax,
     .gather = gpu_gather,
     .scatter_add = gpu_scatter_add,
     .one_hot = gpu_one_hot,
-    .sgd_update = gpu_sgd_update,
-    .adam_update = gpu_adam_update,
 };

@@ -8,8 +8,6 @@
 static nb_gpu_phys g_phys[NB_GPU_MAX_PHYS];
 static int g_n_phys;
 
-bool nb__gpu_built(void) { return true; }
-
 int nb__gpu_phys_count(void) { return g_n_phys; }
 
 int nb__gpu_physical_count(void)

@@ -98,6 +98,21 @@ static inline void nb__gpu_count_card_wait(nb_gpu_phys *p) { __atomic_add_fetch(
 
 extern const nb_backend nb__gpu_backend;
 
+/* ---- discovery (gpu_device.c), the backend's device entries ---- */
+/* Fills up to max devices, each physical GPU split into logical_per_gpu; never
+ * fails (no driver, no GPU: 0, and nb__gpu_unavailable says why). Called once,
+ * by the device registry. */
+int nb__gpu_discover(nb_device *devices, int max, int logical_per_gpu);
+/* GPUs the driver reports, creating no device state. */
+int nb__gpu_physical_count(void);
+/* Why discovery found no GPU (static), or NULL. */
+const char *nb__gpu_unavailable(void);
+/* The capability query of the GPU's table (gpu_backend.c). */
+bool nb__gpu_supports(const nb_device *dev, nb_kernel k, int variant, nb_dtype dtype);
+/* Running sums along an axis (gpu_scan.cu); the cumsum entry's contract. */
+nb_status nb__gpu_cumsum(nb_gpu_ctx *c, const nb_view *out, const nb_view *x, int axis, bool exclusive,
+                         bool reverse);
+
 /* Makes dev's card current on the calling thread and creates the context on
  * first use. Writes the context to *out. NB_OK or NB_ERR_BACKEND (recorded). */
 nb_status nb__gpu_enter(nb_device *dev, const char *who, nb_gpu_ctx **out);

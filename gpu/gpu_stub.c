@@ -1,26 +1,12 @@
-/* The GPU backend of a build without CUDA: no devices, and every public GPU
- * function says it is not available. */
+/* The public GPU functions of a build without CUDA (which registers no GPU
+ * backend): each says it is not available. */
 #include "lib/core/core.h"
 #include "lib/core/backend.h"
 #include <nabla/gpu.h>
 
 #include <string.h>
 
-int nb__gpu_discover(nb_device *devices, int max, int logical_per_gpu)
-{
-    (void)devices;
-    (void)max;
-    (void)logical_per_gpu;
-    return 0;
-}
-
-bool nb__gpu_built(void) { return false; }
-
-int nb__gpu_physical_count(void) { return 0; }
-
 static const char no_cuda[] = "this build of nabla has no CUDA backend";
-
-const char *nb__gpu_unavailable(void) { return no_cuda; }
 
 const char *nb_gpu_unavailable_reason(void) { return no_cuda; }
 

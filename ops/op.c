@@ -1,6 +1,7 @@
 /* Shared front-end helpers: checks, placement, broadcasting, finishing an op. */
 #include "op.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -81,6 +82,47 @@ nb_device *nb__op_place(const char *op, int n, const nb_tensor **inputs)
     if (nb__log_placement_enabled())
         nb__log_op(op, dev);
     return dev;
+}
+
+bool nb__supports(const nb_device *dev, nb_kernel k, int variant, nb_dtype dtype)
+{
+    const nb_backend *b = dev->backend;
+    if (b->supports)
+        return b->supports(dev, k, variant, dtype);
+    return (unsigned)dtype < NB_DTYPE_COUNT && (b->dtypes & NB_MASK(dtype));
+}
+
+/* One warning per (device kind, kernel, variant, dtype) a fallback served: a
+ * training loop would otherwise repeat it every step. */
+#define WARN_VARIANTS 32
+static atomic_uchar g_warned[2][NB_K_COUNT][WARN_VARIANTS][NB_DTYPE_COUNT];
+
+nb_device *nb__op_place_kernel(const char *op, int n, const nb_tensor **inputs, nb_kernel k, int variant,
+                               nb_dtype dtype)
+{
+    nb_device *dev = nb__op_place(op, n, inputs);
+    if (!dev || nb__supports(dev, k, variant, dtype))
+        return dev;
+    nb_device *cpu = nb__device_cpu0();
+    bool can_fall_back = dev != cpu && nb__supports(cpu, k, variant, dtype);
+    if (!can_fall_back || !nb__soft_placement()) {
+        return nb__fail_null(NB_ERR_UNSUPPORTED, "%s: %s does not run it for dtype %s%s", op, dev->name,
+                             nb_dtype_name(dtype),
+                             can_fall_back ? " (placement is strict; soft placement would use /cpu:0)" : "");
+    }
+    if ((unsigned)dev->kind < 2 && (unsigned)variant < WARN_VARIANTS &&
+        !atomic_exchange(&g_warned[dev->kind][k][variant][dtype], 1))
+        nb__log(NB_LOG_WARNING, "%s: %s does not run it for dtype %s; running it on /cpu:0", op, dev->name,
+                nb_dtype_name(dtype));
+    for (int i = 0; i < n; i++) {
+        if (inputs[i]->device == cpu)
+            continue;
+        nb_tensor *moved = nb__copy_to_device(inputs[i], cpu);
+        if (!moved)
+            return NULL;
+        inputs[i] = moved;
+    }
+    return cpu;
 }
 
 bool nb__broadcast(const char *op, const nb_tensor *a, const nb_tensor *b, int *ndim, int64_t *out)

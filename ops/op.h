@@ -10,13 +10,6 @@
 /* A tensor's (ndim, shape) as two arguments, for nb__sum_to and friends. */
 #define SHAPE_OF(t) (t)->ndim, (t)->shape
 
-/* Bit masks of dtypes an op accepts. */
-#define NB_MASK(d) (1u << (d))
-#define NB_FLOATS (NB_MASK(NB_F32) | NB_MASK(NB_F64) | NB_MASK(NB_F16) | NB_MASK(NB_BF16))
-#define NB_INTS (NB_MASK(NB_I32) | NB_MASK(NB_I64))
-#define NB_NUMERIC (NB_FLOATS | NB_INTS)
-#define NB_ALL_DTYPES (NB_NUMERIC | NB_MASK(NB_BOOL) | NB_MASK(NB_U8))
-
 /* NB_ERR_DTYPE "<op>: <what> has dtype X; expected one of ..." unless t's dtype is
  * in mask. Returns NB_OK or the error. */
 nb_status nb__check_dtype(const char *op, const char *what, const nb_tensor *t, unsigned mask);
@@ -34,6 +27,18 @@ int nb__axes_mask(const char *op, nb_axes axes, int ndim);
  * replaced in inputs[] by a recorded copy (owned by the current scope). NULL and
  * NB_ERR_DEVICE for inputs on two devices with nothing pushed. */
 nb_device *nb__op_place(const char *op, int n, const nb_tensor **inputs);
+
+/* Whether dev's backend runs kernel k (variant: the unary, binary or reduce op)
+ * for dtype: its supports entry, or its dtype mask when it has none. */
+bool nb__supports(const nb_device *dev, nb_kernel k, int variant, nb_dtype dtype);
+
+/* nb__op_place, then the capability query: when the chosen device does not run
+ * kernel k for dtype, soft placement moves the op to /cpu:0 (inputs copied
+ * there and recorded, one warning per kind of fallback) and returns it; strict
+ * placement, or a CPU that lacks it too, is NB_ERR_UNSUPPORTED naming op, the
+ * device and the dtype (NULL returned). Ops call it before allocating. */
+nb_device *nb__op_place_kernel(const char *op, int n, const nb_tensor **inputs, nb_kernel k, int variant,
+                               nb_dtype dtype);
 
 /* NumPy broadcasting of two shapes into out (ndim in *ndim); false and
  * NB_ERR_SHAPE naming both shapes when they do not broadcast. */

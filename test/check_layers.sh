@@ -12,6 +12,7 @@ cd "${1:-$(dirname "$0")/..}" || exit 2
 # The room a repository path belongs to.
 room_of() {
     case "$1" in
+        lib/backends.c) echo top ;; # the build's list of backends
         lib/core/*) echo lib/core ;;
         lib/variable/*) echo lib/variable ;;
         lib/optim/*) echo lib/optim ;;
@@ -35,6 +36,7 @@ allowed() {
         lib/variable|lib/data) echo "lib/core ops tape tape/record" ;;
         lib/optim) echo "lib/core ops tape tape/record lib/variable" ;;
         lib/distribute) echo "lib/core ops tape tape/record lib/variable lib/optim" ;;
+        top) echo "lib/core gpu ops tape tape/record" ;;
     esac
 }
 
@@ -68,6 +70,11 @@ done
 while IFS= read -r hit; do
     offend "$hit: a CUDA header outside gpu/"
 done < <(grep -nE '#[[:space:]]*include[[:space:]]*<(cuda|cublas|cudnn|curand|cub/|nccl)' -r lib ops tape)
+
+# The core names no backend: backends register through lib/backends.c.
+while IFS= read -r hit; do
+    offend "$hit: lib/core names a backend"
+done < <(grep -nE '\bnb__(cpu|gpu)_[a-z_]+' -r lib/core)
 
 # Calls from lib/core, ops, tape and gpu up into lib/variable, lib/optim,
 # lib/data and lib/distribute.

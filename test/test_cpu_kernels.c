@@ -1278,9 +1278,9 @@ static void test_optim(void)
                         }
                     }
                     if (kind <= 3)
-                        EXPECT_OK(B->sgd_update(DEV, &p.v, &g.v, kind == 0 ? NULL : &m.v, &hp));
+                        EXPECT_OK(B->optim->sgd_update(DEV, &p.v, &g.v, kind == 0 ? NULL : &m.v, &hp));
                     else
-                        EXPECT_OK(B->adam_update(DEV, &p.v, &g.v, &m.v, &v.v, &hp));
+                        EXPECT_OK(B->optim->adam_update(DEV, &p.v, &g.v, &m.v, &v.v, &hp));
                 }
                 double tol = dt == NB_F32 ? 1e-5 : 1e-12;
                 for (int64_t i = 0; i < n; i++) {
@@ -1335,8 +1335,8 @@ static void test_unsupported(void)
                  "scatter_add: dtype bool");
     EXPECT_ERROR(B->one_hot(DEV, &h.v, &ix.v, 1, 0), NB_ERR_DTYPE, "one_hot: dtype f16");
     nb_update_params hp = {0};
-    EXPECT_ERROR(B->sgd_update(DEV, &h.v, &h.v, NULL, &hp), NB_ERR_DTYPE, "sgd_update: dtype f16");
-    EXPECT_ERROR(B->adam_update(DEV, &bf.v, &bf.v, &bf.v, &bf.v, &hp), NB_ERR_DTYPE,
+    EXPECT_ERROR(B->optim->sgd_update(DEV, &h.v, &h.v, NULL, &hp), NB_ERR_DTYPE, "sgd_update: dtype f16");
+    EXPECT_ERROR(B->optim->adam_update(DEV, &bf.v, &bf.v, &bf.v, &bf.v, &hp), NB_ERR_DTYPE,
                  "adam_update: dtype bf16");
     arr_free(&h), arr_free(&h2), arr_free(&h1), arr_free(&bf), arr_free(&f), arr_free(&u);
     arr_free(&bo), arr_free(&ix);

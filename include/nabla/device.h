@@ -54,6 +54,19 @@ nb_status nb_device_pop(void);
  * it is empty. A static string. */
 const char *nb_device_current(void);
 
+/* Deterministic mode: every kernel whose result could depend on the order of
+ * parallel floating-point additions (scatter_add, embedding gradients,
+ * reductions and cumulative sums on a GPU) uses a fixed order instead of
+ * atomics, so two runs on the same device and build give bit-identical values
+ * and gradients, at some cost in speed. The CPU kernels are deterministic
+ * already (for a given NB_NUM_THREADS). Off by default; NB_DETERMINISTIC=1 in
+ * the environment turns it on. Process-wide; takes effect from the next op.
+ * Returns the old setting. */
+bool nb_set_deterministic(bool on);
+
+/* Whether deterministic mode is on. */
+bool nb_deterministic(void);
+
 /* Soft placement on (default) or off. Process-wide; returns the old setting. */
 bool nb_set_soft_placement(bool on);
 

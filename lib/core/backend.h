@@ -13,43 +13,49 @@
 #define NB_BACKEND_H
 
 #include "core.h"
+#include "optim_kernels.h"
+
+/* The kernel entries, unary, binary and reduction ops, from the one list. */
+typedef enum nb_kernel {
+#define NB_KERNEL(ID, name) NB_K_##ID,
+#include "ops.def"
+    NB_K_COUNT
+} nb_kernel;
 
 typedef enum nb_unary_op {
-    NB_UN_NEG, NB_UN_ABS, NB_UN_SIGN, NB_UN_EXP, NB_UN_LOG, NB_UN_SQRT, NB_UN_RSQRT,
-    NB_UN_SQUARE, NB_UN_SIN, NB_UN_COS, NB_UN_TANH, NB_UN_ERF, NB_UN_SIGMOID,
-    NB_UN_RELU, NB_UN_LEAKY_RELU, /* alpha: slope for x < 0 */
-    NB_UN_GELU,                   /* exact, x * Phi(x) */
-    NB_UN_SOFTPLUS,               /* log(1 + exp(x)), stable */
-    NB_UN_RECIPROCAL,             /* 1 / x */
-    NB_UN_STEP,                   /* x > 0 ? 1 : 0 (alpha below 0: x >= 0) */
-    NB_UN_NORMAL_PDF,             /* exp(-x^2/2) / sqrt(2 pi), for gelu's gradient */
-    NB_UN_ADD_SCALAR,             /* x + alpha */
-    NB_UN_MUL_SCALAR,             /* x * alpha */
-    NB_UN_POW_SCALAR,             /* x ^ alpha */
+#define NB_UNARY(ID, name, dtypes, cost, api) NB_UN_##ID,
+#include "ops.def"
     NB_UN_COUNT
 } nb_unary_op;
 
 typedef enum nb_binary_op {
-    NB_BIN_ADD, NB_BIN_SUB, NB_BIN_MUL, NB_BIN_DIV, NB_BIN_POW, NB_BIN_MAX, NB_BIN_MIN,
-    /* comparisons write NB_BOOL (one byte, 0 or 1) */
-    NB_BIN_EQ, NB_BIN_NE, NB_BIN_LT, NB_BIN_LE, NB_BIN_GT, NB_BIN_GE,
+#define NB_BINARY(ID, name, dtypes, kind, api) NB_BIN_##ID,
+#include "ops.def"
     NB_BIN_COUNT
 } nb_binary_op;
 
-typedef enum nb_reduce_op { NB_RED_SUM, NB_RED_MEAN, NB_RED_MAX, NB_RED_MIN, NB_RED_PROD } nb_reduce_op;
+typedef enum nb_reduce_op {
+#define NB_REDUCE(ID, name) NB_RED_##ID,
+#include "ops.def"
+    NB_RED_COUNT
+} nb_reduce_op;
+
+/* Names from the list ("sigmoid", "maximum", "sum", "scatter_add"); "?" for a
+ * value outside it. Static strings. */
+const char *nb__kernel_name(nb_kernel k);
+const char *nb__unary_name(nb_unary_op op);
+const char *nb__binary_name(nb_binary_op op);
+const char *nb__reduce_name(nb_reduce_op op);
+/* The dtypes an op is defined for (bit 1 << dtype), from the list; 0 outside it.
+ * A backend may support fewer (its supports entry says). */
+unsigned nb__unary_dtypes(nb_unary_op op);
+unsigned nb__binary_dtypes(nb_binary_op op);
+/* Unary ops whose per-element cost is a libm call. */
+bool nb__unary_heavy(nb_unary_op op);
+/* Comparisons: out is NB_BOOL. */
+static inline bool nb__binary_is_comparison(nb_binary_op op) { return op >= NB_BIN_EQ; }
 
 typedef enum nb_random_dist { NB_RAND_NORMAL, NB_RAND_UNIFORM, NB_RAND_TRUNCATED_NORMAL } nb_random_dist;
-
-/* Hyper-parameters of a fused optimizer update. */
-typedef struct nb_update_params {
-    double lr, momentum, beta1, beta2, epsilon, weight_decay;
-    bool nesterov;
-    int64_t step; /* 1 on the first Adam step, for bias correction */
-    /* NULL: param is updated in place. Otherwise the parameter's current values
-     * are read from here (param's layout) and the result is written to param, so
-     * a value still shared with a read costs no extra copy. */
-    const void *source;
-} nb_update_params;
 
 /* A collective library over several devices of one kind (NCCL on GPUs): what the
  * mirrored strategy uses when every replica is a distinct physical device. The
@@ -74,12 +80,35 @@ typedef struct nb_collective {
 
 struct nb_backend {
     const char *name;
+    /* The kind of device it serves: one backend per kind in a process. */
+    nb_device_kind kind;
     /* The dtypes its tensors may hold: bit (1 << dtype). Creating a tensor of any
      * other dtype on its devices is NB_ERR_DTYPE, before anything is allocated. */
     uint32_t dtypes;
 
     /* Collectives across devices of this kind; NULL when there are none. */
     const nb_collective *collective;
+    /* Fused optimizer updates (optim_kernels.h); NULL when there are none. */
+    const nb_optim_kernels *optim;
+
+    /* ---- devices ---- */
+    /* Fills up to max devices of this kind (kind, index, name "/<kind>:<index>",
+     * physical ordinal, backend, ctx), each physical device split into
+     * logical_per_physical logical ones; returns how many. Never fails: missing
+     * hardware or drivers give 0 (unavailable then says why). */
+    int (*discover)(nb_device *devices, int max, int logical_per_physical);
+    /* Physical devices present, without creating any device state (callable
+     * before discover). */
+    int (*physical_count)(void);
+    /* Why discover found no device (a static string), or NULL when it found one
+     * or has not run. */
+    const char *(*unavailable)(void);
+    /* Whether it runs kernel k for inputs of dtype: variant is the nb_unary_op,
+     * nb_binary_op or nb_reduce_op for those kernels, 0 for the others; dtype is
+     * the first input's (the index dtype for one_hot). Asked by ops before they
+     * allocate an output (nb__op_place_kernel), so that soft placement can move
+     * an op a device lacks to the CPU. */
+    bool (*supports)(const nb_device *dev, nb_kernel k, int variant, nb_dtype dtype);
 
     /* ---- memory ---- */
     /* nbytes of device memory (16-byte aligned at least), or NULL and
@@ -118,6 +147,11 @@ struct nb_backend {
     /* out (NB_I64) has x's ndim with size 1 on axis: index of the first max/min. */
     nb_status (*arg_reduce)(nb_device *dev, bool is_max, const nb_view *out, const nb_view *x,
                             int axis);
+    /* out (contiguous, x's shape and dtype) = running sum of x along axis:
+     * out[.., i, ..] = sum of x[.., j, ..] for j <= i (j < i when exclusive),
+     * counted from the end (j >= i, j > i) when reverse. */
+    nb_status (*cumsum)(nb_device *dev, const nb_view *out, const nb_view *x, int axis, bool exclusive,
+                        bool reverse);
 
     /* ---- linear algebra ---- */
     /* out[..., M, N] = a[..., M, K] @ b[..., K, N]; all three have out's ndim (>= 2),
@@ -142,31 +176,20 @@ struct nb_backend {
      * row of off (as TensorFlow). */
     nb_status (*one_hot)(nb_device *dev, const nb_view *out, const nb_view *indices, double on,
                          double off);
-
-    /* ---- optimizers (param, grad and slots contiguous, one dtype) ---- */
-    /* slot1 = momentum buffer (NULL for plain SGD). */
-    nb_status (*sgd_update)(nb_device *dev, const nb_view *param, const nb_view *grad,
-                            const nb_view *slot1, const nb_update_params *p);
-    /* slot1 = m, slot2 = v; weight_decay > 0 gives AdamW. */
-    nb_status (*adam_update)(nb_device *dev, const nb_view *param, const nb_view *grad,
-                             const nb_view *slot1, const nb_view *slot2,
-                             const nb_update_params *p);
 };
 
-/* The CPU kernel table (ops/cpu). */
-extern const nb_backend nb__cpu_backend;
-
-/* GPU discovery (gpu/, or a stub when CUDA is off): fills up to max devices of
- * kind NB_DEVICE_GPU (name, physical ordinal, backend, ctx), each physical GPU
- * split into logical_per_gpu devices; returns how many. Never fails: no GPU, no
- * driver or CUDA off all give 0. */
-int nb__gpu_discover(nb_device *devices, int max, int logical_per_gpu);
-bool nb__gpu_built(void);
-/* Why discovery found no GPU (a static string), or NULL when it found one or has
- * not run. */
-const char *nb__gpu_unavailable(void);
-/* Number of physical GPUs the driver reports (0 with no GPU, no driver or CUDA
- * off), without creating any device state: callable before the registry exists. */
-int nb__gpu_physical_count(void);
+/* ---- the backend registry (lib/core/device.c) ----
+ *
+ * The core names no backend. The build's list of backends (lib/backends.c, the
+ * one file that names them all, compiled with the library) hands them over;
+ * the registry asks each to discover its devices on first use. */
+typedef struct nb_backend_list {
+    int n;
+    const nb_backend *const *backends;
+} nb_backend_list;
+/* The backends linked into this build: the CPU's always, first. */
+nb_backend_list nb__builtin_backends(void);
+/* The registered backend of a kind, or NULL when none is built in. */
+const nb_backend *nb__backend_of_kind(nb_device_kind kind);
 
 #endif

@@ -54,6 +54,13 @@ struct nb_tensor {
 static inline void *nb__data(const nb_tensor *t) { return (char *)t->storage->data + t->offset; }
 
 /* A plain description of a strided array for kernels: no ownership, no device. */
+/* Bit masks of dtypes an op accepts. */
+#define NB_MASK(d) (1u << (d))
+#define NB_FLOATS (NB_MASK(NB_F32) | NB_MASK(NB_F64) | NB_MASK(NB_F16) | NB_MASK(NB_BF16))
+#define NB_INTS (NB_MASK(NB_I32) | NB_MASK(NB_I64))
+#define NB_NUMERIC (NB_FLOATS | NB_INTS)
+#define NB_ALL_DTYPES (NB_NUMERIC | NB_MASK(NB_BOOL) | NB_MASK(NB_U8))
+
 typedef struct nb_view {
     void *data;
     nb_dtype dtype;
@@ -168,6 +175,8 @@ nb_device *nb__device_find(const char *name, const char *who);
  * name who. */
 nb_device *nb__device_resolve(const char *name, const char *who);
 bool nb__log_placement_enabled(void);
+/* Whether soft placement is on (nb_set_soft_placement). */
+bool nb__soft_placement(void);
 
 /* ---- storage allocation ------------------------------------------------------ */
 

@@ -12,32 +12,61 @@
 #define NB_MAX_DEVICES 64
 #define NB_DEVICE_STACK_MAX 32
 
-static nb_device g_cpus[NB_MAX_DEVICES];
-static nb_device g_gpus[NB_MAX_DEVICES];
-static int g_n_cpus, g_n_gpus;
-static int g_logical_cpus = 1, g_logical_gpus = 1;
+#define NB_KIND_COUNT 2 /* nb_device_kind: CPU, GPU */
+
+/* Per kind: its backend (NULL when none is built in), its devices, and how many
+ * logical devices each physical one becomes. */
+static const nb_backend *g_backend[NB_KIND_COUNT];
+static nb_device g_devs[NB_KIND_COUNT][NB_MAX_DEVICES];
+static int g_n[NB_KIND_COUNT];
+static int g_logical[NB_KIND_COUNT] = {1, 1};
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static pthread_once_t g_backends_once = PTHREAD_ONCE_INIT;
 static atomic_bool g_initialised;
 static atomic_bool g_soft_placement = true;
 static atomic_bool g_log_placement;
+static atomic_int g_deterministic = -1; /* -1: not yet read from NB_DETERMINISTIC */
 
 static _Thread_local nb_device *tl_stack[NB_DEVICE_STACK_MAX];
 static _Thread_local int tl_depth;
 
+#define g_cpus g_devs[NB_DEVICE_CPU]
+#define g_n_cpus g_n[NB_DEVICE_CPU]
+#define g_n_gpus g_n[NB_DEVICE_GPU]
+
+static bool env_on(const char *name)
+{
+    const char *env = getenv(name);
+    return env && env[0] && strcmp(env, "0") != 0;
+}
+
+/* Takes the build's backends, one per kind; only the registry's own setup, so
+ * a second backend of a kind is a build mistake, reported once. */
+static void backends_init(void)
+{
+    nb_backend_list list = nb__builtin_backends();
+    for (int i = 0; i < list.n; i++) {
+        const nb_backend *b = list.backends[i];
+        if ((unsigned)b->kind >= NB_KIND_COUNT || g_backend[b->kind])
+            nb__log(NB_LOG_WARNING, "backend '%s' ignored: its device kind already has a backend", b->name);
+        else
+            g_backend[b->kind] = b;
+    }
+}
+
+const nb_backend *nb__backend_of_kind(nb_device_kind kind)
+{
+    pthread_once(&g_backends_once, backends_init);
+    return (unsigned)kind < NB_KIND_COUNT ? g_backend[kind] : NULL;
+}
+
 static void registry_init(void)
 {
-    g_n_cpus = g_logical_cpus;
-    for (int i = 0; i < g_n_cpus; i++) {
-        g_cpus[i].kind = NB_DEVICE_CPU;
-        g_cpus[i].index = i;
-        g_cpus[i].physical = 0;
-        snprintf(g_cpus[i].name, sizeof g_cpus[i].name, "/cpu:%d", i);
-        g_cpus[i].backend = &nb__cpu_backend;
-        g_cpus[i].ctx = NULL;
+    for (int k = 0; k < NB_KIND_COUNT; k++) {
+        const nb_backend *b = nb__backend_of_kind((nb_device_kind)k);
+        g_n[k] = b ? b->discover(g_devs[k], NB_MAX_DEVICES, g_logical[k]) : 0;
     }
-    g_n_gpus = nb__gpu_discover(g_gpus, NB_MAX_DEVICES, g_logical_gpus);
-    const char *env = getenv("NB_LOG_DEVICE_PLACEMENT");
-    if (env && env[0] && strcmp(env, "0") != 0)
+    if (env_on("NB_LOG_DEVICE_PLACEMENT"))
         atomic_store(&g_log_placement, true);
     atomic_store(&g_initialised, true);
 }
@@ -46,6 +75,16 @@ static inline void ensure_init(void)
 {
     if (!atomic_load_explicit(&g_initialised, memory_order_acquire))
         pthread_once(&g_once, registry_init);
+}
+
+/* Why kind has no devices, for messages: the backend's reason, or that none is
+ * built in. Static. */
+static const char *kind_unavailable(nb_device_kind kind)
+{
+    const nb_backend *b = nb__backend_of_kind(kind);
+    if (!b)
+        return kind == NB_DEVICE_GPU ? "this build of nabla has no CUDA backend" : "no backend is built in";
+    return b->unavailable ? b->unavailable() : NULL;
 }
 
 static nb_status set_logical(int *slot, int n, const char *who)
@@ -58,28 +97,36 @@ static nb_status set_logical(int *slot, int n, const char *who)
     return NB_OK;
 }
 
-nb_status nb_set_logical_cpu_devices(int n) { return set_logical(&g_logical_cpus, n, "nb_set_logical_cpu_devices"); }
-nb_status nb_set_logical_gpu_devices(int n) { return set_logical(&g_logical_gpus, n, "nb_set_logical_gpu_devices"); }
+nb_status nb_set_logical_cpu_devices(int n)
+{
+    return set_logical(&g_logical[NB_DEVICE_CPU], n, "nb_set_logical_cpu_devices");
+}
+nb_status nb_set_logical_gpu_devices(int n)
+{
+    return set_logical(&g_logical[NB_DEVICE_GPU], n, "nb_set_logical_gpu_devices");
+}
 
 int nb_device_count(nb_device_kind kind)
 {
     ensure_init();
-    return kind == NB_DEVICE_CPU ? g_n_cpus : kind == NB_DEVICE_GPU ? g_n_gpus : 0;
+    return (unsigned)kind < NB_KIND_COUNT ? g_n[kind] : 0;
 }
 
 const char *nb_device_name(nb_device_kind kind, int index)
 {
     ensure_init();
-    if (kind == NB_DEVICE_CPU && index >= 0 && index < g_n_cpus)
-        return g_cpus[index].name;
-    if (kind == NB_DEVICE_GPU && index >= 0 && index < g_n_gpus)
-        return g_gpus[index].name;
+    if ((unsigned)kind < NB_KIND_COUNT && index >= 0 && index < g_n[kind])
+        return g_devs[kind][index].name;
     return NULL;
 }
 
-bool nb_cuda_built(void) { return nb__gpu_built(); }
+bool nb_cuda_built(void) { return nb__backend_of_kind(NB_DEVICE_GPU) != NULL; }
 
-int nb_physical_gpu_count(void) { return nb__gpu_physical_count(); }
+int nb_physical_gpu_count(void)
+{
+    const nb_backend *b = nb__backend_of_kind(NB_DEVICE_GPU);
+    return b && b->physical_count ? b->physical_count() : 0;
+}
 
 nb_device *nb__device_cpu0(void)
 {
@@ -131,10 +178,8 @@ static bool lookup(const char *name, const char *who, nb_device **dev)
                  name ? name : "(null)");
         return false;
     }
-    if (kind == NB_DEVICE_CPU && index < g_n_cpus)
-        *dev = &g_cpus[index];
-    else if (kind == NB_DEVICE_GPU && index < g_n_gpus)
-        *dev = &g_gpus[index];
+    if ((unsigned)kind < NB_KIND_COUNT && index < g_n[kind])
+        *dev = &g_devs[kind][index];
     return true;
 }
 
@@ -144,7 +189,7 @@ nb_device *nb__device_find(const char *name, const char *who)
     if (!lookup(name, who, &dev) || dev)
         return dev;
     return nb__fail_null(NB_ERR_DEVICE, "%s: unknown device '%s' (this process has %d CPU and %d GPU devices%s)",
-                         who, name, g_n_cpus, g_n_gpus, nb__gpu_built() ? "" : "; CUDA is not built in");
+                         who, name, g_n_cpus, g_n_gpus, nb_cuda_built() ? "" : "; CUDA is not built in");
 }
 
 nb_device *nb__device_resolve(const char *name, const char *who)
@@ -155,7 +200,10 @@ nb_device *nb__device_resolve(const char *name, const char *who)
     if (!atomic_load(&g_soft_placement))
         return nb__fail_null(NB_ERR_DEVICE, "%s: device '%s' does not exist and placement is strict (%d GPU devices)",
                              who, name, g_n_gpus);
-    const char *why = nb__gpu_unavailable();
+    nb_device_kind kind = NB_DEVICE_GPU;
+    int index;
+    parse_name(name, &kind, &index);
+    const char *why = kind_unavailable(kind);
     nb__log(NB_LOG_WARNING, "device '%s' does not exist (%d GPU devices%s%s); using /cpu:0", name, g_n_gpus,
             why ? ": " : "", why ? why : "");
     return &g_cpus[0];
@@ -189,6 +237,8 @@ const char *nb_device_current(void) { return nb__device_default()->name; }
 
 bool nb_set_soft_placement(bool on) { return atomic_exchange(&g_soft_placement, on); }
 
+bool nb__soft_placement(void) { return atomic_load_explicit(&g_soft_placement, memory_order_relaxed); }
+
 bool nb_set_log_device_placement(bool on)
 {
     ensure_init();
@@ -206,10 +256,30 @@ void nb__log_op(const char *op, const nb_device *dev)
 nb_status nb_synchronize(void)
 {
     ensure_init();
-    for (int i = 0; i < g_n_gpus; i++) {
-        nb_status st = g_gpus[i].backend->synchronize(&g_gpus[i]);
-        if (st)
-            return st;
-    }
+    for (int k = 0; k < NB_KIND_COUNT; k++)
+        for (int i = 0; i < g_n[k]; i++) {
+            nb_status st = g_devs[k][i].backend->synchronize(&g_devs[k][i]);
+            if (st)
+                return st;
+        }
     return NB_OK;
+}
+
+bool nb_deterministic(void)
+{
+    int v = atomic_load_explicit(&g_deterministic, memory_order_relaxed);
+    if (v < 0) {
+        int env = env_on("NB_DETERMINISTIC");
+        if (!atomic_compare_exchange_strong(&g_deterministic, &v, env))
+            return v > 0; /* set meanwhile */
+        return env;
+    }
+    return v > 0;
+}
+
+bool nb_set_deterministic(bool on)
+{
+    bool old = nb_deterministic();
+    atomic_store(&g_deterministic, on ? 1 : 0);
+    return old;
 }

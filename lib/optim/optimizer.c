@@ -361,15 +361,15 @@ nb_status nb__optimizer_update(nb_optimizer *opt, int n, nb_variable *const *var
         nb_device *dev = x->device;
         nb_view xv = nb__view(x), gv = nb__view(ready[i]);
         if (opt->kind == OPT_SGD) {
-            st = dev->backend->sgd_update(dev, &xv, &gv, NULL, &p);
+            st = dev->backend->optim->sgd_update(dev, &xv, &gv, NULL, &p);
         } else {
             slot_entry *e = slot_lookup(opt->slots, opt->cap, nb__variable_uid(vars[i]));
             nb_view s1 = nb__view(e->s1);
             if (opt->kind == OPT_MOMENTUM) {
-                st = dev->backend->sgd_update(dev, &xv, &gv, &s1, &p);
+                st = dev->backend->optim->sgd_update(dev, &xv, &gv, &s1, &p);
             } else {
                 nb_view s2 = nb__view(e->s2);
-                st = dev->backend->adam_update(dev, &xv, &gv, &s1, &s2, &p);
+                st = dev->backend->optim->adam_update(dev, &xv, &gv, &s1, &s2, &p);
             }
         }
         if (!st && targets[i]) {

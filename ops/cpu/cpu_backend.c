@@ -1,14 +1,60 @@
 /* The CPU kernel table. */
 #include "cpu_internal.h"
 
+#include <stdio.h>
+#include <string.h>
+
 nb_status nb__cpu_unsupported(const nb_device *dev, const char *op, nb_dtype d)
 {
     return nb__fail(NB_ERR_DTYPE, "%s: dtype %s is not supported on %s", op, nb_dtype_name(d),
                     nb__cpu_dev_name(dev));
 }
 
+/* The CPU's logical devices /cpu:0 .. /cpu:n-1 share the host's memory and
+ * kernels; each has its own worker when a mirrored strategy runs replicas. */
+static int cpu_discover(nb_device *devices, int max, int logical)
+{
+    int n = logical < 1 ? 1 : logical > max ? max : logical;
+    for (int i = 0; i < n; i++) {
+        memset(&devices[i], 0, sizeof devices[i]);
+        devices[i].kind = NB_DEVICE_CPU;
+        devices[i].index = i;
+        devices[i].physical = 0;
+        snprintf(devices[i].name, sizeof devices[i].name, "/cpu:%d", i);
+        devices[i].backend = &nb__cpu_backend;
+    }
+    return n;
+}
+
+static int cpu_physical_count(void) { return 1; }
+
+/* Every op in ops.def for every dtype the list allows and the CPU holds (all
+ * but f16 and bf16). */
+static bool cpu_supports(const nb_device *dev, nb_kernel k, int variant, nb_dtype dtype)
+{
+    (void)dev;
+    if ((unsigned)dtype >= NB_DTYPE_COUNT || !(nb__cpu_backend.dtypes & NB_MASK(dtype)))
+        return false;
+    switch (k) {
+    case NB_K_UNARY: return (nb__unary_dtypes((nb_unary_op)variant) & NB_MASK(dtype)) != 0;
+    case NB_K_BINARY: return (nb__binary_dtypes((nb_binary_op)variant) & NB_MASK(dtype)) != 0;
+    default: return true;
+    }
+}
+
+static const nb_optim_kernels cpu_optim = {
+    .sgd_update = nb__cpu_sgd_update,
+    .adam_update = nb__cpu_adam_update,
+};
+
 const nb_backend nb__cpu_backend = {
     .name = "cpu",
+    .kind = NB_DEVICE_CPU,
+    .optim = &cpu_optim,
+    .discover = cpu_discover,
+    .physical_count = cpu_physical_count,
+    .unavailable = NULL,
+    .supports = cpu_supports,
     .dtypes = ((1u << NB_DTYPE_COUNT) - 1) & ~((1u << NB_F16) | (1u << NB_BF16)),
     .alloc = nb__cpu_alloc,
     .free = nb__cpu_free,
@@ -30,6 +76,4 @@ const nb_backend nb__cpu_backend = {
     .gather = nb__cpu_gather,
     .scatter_add = nb__cpu_scatter_add,
     .one_hot = nb__cpu_one_hot,
-    .sgd_update = nb__cpu_sgd_update,
-    .adam_update = nb__cpu_adam_update,
 };

@@ -165,6 +165,9 @@ nb_status nb__cpu_scatter_add(nb_device *dev, const char *op, const nb_view *out
                               const nb_view *indices, const nb_view *updates);
 nb_status nb__cpu_one_hot(nb_device *dev, const nb_view *out, const nb_view *indices, double on,
                           double off);
+/* The CPU kernel table (cpu_backend.c). */
+extern const nb_backend nb__cpu_backend;
+
 nb_status nb__cpu_sgd_update(nb_device *dev, const nb_view *param, const nb_view *grad,
                              const nb_view *slot1, const nb_update_params *p);
 nb_status nb__cpu_adam_update(nb_device *dev, const nb_view *param, const nb_view *grad,
