@@ -25,7 +25,11 @@
  * - Integers wrap on overflow (two's complement); division truncates toward
  *   zero; division by zero is NB_ERR_INVALID_ARGUMENT. Casts: see nb_cast.
  * - Empty axes: sum 0, prod 1, mean NaN, logsumexp -inf; max, min, argmax and
- *   argmin over an empty axis are NB_ERR_INVALID_ARGUMENT (nothing to pick).
+ *   argmin over an empty axis are NB_ERR_INVALID_ARGUMENT (nothing to pick);
+ *   cumsum along an empty axis (or of an empty tensor) is an empty result of
+ *   the same shape.
+ * - cumsum propagates NaN and infinities as a sum does: from the element where
+ *   one enters to the end of its run (inf + -inf is NaN), integers wrap.
  * - Slopes at kinks: relu, abs and sign have slope 0 at 0 (relu passes none at
  *   NaN); leaky_relu alpha at 0 and below; maximum/minimum split a tie in half;
  *   max/min reductions share a tie equally; x^0 has slope 0 everywhere, 0
@@ -113,6 +117,21 @@ nb_tensor *nb_mean_all(const nb_tensor *x);
 /* Index of the first largest (smallest) element along axis, as NB_I64. */
 nb_tensor *nb_argmax(const nb_tensor *x, int axis, bool keepdims);
 nb_tensor *nb_argmin(const nb_tensor *x, int axis, bool keepdims);
+
+/* ---- scans ------------------------------------------------------------------- */
+/* The running sum of x along axis (negative counts from the end), as
+ * TensorFlow's tf.math.cumsum: a new tensor of x's shape and dtype, owned by the
+ * current scope, whose element i along axis sums x's elements j <= i (j < i when
+ * exclusive, so the first is 0), or, when reverse, j >= i (j > i). The inclusive
+ * forward case is PyTorch's torch.cumsum; unlike it, an integer result keeps
+ * x's dtype and wraps. A 0-d x is one element along axis 0 or -1. Sums run in
+ * order along the axis (f32 accumulated in double on the CPU, as PyTorch's), so
+ * each element is the same for any number of threads. Differentiable: the
+ * gradient is the running sum of the incoming one in the other direction.
+ * Fails with NB_ERR_INVALID_ARGUMENT for a NULL x (keeping the earlier error)
+ * or an axis outside x's dims, and NB_ERR_DTYPE naming cumsum for a dtype other
+ * than f32, f64, f16, bf16, i32, i64. */
+nb_tensor *nb_cumsum(const nb_tensor *x, int axis, bool exclusive, bool reverse);
 
 /* ---- linear algebra ---------------------------------------------------------- */
 /* a[..., M, K] x b[..., K, N] -> [..., M, N]; batch dims broadcast; a 1-d operand

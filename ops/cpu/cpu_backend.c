@@ -71,6 +71,7 @@ const nb_backend nb__cpu_backend = {
     .where = nb__cpu_where,
     .reduce = nb__cpu_reduce,
     .arg_reduce = nb__cpu_arg_reduce,
+    .cumsum = nb__cpu_cumsum,
     .matmul = nb__cpu_matmul,
     .softmax = nb__cpu_softmax,
     .gather = nb__cpu_gather,

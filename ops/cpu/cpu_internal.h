@@ -158,6 +158,8 @@ nb_status nb__cpu_where(nb_device *dev, const nb_view *out, const nb_view *cond,
 nb_status nb__cpu_reduce(nb_device *dev, nb_reduce_op op, const nb_view *out, const nb_view *x);
 nb_status nb__cpu_arg_reduce(nb_device *dev, bool is_max, const nb_view *out, const nb_view *x,
                              int axis);
+nb_status nb__cpu_cumsum(nb_device *dev, const nb_view *out, const nb_view *x, int axis,
+                         bool exclusive, bool reverse);
 nb_status nb__cpu_softmax(nb_device *dev, bool log, const nb_view *out, const nb_view *x);
 nb_status nb__cpu_gather(nb_device *dev, const char *op, const nb_view *out,
                          const nb_view *params, const nb_view *indices);
