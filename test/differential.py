@@ -433,6 +433,12 @@ class Program:
                 raise Rollback
         return self.op(name, [x, int(rng.random() < 0.5), self.random_axes(x.ndim)], x.dtype)
 
+    def g_scan(self, x):
+        rng = self.rng
+        nd = max(x.ndim, 1)  # a 0-d x is one element along axis 0 or -1
+        return self.op("cumsum", [x, rng.randrange(-nd, nd), int(rng.random() < 0.5), int(rng.random() < 0.5)],
+                       x.dtype)
+
     def g_arg(self, x):
         if x.ndim == 0:
             raise Rollback
@@ -646,8 +652,8 @@ class Program:
 
     GENERATORS = [
         ("g_unary", 6), ("g_scalar", 2), ("g_binary", 6), ("g_where", 2), ("g_reduce", 4),
-        ("g_arg", 1), ("g_matmul", 3), ("g_big_matmul", 0.5), ("g_softmax", 2), ("g_loss", 2), ("g_view", 4),
-        ("g_join", 2), ("g_index", 2), ("g_cast", 2), ("g_pad", 1), ("g_stop", 0.3),
+        ("g_scan", 1.5), ("g_arg", 1), ("g_matmul", 3), ("g_big_matmul", 0.5), ("g_softmax", 2), ("g_loss", 2),
+        ("g_view", 4), ("g_join", 2), ("g_index", 2), ("g_cast", 2), ("g_pad", 1), ("g_stop", 0.3),
     ]
 
     def generate(self):

@@ -149,6 +149,39 @@ def ref_reduce(name, x, axes, keep):
     return y if keep else y.reshape([s for i, s in enumerate(x.shape) if i not in dims])
 
 
+def cumsum_value(x, axis, exclusive, reverse):
+    """nabla's cumsum (TensorFlow's): torch.cumsum on x flipped along axis when
+    reverse (and the result flipped back), shifted one place along axis with a
+    leading 0 when exclusive. A 0-d x is one element."""
+    if x.dim() == 0:
+        return cumsum_value(x.reshape(1), 0, exclusive, reverse).reshape(())
+    axis %= x.dim()
+    t = x.flip(axis) if reverse else x
+    c = torch.cumsum(t, axis)
+    n = t.shape[axis]
+    if exclusive and n > 0:
+        c = torch.cat([torch.zeros_like(t.narrow(axis, 0, 1)), c.narrow(axis, 0, n - 1)], axis)
+    return c.flip(axis) if reverse else c
+
+
+class RefCumsum(torch.autograd.Function):
+    """cumsum_value with nabla's gradient, the running sum of g the other way
+    round: the same as torch's for an inclusive sum; for an exclusive one the
+    element the shift drops gets a gradient of 0 (where the shifted torch
+    expression leaves it unconnected), so that 0 * inf further back is NaN in
+    both. The backward applies itself, so the second order follows."""
+
+    @staticmethod
+    def forward(ctx, x, axis, exclusive, reverse):
+        ctx.args = (axis, exclusive, reverse)
+        return cumsum_value(x, axis, exclusive, reverse)
+
+    @staticmethod
+    def backward(ctx, g):
+        axis, exclusive, reverse = ctx.args
+        return RefCumsum.apply(g, axis, exclusive, not reverse), None, None, None
+
+
 def ref_cast_int(x, dtype):
     """nabla's float-to-integer cast: toward zero, saturating, NaN to 0. Kept
     as float64 values (2^63 - 1 is not a float64)."""
@@ -258,6 +291,7 @@ OPS = {
     "where": lambda c, a, b: torch.where(c.t, a.t, b.t),
     "sum_all": lambda x: x.t.sum(),
     "mean_all": lambda x: x.t.mean(),
+    "cumsum": lambda x, axis, exclusive, reverse: RefCumsum.apply(x.t, axis, bool(exclusive), bool(reverse)),
     "argmax": lambda x, axis, keep: x.t.detach().argmax(axis, keepdim=bool(keep)),
     "argmin": lambda x, axis, keep: x.t.detach().argmin(axis, keepdim=bool(keep)),
     # nabla's products sum from +0, so a zero result is +0 (torch's may be -0).

@@ -237,6 +237,12 @@ static nb_tensor *run_op(prog *p, const char *name)
             return NULL;
         return strcmp(name, "argmax") == 0 ? nb_argmax(x, axis, keep) : nb_argmin(x, axis, keep);
     }
+    if (strcmp(name, "cumsum") == 0) {
+        nb_tensor *x = read_var(p);
+        int axis = (int)read_int();
+        bool exclusive = read_int() != 0, reverse = read_int() != 0;
+        return nb_error() ? NULL : nb_cumsum(x, axis, exclusive, reverse);
+    }
     if (strcmp(name, "softmax") == 0 || strcmp(name, "log_softmax") == 0) {
         nb_tensor *x = read_var(p);
         int axis = (int)read_int();
