@@ -1,9 +1,12 @@
 // Elementwise kernels: fill, arange, copy (with cast), unary, binary, where.
+// Unary and binary ops come from lib/core/ops.def and compute the formulas of
+// lib/core/formulas.h, the same the CPU computes.
 // Each goes through nbg::ew_launch: dims are collapsed first, then a vectorised
 // grid-stride loop runs when every operand is contiguous and aligned, and a
 // general strided loop (byte strides, stride 0 for broadcast, up to 8 dims)
 // otherwise. f16/bf16 compute in float.
 #include "gpu_kernels.cuh"
+#include "lib/core/formulas.h"
 
 using namespace nbg;
 
@@ -27,147 +30,99 @@ __global__ void __launch_bounds__(kThreads) k_arange(Geo<1> g, char *out, Idx n,
     }
 }
 
+// ---- the formulas, by compute type -----------------------------------------------------
+
+// Each op's formula lives in lib/core/formulas.h, shared with the CPU. Un<OP>::f
+// and Bin<OP>::f overload it on the compute types (float serves f16 and bf16;
+// int32_t serves bool and u8, comparisons only), generated from ops.def.
+#define FLOAT_DTYPES NB_FLOATS
+#define NUMERIC_DTYPES NB_NUMERIC
+#define ANY_DTYPES NB_ALL_DTYPES
+
+template <nb_unary_op OP> struct Un;
+#define UN_INT_FLOAT(name)
+#define UN_INT_NUMERIC(name)                                                                   \
+    static NBG_HD int32_t f(int32_t x, int32_t a) { return nb_un_##name##_i32(x, a); }         \
+    static NBG_HD int64_t f(int64_t x, int64_t a) { return nb_un_##name##_i64(x, a); }
+#define NB_UNARY(ID, name, dtypes, cost, api)                                                  \
+    template <> struct Un<NB_UN_##ID> {                                                        \
+        static NBG_HD float f(float x, float a) { return nb_un_##name##_f32(x, a); }           \
+        static NBG_HD double f(double x, double a) { return nb_un_##name##_f64(x, a); }        \
+        UN_INT_##dtypes(name)                                                                  \
+    };
+#include "lib/core/ops.def"
+
+template <nb_binary_op OP> struct Bin;
+#define BIN_INT_FLOAT(name)
+#define BIN_INT_NUMERIC(name)                                                                  \
+    static NBG_HD auto f(int32_t x, int32_t y) { return nb_bin_##name##_i32(x, y); }           \
+    static NBG_HD auto f(int64_t x, int64_t y) { return nb_bin_##name##_i64(x, y); }
+#define BIN_INT_ANY(name) BIN_INT_NUMERIC(name)
+#define NB_BINARY(ID, name, dtypes, kind, api)                                                 \
+    template <> struct Bin<NB_BIN_##ID> {                                                      \
+        static NBG_HD auto f(float x, float y) { return nb_bin_##name##_f32(x, y); }           \
+        static NBG_HD auto f(double x, double y) { return nb_bin_##name##_f64(x, y); }         \
+        BIN_INT_##dtypes(name)                                                                 \
+    };
+#include "lib/core/ops.def"
+
+// The dtypes each op is defined for, at compile time (nb__unary_dtypes at run time).
+constexpr unsigned kUnaryDtypes[] = {
+#define NB_UNARY(ID, name, dtypes, cost, api) dtypes##_DTYPES,
+#include "lib/core/ops.def"
+};
+constexpr unsigned kBinaryDtypes[] = {
+#define NB_BINARY(ID, name, dtypes, kind, api) dtypes##_DTYPES,
+#include "lib/core/ops.def"
+};
+static_assert(sizeof kUnaryDtypes / sizeof kUnaryDtypes[0] == NB_UN_COUNT, "ops.def and nb_unary_op disagree");
+static_assert(sizeof kBinaryDtypes / sizeof kBinaryDtypes[0] == NB_BIN_COUNT, "ops.def and nb_binary_op disagree");
+
+template <nb_unary_op OP, nb_dtype D> constexpr bool unary_supported = (kUnaryDtypes[OP] & NB_MASK(D)) != 0;
+template <nb_binary_op OP, nb_dtype D> constexpr bool binary_supported = (kBinaryDtypes[OP] & NB_MASK(D)) != 0;
+
 // ---- unary -------------------------------------------------------------------------
 
-template <nb_unary_op OP> constexpr bool unary_takes_int =
-    OP == NB_UN_NEG || OP == NB_UN_ABS || OP == NB_UN_SIGN || OP == NB_UN_SQUARE || OP == NB_UN_RELU ||
-    OP == NB_UN_ADD_SCALAR || OP == NB_UN_MUL_SCALAR || OP == NB_UN_STEP;
-
-// Integer ops as the CPU does them: wrapping (unsigned) arithmetic; a scalar
-// that is not a whole number is applied in double, saturated and truncated.
-template <nb_unary_op OP, class T> NBG_HD T unary_int(T x, int64_t ia, double da, bool frac)
-{
-    using U = std::make_unsigned_t<T>;
-    constexpr double lo = (double)cuda::std::numeric_limits<T>::min();
-    constexpr double hi = sizeof(T) == 8 ? 9223372036854774784.0 : (double)cuda::std::numeric_limits<T>::max();
-    if constexpr (OP == NB_UN_NEG) {
-        return (T)((U)0 - (U)x);
-    } else if constexpr (OP == NB_UN_ABS) {
-        return x < 0 ? (T)((U)0 - (U)x) : x;
-    } else if constexpr (OP == NB_UN_SIGN) {
-        return (T)((x > 0) - (x < 0));
-    } else if constexpr (OP == NB_UN_SQUARE) {
-        return (T)((U)x * (U)x);
-    } else if constexpr (OP == NB_UN_RELU) {
-        return x < 0 ? (T)0 : x;
-    } else if constexpr (OP == NB_UN_STEP) {
-        return (T)(da < 0 ? x >= 0 : x > 0);
-    } else {
-        static_assert(OP == NB_UN_ADD_SCALAR || OP == NB_UN_MUL_SCALAR, "not an integer op");
-        if (frac) {
-            double v = OP == NB_UN_ADD_SCALAR ? (double)x + da : (double)x * da;
-            return (T)(!(v == v) ? 0.0 : v < lo ? lo : v > hi ? hi : v);
-        }
-        return OP == NB_UN_ADD_SCALAR ? (T)((U)x + (U)ia) : (T)((U)x * (U)ia);
-    }
-}
+NBG_HD int32_t add_frac(int32_t x, double a) { return nb_un_add_frac_i32(x, a); }
+NBG_HD int64_t add_frac(int64_t x, double a) { return nb_un_add_frac_i64(x, a); }
+NBG_HD int32_t mul_frac(int32_t x, double a) { return nb_un_mul_frac_i32(x, a); }
+NBG_HD int64_t mul_frac(int64_t x, double a) { return nb_un_mul_frac_i64(x, a); }
 
 template <nb_unary_op OP, nb_dtype D> struct UnaryF {
     using C = C_of<D>;
-    C alpha;
-    bool alpha_negative;
-    int64_t alpha_int;  // for integer dtypes: alpha saturated to int64
-    double alpha_real;  // alpha itself
-    bool alpha_frac;    // alpha is not a whole number
+    C alpha;           // the scalar in C (integers: saturated to int64 first, as the CPU)
+    double alpha_real; // the scalar itself
+    bool alpha_frac;   // integers: the scalar is not a whole number
 
     NBG_HD T_of<D> operator()(T_of<D> xs) const
     {
-        if constexpr (is_int_v<D>)
-            return unary_int<OP>(xs, alpha_int, alpha_real, alpha_frac);
-        else
-            return floating(xs);
-    }
-
-    NBG_HD T_of<D> floating(T_of<D> xs) const
-    {
-        const C x = ld<D>(xs);
-        const C zero = C(0), one = C(1);
-        C r;
-        if constexpr (OP == NB_UN_NEG) {
-            r = -x;
-        } else if constexpr (OP == NB_UN_ABS) {
-            if constexpr (is_float_v<D>)
-                r = m_fabs(x);
-            else
-                r = x < zero ? -x : x;
-        } else if constexpr (OP == NB_UN_SIGN) {
-            r = x > zero ? one : x < zero ? -one : x * zero; // as the CPU: NaN and -0 kept
-        } else if constexpr (OP == NB_UN_EXP) {
-            r = m_exp(x);
-        } else if constexpr (OP == NB_UN_LOG) {
-            r = m_log(x);
-        } else if constexpr (OP == NB_UN_SQRT) {
-            r = m_sqrt(x);
-        } else if constexpr (OP == NB_UN_RSQRT) {
-            r = one / m_sqrt(x);
-        } else if constexpr (OP == NB_UN_SQUARE) {
-            r = x * x;
-        } else if constexpr (OP == NB_UN_SIN) {
-            r = m_sin(x);
-        } else if constexpr (OP == NB_UN_COS) {
-            r = m_cos(x);
-        } else if constexpr (OP == NB_UN_TANH) {
-            r = m_tanh(x);
-        } else if constexpr (OP == NB_UN_ERF) {
-            r = m_erf(x);
-        } else if constexpr (OP == NB_UN_SIGMOID) {
-            if (x >= zero) {
-                r = one / (one + m_exp(-x));
-            } else {
-                C e = m_exp(x);
-                r = e / (one + e);
-            }
-        } else if constexpr (OP == NB_UN_RELU) {
-            r = x < zero ? zero : x; // NaN stays NaN
-        } else if constexpr (OP == NB_UN_LEAKY_RELU) {
-            r = x < zero ? alpha * x : x;
-        } else if constexpr (OP == NB_UN_GELU) {
-            r = C(0.5) * x * m_erfc(-x * C(0.70710678118654752440));
-        } else if constexpr (OP == NB_UN_SOFTPLUS) {
-            r = (x > zero ? x : zero) + m_log1p(m_exp(-m_fabs(x)));
-        } else if constexpr (OP == NB_UN_RECIPROCAL) {
-            r = one / x;
-        } else if constexpr (OP == NB_UN_STEP) {
-            r = (alpha_negative ? x >= zero : x > zero) ? one : zero;
-        } else if constexpr (OP == NB_UN_NORMAL_PDF) {
-            r = m_exp(C(-0.5) * x * x) * C(0.39894228040143267794);
-        } else if constexpr (OP == NB_UN_ADD_SCALAR) {
-            r = x + alpha;
-        } else if constexpr (OP == NB_UN_MUL_SCALAR) {
-            r = x * alpha;
+        if constexpr (is_int_v<D>) {
+            if constexpr (OP == NB_UN_ADD_SCALAR)
+                if (alpha_frac)
+                    return add_frac(xs, alpha_real);
+            if constexpr (OP == NB_UN_MUL_SCALAR)
+                if (alpha_frac)
+                    return mul_frac(xs, alpha_real);
+            return Un<OP>::f(xs, alpha);
         } else {
-            static_assert(OP == NB_UN_POW_SCALAR, "unhandled unary op");
-            // exact for the exponents the CPU special-cases (CUDA's pow is within 2 ulp)
-            r = alpha == C(2) ? x * x : alpha == C(1) ? x : alpha == C(-1) ? one / x : m_pow(x, alpha);
+            return st<D>(Un<OP>::f(ld<D>(xs), alpha));
         }
-        return st<D>(r);
     }
 };
-
-const char *unary_name(nb_unary_op op)
-{
-    static const char *const names[NB_UN_COUNT] = {
-        "neg", "abs", "sign", "exp", "log", "sqrt", "rsqrt", "square", "sin", "cos", "tanh", "erf",
-        "sigmoid", "relu", "leaky_relu", "gelu", "softplus", "reciprocal", "step", "normal_pdf",
-        "add_scalar", "mul_scalar", "pow_scalar"};
-    return (int)op >= 0 && op < NB_UN_COUNT ? names[op] : "unary";
-}
 
 template <nb_unary_op OP>
 nb_status unary_op(nb_gpu_ctx *c, const nb_view *out, const nb_view *x, double alpha)
 {
-    const char *name = unary_name(OP);
+    const char *name = nb__unary_name(OP);
     return dispatch(x->dtype, [&](auto tag) -> nb_status {
         constexpr nb_dtype D = decltype(tag)::value;
-        if constexpr (is_float_v<D> || (unary_takes_int<OP> && (D == NB_I32 || D == NB_I64))) {
-            UnaryF<OP, D> f;
+        if constexpr (unary_supported<OP, D>) {
             const int64_t ia = !(alpha == alpha) ? 0
                              : alpha >= 9223372036854775807.0 ? INT64_MAX
                              : alpha <= -9223372036854775808.0 ? INT64_MIN
                                                                : (int64_t)alpha;
-            f.alpha = is_float_v<D> ? static_cast<C_of<D>>(alpha) : C_of<D>(0);
-            f.alpha_negative = alpha < 0;
-            f.alpha_int = ia;
+            UnaryF<OP, D> f;
+            f.alpha = is_float_v<D> ? static_cast<C_of<D>>(alpha) : static_cast<C_of<D>>(ia);
             f.alpha_real = alpha;
             f.alpha_frac = (double)ia != alpha;
             return ew_launch<T_of<D>, T_of<D>>(c, name, f, out, {x});
@@ -179,79 +134,28 @@ nb_status unary_op(nb_gpu_ctx *c, const nb_view *out, const nb_view *x, double a
 
 // ---- binary ------------------------------------------------------------------------
 
-// The type integer arithmetic is done in so that it wraps (unsigned).
-template <class C, bool FLOAT> struct Wrap { using type = C; };
-template <class C> struct Wrap<C, false> { using type = std::make_unsigned_t<C>; };
-
-template <nb_binary_op OP> constexpr bool is_comparison = OP >= NB_BIN_EQ && OP <= NB_BIN_GE;
+template <nb_binary_op OP> constexpr bool is_comparison = OP >= NB_BIN_EQ;
 
 template <nb_binary_op OP, nb_dtype D> struct BinaryF {
-    using C = C_of<D>;
     using Out = std::conditional_t<is_comparison<OP>, uint8_t, T_of<D>>;
 
     NBG_HD Out operator()(T_of<D> as, T_of<D> bs) const
     {
-        const C a = ld<D>(as), b = ld<D>(bs);
-        if constexpr (OP == NB_BIN_EQ) return a == b;
-        else if constexpr (OP == NB_BIN_NE) return a != b;
-        else if constexpr (OP == NB_BIN_LT) return a < b;
-        else if constexpr (OP == NB_BIN_LE) return a <= b;
-        else if constexpr (OP == NB_BIN_GT) return a > b;
-        else if constexpr (OP == NB_BIN_GE) return a >= b;
-        else {
-            C r;
-            using W = typename Wrap<C, is_float_v<D>>::type; // integers wrap
-            if constexpr (OP == NB_BIN_ADD) {
-                r = (C)((W)a + (W)b);
-            } else if constexpr (OP == NB_BIN_SUB) {
-                r = (C)((W)a - (W)b);
-            } else if constexpr (OP == NB_BIN_MUL) {
-                r = (C)((W)a * (W)b);
-            } else if constexpr (OP == NB_BIN_DIV) {
-                if constexpr (is_float_v<D>)
-                    r = a / b;
-                else // integer division truncates; x / 0 gives 0; MIN / -1 wraps (no UB)
-                    r = b == C(0) ? C(0) : b == C(-1) ? (C)((W)0 - (W)a) : a / b;
-            } else if constexpr (OP == NB_BIN_POW) {
-                r = m_pow(a, b);
-            } else if constexpr (OP == NB_BIN_MAX) {
-                r = (m_isnan(a) || a > b) ? a : b; // NaN propagates from either side; as the CPU on ties
-            } else {
-                static_assert(OP == NB_BIN_MIN, "unhandled binary op");
-                r = (m_isnan(a) || a < b) ? a : b;
-            }
+        auto r = Bin<OP>::f(ld<D>(as), ld<D>(bs));
+        if constexpr (is_comparison<OP>)
+            return r;
+        else
             return st<D>(r);
-        }
     }
 };
-
-const char *binary_name(nb_binary_op op)
-{
-    static const char *const names[NB_BIN_COUNT] = {"add", "sub", "mul", "div", "pow", "maximum", "minimum",
-                                                    "equal", "not_equal", "less", "less_equal", "greater",
-                                                    "greater_equal"};
-    return (int)op >= 0 && op < NB_BIN_COUNT ? names[op] : "binary";
-}
-
-template <nb_binary_op OP, nb_dtype D> constexpr bool binary_supported()
-{
-    if constexpr (is_comparison<OP>)
-        return true;
-    else if constexpr (OP == NB_BIN_POW)
-        return is_float_v<D>;
-    else if constexpr (D == NB_BOOL)
-        return OP == NB_BIN_MAX || OP == NB_BIN_MIN;
-    else
-        return true;
-}
 
 template <nb_binary_op OP>
 nb_status binary_op(nb_gpu_ctx *c, const nb_view *out, const nb_view *a, const nb_view *b)
 {
-    const char *name = binary_name(OP);
+    const char *name = nb__binary_name(OP);
     return dispatch(a->dtype, [&](auto tag) -> nb_status {
         constexpr nb_dtype D = decltype(tag)::value;
-        if constexpr (binary_supported<OP, D>()) {
+        if constexpr (binary_supported<OP, D>) {
             using F = BinaryF<OP, D>;
             return ew_launch<typename F::Out, T_of<D>, T_of<D>>(c, name, F{}, out, {a, b});
         } else {
@@ -363,35 +267,26 @@ extern "C" nb_status nb__gpu_where(nb_gpu_ctx *c, const nb_view *out, const nb_v
     });
 }
 
-#define UNARY_CASE(OP) case OP: return unary_op<OP>(c, out, x, alpha);
 extern "C" nb_status nb__gpu_unary(nb_gpu_ctx *c, nb_unary_op op, const nb_view *out, const nb_view *x,
                                    double alpha)
 {
     switch (op) {
-        UNARY_CASE(NB_UN_NEG) UNARY_CASE(NB_UN_ABS) UNARY_CASE(NB_UN_SIGN) UNARY_CASE(NB_UN_EXP)
-        UNARY_CASE(NB_UN_LOG) UNARY_CASE(NB_UN_SQRT) UNARY_CASE(NB_UN_RSQRT) UNARY_CASE(NB_UN_SQUARE)
-        UNARY_CASE(NB_UN_SIN) UNARY_CASE(NB_UN_COS) UNARY_CASE(NB_UN_TANH) UNARY_CASE(NB_UN_ERF)
-        UNARY_CASE(NB_UN_SIGMOID) UNARY_CASE(NB_UN_RELU) UNARY_CASE(NB_UN_LEAKY_RELU) UNARY_CASE(NB_UN_GELU)
-        UNARY_CASE(NB_UN_SOFTPLUS) UNARY_CASE(NB_UN_RECIPROCAL) UNARY_CASE(NB_UN_STEP)
-        UNARY_CASE(NB_UN_NORMAL_PDF) UNARY_CASE(NB_UN_ADD_SCALAR) UNARY_CASE(NB_UN_MUL_SCALAR)
-        UNARY_CASE(NB_UN_POW_SCALAR)
+#define NB_UNARY(ID, name, dtypes, cost, api) \
+    case NB_UN_##ID: return unary_op<NB_UN_##ID>(c, out, x, alpha);
+#include "lib/core/ops.def"
     default: break;
     }
     return nb__fail(NB_ERR_INVALID_ARGUMENT, "unary: unknown op %d on %s", (int)op, c->dev->name);
 }
-#undef UNARY_CASE
 
-#define BINARY_CASE(OP) case OP: return binary_op<OP>(c, out, a, b);
 extern "C" nb_status nb__gpu_binary(nb_gpu_ctx *c, nb_binary_op op, const nb_view *out, const nb_view *a,
                                     const nb_view *b)
 {
     switch (op) {
-        BINARY_CASE(NB_BIN_ADD) BINARY_CASE(NB_BIN_SUB) BINARY_CASE(NB_BIN_MUL) BINARY_CASE(NB_BIN_DIV)
-        BINARY_CASE(NB_BIN_POW) BINARY_CASE(NB_BIN_MAX) BINARY_CASE(NB_BIN_MIN) BINARY_CASE(NB_BIN_EQ)
-        BINARY_CASE(NB_BIN_NE) BINARY_CASE(NB_BIN_LT) BINARY_CASE(NB_BIN_LE) BINARY_CASE(NB_BIN_GT)
-        BINARY_CASE(NB_BIN_GE)
+#define NB_BINARY(ID, name, dtypes, kind, api) \
+    case NB_BIN_##ID: return binary_op<NB_BIN_##ID>(c, out, a, b);
+#include "lib/core/ops.def"
     default: break;
     }
     return nb__fail(NB_ERR_INVALID_ARGUMENT, "binary: unknown op %d on %s", (int)op, c->dev->name);
 }
-#undef BINARY_CASE

@@ -5,23 +5,25 @@
 
 /* ---- two inputs ------------------------------------------------------------ */
 
-static nb_tensor *binary(const nb_op_def *def, nb_binary_op kop, unsigned mask, const nb_tensor *a,
-                         const nb_tensor *b)
+static const nb_op_def binary_defs[NB_BIN_COUNT];
+
+static nb_tensor *binary(nb_binary_op kop, const nb_tensor *a, const nb_tensor *b)
 {
+    const nb_op_def *def = &binary_defs[kop];
     const char *op = def->name;
     if (!a)
         return nb__null_input(op, 0);
     if (!b)
         return nb__null_input(op, 1);
-    if (nb__check_same_dtype(op, a, b) || nb__check_dtype(op, "input", a, mask))
+    if (nb__check_same_dtype(op, a, b) || nb__check_dtype(op, "input", a, nb__binary_dtypes(kop)))
         return NULL;
     const nb_tensor *in[2] = {a, b};
-    nb_device *dev = nb__op_place(op, 2, in);
+    nb_device *dev = nb__op_place_kernel(op, 2, in, NB_K_BINARY, kop, a->dtype);
     int nd;
     int64_t shape[NB_MAX_DIMS];
     if (!dev || !nb__broadcast(op, in[0], in[1], &nd, shape))
         return NULL;
-    bool cmp = kop >= NB_BIN_EQ;
+    bool cmp = nb__binary_is_comparison(kop);
     nb_tensor *out = nb__out(op, dev, cmp ? NB_BOOL : a->dtype, nd, shape);
     if (!out)
         return NULL;
@@ -94,20 +96,25 @@ static nb_status select_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **
     return nb__ok2(gi[0], gi[1]);
 }
 
-static nb_status max_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi) { return select_grad(n, g, gi, true); }
-static nb_status min_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi) { return select_grad(n, g, gi, false); }
+static nb_status maximum_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi) { return select_grad(n, g, gi, true); }
+static nb_status minimum_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi) { return select_grad(n, g, gi, false); }
 
-static const nb_op_def add_def = {"add", add_grad};
-static const nb_op_def sub_def = {"sub", sub_grad};
-static const nb_op_def mul_def = {"mul", mul_grad};
-static const nb_op_def div_def = {"div", div_grad};
-static const nb_op_def pow_def = {"pow", pow_grad};
-static const nb_op_def max_def = {"maximum", max_grad};
-static const nb_op_def min_def = {"minimum", min_grad};
+/* Comparisons: NB_BOOL results, never recorded. */
+#define CMP_GRAD NULL
+#define GRAD_OF_ARITH(name) name##_grad
+#define GRAD_OF_CMP(name) CMP_GRAD
+static const nb_op_def binary_defs[NB_BIN_COUNT] = {
+#define NB_BINARY(ID, name, dtypes, kind, api) [NB_BIN_##ID] = {#name, GRAD_OF_##kind(name)},
+#include "lib/core/ops.def"
+};
 
-nb_tensor *nb_add(const nb_tensor *a, const nb_tensor *b) { return binary(&add_def, NB_BIN_ADD, NB_NUMERIC, a, b); }
-nb_tensor *nb_sub(const nb_tensor *a, const nb_tensor *b) { return binary(&sub_def, NB_BIN_SUB, NB_NUMERIC, a, b); }
-nb_tensor *nb_mul(const nb_tensor *a, const nb_tensor *b) { return binary(&mul_def, NB_BIN_MUL, NB_NUMERIC, a, b); }
+/* The public functions of the list's AB ops. */
+#define WRAP_AB(ID, name) \
+    nb_tensor *nb_##name(const nb_tensor *a, const nb_tensor *b) { return binary(NB_BIN_##ID, a, b); }
+#define WRAP_OWN(ID, name)
+#define NB_BINARY(ID, name, dtypes, kind, api) WRAP_##api(ID, name)
+#include "lib/core/ops.def"
+
 /* Number of zeros in an integer tensor (-1 with the error recorded on failure).
  * Reads one value back: a host wait on a GPU, paid only by integer division. */
 static int64_t count_zeros(const nb_tensor *b)
@@ -136,21 +143,8 @@ nb_tensor *nb_div(const nb_tensor *a, const nb_tensor *b)
                                  nb__shape_str(b->ndim, b->shape, sb, sizeof sb));
         }
     }
-    return binary(&div_def, NB_BIN_DIV, NB_NUMERIC, a, b);
+    return binary(NB_BIN_DIV, a, b);
 }
-nb_tensor *nb_pow(const nb_tensor *a, const nb_tensor *b) { return binary(&pow_def, NB_BIN_POW, NB_FLOATS, a, b); }
-nb_tensor *nb_maximum(const nb_tensor *a, const nb_tensor *b) { return binary(&max_def, NB_BIN_MAX, NB_NUMERIC, a, b); }
-nb_tensor *nb_minimum(const nb_tensor *a, const nb_tensor *b) { return binary(&min_def, NB_BIN_MIN, NB_NUMERIC, a, b); }
-
-/* Comparisons: NB_BOOL results, never recorded. */
-static const nb_op_def eq_def = {"equal", NULL}, ne_def = {"not_equal", NULL}, lt_def = {"less", NULL},
-                       le_def = {"less_equal", NULL}, gt_def = {"greater", NULL}, ge_def = {"greater_equal", NULL};
-nb_tensor *nb_equal(const nb_tensor *a, const nb_tensor *b) { return binary(&eq_def, NB_BIN_EQ, NB_ALL_DTYPES, a, b); }
-nb_tensor *nb_not_equal(const nb_tensor *a, const nb_tensor *b) { return binary(&ne_def, NB_BIN_NE, NB_ALL_DTYPES, a, b); }
-nb_tensor *nb_less(const nb_tensor *a, const nb_tensor *b) { return binary(&lt_def, NB_BIN_LT, NB_ALL_DTYPES, a, b); }
-nb_tensor *nb_less_equal(const nb_tensor *a, const nb_tensor *b) { return binary(&le_def, NB_BIN_LE, NB_ALL_DTYPES, a, b); }
-nb_tensor *nb_greater(const nb_tensor *a, const nb_tensor *b) { return binary(&gt_def, NB_BIN_GT, NB_ALL_DTYPES, a, b); }
-nb_tensor *nb_greater_equal(const nb_tensor *a, const nb_tensor *b) { return binary(&ge_def, NB_BIN_GE, NB_ALL_DTYPES, a, b); }
 
 /* ---- where ------------------------------------------------------------------ */
 
@@ -209,14 +203,10 @@ nb_tensor *nb__unary(nb_unary_op kop, const nb_tensor *x, double alpha)
     const char *op = def->name;
     if (!x)
         return nb__null_input(op, 0);
-    unsigned mask = NB_FLOATS;
-    if (kop == NB_UN_NEG || kop == NB_UN_ABS || kop == NB_UN_SIGN || kop == NB_UN_SQUARE || kop == NB_UN_RELU ||
-        kop == NB_UN_ADD_SCALAR || kop == NB_UN_MUL_SCALAR)
-        mask |= NB_INTS;
-    if (nb__check_dtype(op, "input", x, mask))
+    if (nb__check_dtype(op, "input", x, nb__unary_dtypes(kop)))
         return NULL;
     const nb_tensor *in[1] = {x};
-    nb_device *dev = nb__op_place(op, 1, in);
+    nb_device *dev = nb__op_place_kernel(op, 1, in, NB_K_UNARY, kop, x->dtype);
     if (!dev)
         return NULL;
     nb_tensor *out = nb__out(op, dev, x->dtype, x->ndim, x->shape);
@@ -246,7 +236,7 @@ nb_tensor *nb__step(const nb_tensor *x) { return nb__unary(NB_UN_STEP, x, 0.0); 
 /* The step mask inside relu's gradients is a constant of the backward pass: it
  * passes no gradient at all, where zeros would meet an infinite slope further
  * back as 0 * inf = NaN in a second-order gradient. */
-static nb_status none_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
+static nb_status step_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
 {
     (void)n, (void)g;
     gi[0] = NULL;
@@ -255,7 +245,7 @@ static nb_status none_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi
 
 GRAD(neg, nb_neg(G))
 GRAD(abs, nb_mul(G, nb_sign(X)))
-GRAD(zero, nb_zeros_like(X))
+GRAD(sign, nb_zeros_like(X))
 GRAD(exp, nb_mul(G, Y))
 GRAD(log, nb_div(G, X))
 GRAD(sqrt, nb_div(nb_mul_scalar(G, 0.5), Y))
@@ -280,49 +270,18 @@ GRAD(mul_scalar, nb_mul_scalar(G, ALPHA))
  * and whatever G is (0 * G would pass on a NaN, and a second order through G). */
 GRAD(pow_scalar, ALPHA == 0.0 ? nb_zeros_like(X) : nb_mul(G, nb_mul_scalar(nb_pow_scalar(X, ALPHA - 1.0), ALPHA)))
 
+/* Each op of the list with its gradient <name>_grad: an op without one does
+ * not compile. */
 static const nb_op_def unary_defs[NB_UN_COUNT] = {
-    [NB_UN_NEG] = {"neg", neg_grad},
-    [NB_UN_ABS] = {"abs", abs_grad},
-    [NB_UN_SIGN] = {"sign", zero_grad},
-    [NB_UN_EXP] = {"exp", exp_grad},
-    [NB_UN_LOG] = {"log", log_grad},
-    [NB_UN_SQRT] = {"sqrt", sqrt_grad},
-    [NB_UN_RSQRT] = {"rsqrt", rsqrt_grad},
-    [NB_UN_SQUARE] = {"square", square_grad},
-    [NB_UN_SIN] = {"sin", sin_grad},
-    [NB_UN_COS] = {"cos", cos_grad},
-    [NB_UN_TANH] = {"tanh", tanh_grad},
-    [NB_UN_ERF] = {"erf", erf_grad},
-    [NB_UN_SIGMOID] = {"sigmoid", sigmoid_grad},
-    [NB_UN_RELU] = {"relu", relu_grad},
-    [NB_UN_LEAKY_RELU] = {"leaky_relu", leaky_relu_grad},
-    [NB_UN_GELU] = {"gelu", gelu_grad},
-    [NB_UN_SOFTPLUS] = {"softplus", softplus_grad},
-    [NB_UN_RECIPROCAL] = {"reciprocal", reciprocal_grad},
-    [NB_UN_STEP] = {"step", none_grad},
-    [NB_UN_NORMAL_PDF] = {"normal_pdf", normal_pdf_grad},
-    [NB_UN_ADD_SCALAR] = {"add_scalar", add_scalar_grad},
-    [NB_UN_MUL_SCALAR] = {"mul_scalar", mul_scalar_grad},
-    [NB_UN_POW_SCALAR] = {"pow_scalar", pow_scalar_grad},
+#define NB_UNARY(ID, name, dtypes, cost, api) [NB_UN_##ID] = {#name, name##_grad},
+#include "lib/core/ops.def"
 };
 
-nb_tensor *nb_neg(const nb_tensor *x) { return nb__unary(NB_UN_NEG, x, 0.0); }
-nb_tensor *nb_abs(const nb_tensor *x) { return nb__unary(NB_UN_ABS, x, 0.0); }
-nb_tensor *nb_sign(const nb_tensor *x) { return nb__unary(NB_UN_SIGN, x, 0.0); }
-nb_tensor *nb_exp(const nb_tensor *x) { return nb__unary(NB_UN_EXP, x, 0.0); }
-nb_tensor *nb_log(const nb_tensor *x) { return nb__unary(NB_UN_LOG, x, 0.0); }
-nb_tensor *nb_sqrt(const nb_tensor *x) { return nb__unary(NB_UN_SQRT, x, 0.0); }
-nb_tensor *nb_rsqrt(const nb_tensor *x) { return nb__unary(NB_UN_RSQRT, x, 0.0); }
-nb_tensor *nb_square(const nb_tensor *x) { return nb__unary(NB_UN_SQUARE, x, 0.0); }
-nb_tensor *nb_sin(const nb_tensor *x) { return nb__unary(NB_UN_SIN, x, 0.0); }
-nb_tensor *nb_cos(const nb_tensor *x) { return nb__unary(NB_UN_COS, x, 0.0); }
-nb_tensor *nb_tanh(const nb_tensor *x) { return nb__unary(NB_UN_TANH, x, 0.0); }
-nb_tensor *nb_erf(const nb_tensor *x) { return nb__unary(NB_UN_ERF, x, 0.0); }
-nb_tensor *nb_sigmoid(const nb_tensor *x) { return nb__unary(NB_UN_SIGMOID, x, 0.0); }
-nb_tensor *nb_relu(const nb_tensor *x) { return nb__unary(NB_UN_RELU, x, 0.0); }
-nb_tensor *nb_leaky_relu(const nb_tensor *x, double alpha) { return nb__unary(NB_UN_LEAKY_RELU, x, alpha); }
-nb_tensor *nb_gelu(const nb_tensor *x) { return nb__unary(NB_UN_GELU, x, 0.0); }
-nb_tensor *nb_softplus(const nb_tensor *x) { return nb__unary(NB_UN_SOFTPLUS, x, 0.0); }
-nb_tensor *nb_add_scalar(const nb_tensor *a, double b) { return nb__unary(NB_UN_ADD_SCALAR, a, b); }
-nb_tensor *nb_mul_scalar(const nb_tensor *a, double b) { return nb__unary(NB_UN_MUL_SCALAR, a, b); }
-nb_tensor *nb_pow_scalar(const nb_tensor *a, double b) { return nb__unary(NB_UN_POW_SCALAR, a, b); }
+/* The public functions (declared in include/nabla/ops.h). */
+#define WRAP_X(ID, name) \
+    nb_tensor *nb_##name(const nb_tensor *x) { return nb__unary(NB_UN_##ID, x, 0.0); }
+#define WRAP_XA(ID, name) \
+    nb_tensor *nb_##name(const nb_tensor *x, double alpha) { return nb__unary(NB_UN_##ID, x, alpha); }
+#define WRAP_INTERNAL(ID, name)
+#define NB_UNARY(ID, name, dtypes, cost, api) WRAP_##api(ID, name)
+#include "lib/core/ops.def"

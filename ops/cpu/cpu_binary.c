@@ -1,44 +1,10 @@
-/* Binary elementwise kernels and where.
- * Arithmetic (ADD SUB MUL DIV POW MAX MIN): f32, f64, i32, i64. Integer
- * arithmetic wraps; integer DIV truncates toward zero and gives 0 for a zero
- * divisor; integer POW is repeated multiplication (a negative exponent gives
- * 1/x truncated: 0 except for x = +-1). Float MAX/MIN propagate NaN.
- * Comparisons (EQ NE LT LE GT GE): f32, f64, i32, i64, bool, u8, writing NB_BOOL.
- * where: any CPU dtype (f32, f64, i32, i64, bool, u8); cond is NB_BOOL. */
+/* Binary elementwise kernels, one loop per (op, dtype) around the op's formula
+ * in lib/core/formulas.h, generated from lib/core/ops.def: arithmetic on f32
+ * and f64, and on i32 and i64 where the list allows integers (wrapping;
+ * integer DIV truncates toward zero); comparisons on every CPU dtype, writing
+ * NB_BOOL. Float MAX/MIN propagate NaN. And where, on any CPU dtype. */
 #include "cpu_internal.h"
-
-#include <math.h>
-
-static const char *const bin_names[NB_BIN_COUNT] = {
-    [NB_BIN_ADD] = "add", [NB_BIN_SUB] = "sub", [NB_BIN_MUL] = "mul", [NB_BIN_DIV] = "div",
-    [NB_BIN_POW] = "pow", [NB_BIN_MAX] = "maximum", [NB_BIN_MIN] = "minimum",
-    [NB_BIN_EQ] = "equal", [NB_BIN_NE] = "not_equal", [NB_BIN_LT] = "less",
-    [NB_BIN_LE] = "less_equal", [NB_BIN_GT] = "greater", [NB_BIN_GE] = "greater_equal",
-};
-
-#define INT_HELPERS(SUF, T, U)                                                               \
-    static inline T div_##SUF(T x, T y)                                                      \
-    {                                                                                        \
-        if (y == 0)                                                                          \
-            return 0;                                                                        \
-        if (y == -1)                                                                         \
-            return (T)((U)0 - (U)x);                                                         \
-        return x / y;                                                                        \
-    }                                                                                        \
-    static inline T pow_##SUF(T x, T y)                                                      \
-    {                                                                                        \
-        if (y < 0)                                                                           \
-            return x == 1 ? 1 : x == -1 ? ((y & 1) ? -1 : 1) : 0;                            \
-        U r = 1, b = (U)x;                                                                   \
-        for (U e = (U)y; e; e >>= 1) {                                                       \
-            if (e & 1)                                                                       \
-                r *= b;                                                                      \
-            b *= b;                                                                          \
-        }                                                                                    \
-        return (T)r;                                                                         \
-    }
-INT_HELPERS(i32, int32_t, uint32_t)
-INT_HELPERS(i64, int64_t, uint64_t)
+#include "lib/core/formulas.h"
 
 /* One loop function per (op, dtype) with fast paths for same-shape contiguous
  * operands and for a scalar-broadcast one. */
@@ -79,68 +45,47 @@ INT_HELPERS(i64, int64_t, uint64_t)
         }                                                                                    \
     }
 
-#define BIN_CMP_OPS(SUF, T)                                                                  \
-    BIN_ROW(bin_eq_##SUF, T, uint8_t, x == y)                                                \
-    BIN_ROW(bin_ne_##SUF, T, uint8_t, x != y)                                                \
-    BIN_ROW(bin_lt_##SUF, T, uint8_t, x < y)                                                 \
-    BIN_ROW(bin_le_##SUF, T, uint8_t, x <= y)                                                \
-    BIN_ROW(bin_gt_##SUF, T, uint8_t, x > y)                                                 \
-    BIN_ROW(bin_ge_##SUF, T, uint8_t, x >= y)
+/* f32 and f64: every op. i32 and i64: every op the list allows on integers
+ * (NUMERIC or ANY). bool and u8: the comparisons (ANY, CMP). */
+#define OUT_ARITH(T) T
+#define OUT_CMP(T) uint8_t
+#define NB_BINARY(ID, name, dtypes, kind, api)                                               \
+    BIN_ROW(bin_##name##_f32, float, OUT_##kind(float), nb_bin_##name##_f32(x, y))           \
+    BIN_ROW(bin_##name##_f64, double, OUT_##kind(double), nb_bin_##name##_f64(x, y))
+#include "lib/core/ops.def"
 
-#define BIN_FLOAT_OPS(SUF, T, POW)                                                           \
-    BIN_ROW(bin_add_##SUF, T, T, x + y)                                                      \
-    BIN_ROW(bin_sub_##SUF, T, T, x - y)                                                      \
-    BIN_ROW(bin_mul_##SUF, T, T, x * y)                                                      \
-    BIN_ROW(bin_div_##SUF, T, T, x / y)                                                      \
-    BIN_ROW(bin_pow_##SUF, T, T, POW(x, y))                                                  \
-    BIN_ROW(bin_max_##SUF, T, T, (x > y || x != x) ? x : y)                                  \
-    BIN_ROW(bin_min_##SUF, T, T, (x < y || x != x) ? x : y)                                  \
-    BIN_CMP_OPS(SUF, T)
+#define INT_ROWS(name, kind)                                                                 \
+    BIN_ROW(bin_##name##_i32, int32_t, OUT_##kind(int32_t), nb_bin_##name##_i32(x, y))       \
+    BIN_ROW(bin_##name##_i64, int64_t, OUT_##kind(int64_t), nb_bin_##name##_i64(x, y))
+#define INT_ROWS_FLOAT(name, kind)
+#define INT_ROWS_NUMERIC(name, kind) INT_ROWS(name, kind)
+#define INT_ROWS_ANY(name, kind) INT_ROWS(name, kind) BIN_ROW(bin_##name##_u8, uint8_t, uint8_t, nb_bin_##name##_u8(x, y))
+#define NB_BINARY(ID, name, dtypes, kind, api) INT_ROWS_##dtypes(name, kind)
+#include "lib/core/ops.def"
 
-#define BIN_INT_OPS(SUF, T, U)                                                               \
-    BIN_ROW(bin_add_##SUF, T, T, (U)x + (U)y)                                                \
-    BIN_ROW(bin_sub_##SUF, T, T, (U)x - (U)y)                                                \
-    BIN_ROW(bin_mul_##SUF, T, T, (U)x * (U)y)                                                \
-    BIN_ROW(bin_div_##SUF, T, T, div_##SUF(x, y))                                            \
-    BIN_ROW(bin_pow_##SUF, T, T, pow_##SUF(x, y))                                            \
-    BIN_ROW(bin_max_##SUF, T, T, x > y ? x : y)                                              \
-    BIN_ROW(bin_min_##SUF, T, T, x < y ? x : y)                                              \
-    BIN_CMP_OPS(SUF, T)
-
-BIN_FLOAT_OPS(f32, float, powf)
-BIN_FLOAT_OPS(f64, double, pow)
-BIN_INT_OPS(i32, int32_t, uint32_t)
-BIN_INT_OPS(i64, int64_t, uint64_t)
-BIN_CMP_OPS(u8, uint8_t)
-
-#define BIN_ENTRY(OP, name)                                                                  \
-    [OP] = {[NB_F32] = bin_##name##_f32, [NB_F64] = bin_##name##_f64,                        \
-            [NB_I32] = bin_##name##_i32, [NB_I64] = bin_##name##_i64}
-#define CMP_ENTRY(OP, name)                                                                  \
-    [OP] = {[NB_F32] = bin_##name##_f32, [NB_F64] = bin_##name##_f64,                        \
-            [NB_I32] = bin_##name##_i32, [NB_I64] = bin_##name##_i64,                        \
-            [NB_BOOL] = bin_##name##_u8, [NB_U8] = bin_##name##_u8}
-static const nb_cpu_loop_fn bin_table[NB_BIN_COUNT][NB_DTYPE_COUNT] = {
-    BIN_ENTRY(NB_BIN_ADD, add), BIN_ENTRY(NB_BIN_SUB, sub), BIN_ENTRY(NB_BIN_MUL, mul),
-    BIN_ENTRY(NB_BIN_DIV, div), BIN_ENTRY(NB_BIN_POW, pow), BIN_ENTRY(NB_BIN_MAX, max),
-    BIN_ENTRY(NB_BIN_MIN, min), CMP_ENTRY(NB_BIN_EQ, eq), CMP_ENTRY(NB_BIN_NE, ne),
-    CMP_ENTRY(NB_BIN_LT, lt), CMP_ENTRY(NB_BIN_LE, le), CMP_ENTRY(NB_BIN_GT, gt),
-    CMP_ENTRY(NB_BIN_GE, ge),
+#define ENTRY_FLOAT(name) [NB_F32] = bin_##name##_f32, [NB_F64] = bin_##name##_f64
+#define ENTRY_NUMERIC(name) ENTRY_FLOAT(name), [NB_I32] = bin_##name##_i32, [NB_I64] = bin_##name##_i64
+#define ENTRY_ANY(name) ENTRY_NUMERIC(name), [NB_BOOL] = bin_##name##_u8, [NB_U8] = bin_##name##_u8
+static const nb_cpu_loop_fn bin_table[][NB_DTYPE_COUNT] = {
+#define NB_BINARY(ID, name, dtypes, kind, api) [NB_BIN_##ID] = {ENTRY_##dtypes(name)},
+#include "lib/core/ops.def"
 };
+_Static_assert(sizeof bin_table / sizeof bin_table[0] == NB_BIN_COUNT, "binary table and ops.def disagree");
 
 nb_status nb__cpu_binary(nb_device *dev, nb_binary_op op, const nb_view *out, const nb_view *a,
                          const nb_view *b)
 {
     if ((unsigned)op >= NB_BIN_COUNT)
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "binary: unknown op %d", (int)op);
+    const char *name = nb__binary_name(op);
     if ((unsigned)a->dtype >= NB_DTYPE_COUNT)
-        return nb__cpu_unsupported(dev, bin_names[op], a->dtype);
+        return nb__cpu_unsupported(dev, name, a->dtype);
     nb_cpu_loop_fn fn = bin_table[op][a->dtype];
     if (!fn)
-        return nb__cpu_unsupported(dev, bin_names[op], a->dtype);
-    nb_dtype want = op >= NB_BIN_EQ ? NB_BOOL : a->dtype;
+        return nb__cpu_unsupported(dev, name, a->dtype);
+    nb_dtype want = nb__binary_is_comparison(op) ? NB_BOOL : a->dtype;
     if (b->dtype != a->dtype || out->dtype != want)
-        return nb__fail(NB_ERR_DTYPE, "%s: dtypes %s, %s -> %s do not fit", bin_names[op],
+        return nb__fail(NB_ERR_DTYPE, "%s: dtypes %s, %s -> %s do not fit", name,
                         nb_dtype_name(a->dtype), nb_dtype_name(b->dtype),
                         nb_dtype_name(out->dtype));
     nb_cpu_iter it;
