@@ -26,7 +26,7 @@ nb_tensor *nb_cast(const nb_tensor *x, nb_dtype dtype)
     if ((unsigned)dtype >= NB_DTYPE_COUNT)
         return nb__fail_null(NB_ERR_DTYPE, "%s: %d is not a dtype", op, (int)dtype);
     const nb_tensor *in[1] = {x};
-    nb_device *dev = nb__op_place(op, 1, in);
+    nb_device *dev = nb__op_place_kernel(op, 1, in, NB_K_COPY, 0, x->dtype);
     if (!dev)
         return NULL;
     nb_tensor *out = nb__out(op, dev, dtype, SHAPE_OF(x));

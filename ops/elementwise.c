@@ -172,7 +172,7 @@ nb_tensor *nb_where(const nb_tensor *cond, const nb_tensor *a, const nb_tensor *
     if (nb__check_dtype(op, "condition", cond, NB_MASK(NB_BOOL)) || nb__check_same_dtype(op, a, b))
         return NULL;
     const nb_tensor *in[3] = {cond, a, b};
-    nb_device *dev = nb__op_place(op, 3, in);
+    nb_device *dev = nb__op_place_kernel(op, 3, in, NB_K_WHERE, 0, a->dtype);
     int nd, nd2;
     int64_t ab[NB_MAX_DIMS], shape[NB_MAX_DIMS];
     if (!dev || !nb__broadcast(op, in[1], in[2], &nd, ab))

@@ -53,7 +53,7 @@ nb_tensor *nb_gather(const nb_tensor *params, const nb_tensor *indices)
                              nb__shape_str(SHAPE_OF(indices), si, sizeof si),
                              params->ndim < 1 ? " (params need at least 1 dim)" : " (too many dims)");
     const nb_tensor *in[2] = {params, indices};
-    nb_device *dev = nb__op_place(op, 2, in);
+    nb_device *dev = nb__op_place_kernel(op, 2, in, NB_K_GATHER, 0, params->dtype);
     if (!dev)
         return NULL;
     int64_t shape[NB_MAX_DIMS];
@@ -112,7 +112,7 @@ nb_tensor *nb__scatter_add(const nb_tensor *indices, const nb_tensor *updates, i
                              nb__shape_str(SHAPE_OF(indices), si, sizeof si),
                              nb__shape_str(ndim, shape, so, sizeof so));
     const nb_tensor *in[2] = {indices, updates};
-    nb_device *dev = nb__op_place(op, 2, in);
+    nb_device *dev = nb__op_place_kernel(op, 2, in, NB_K_SCATTER_ADD, 0, updates->dtype);
     if (!dev)
         return NULL;
     nb_tensor *out = nb__out(op, dev, updates->dtype, ndim, shape);
@@ -158,7 +158,7 @@ nb_tensor *nb_one_hot(const nb_tensor *indices, int64_t depth, nb_dtype dtype)
                              nb__shape_str(SHAPE_OF(indices), s, sizeof s), NB_MAX_DIMS);
     }
     const nb_tensor *in[1] = {indices};
-    nb_device *dev = nb__op_place(op, 1, in);
+    nb_device *dev = nb__op_place_kernel(op, 1, in, NB_K_ONE_HOT, 0, indices->dtype);
     if (!dev)
         return NULL;
     int64_t shape[NB_MAX_DIMS];

@@ -27,7 +27,7 @@ static nb_tensor *matmul_core(const nb_tensor *a, const nb_tensor *b)
 {
     const char *op = "matmul";
     const nb_tensor *in[2] = {a, b};
-    nb_device *dev = nb__op_place(op, 2, in);
+    nb_device *dev = nb__op_place_kernel(op, 2, in, NB_K_MATMUL, 0, a->dtype);
     if (!dev)
         return NULL;
     a = in[0];

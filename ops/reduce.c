@@ -16,7 +16,7 @@ static nb_tensor *reduce(const nb_op_def *def, nb_reduce_op kop, const nb_tensor
     if (mask < 0)
         return NULL;
     const nb_tensor *in[1] = {x};
-    nb_device *dev = nb__op_place(op, 1, in);
+    nb_device *dev = nb__op_place_kernel(op, 1, in, NB_K_REDUCE, kop, x->dtype);
     if (!dev)
         return NULL;
     int64_t keep[NB_MAX_DIMS], shape[NB_MAX_DIMS];
@@ -190,7 +190,7 @@ static nb_tensor *arg_reduce(const char *op, bool is_max, const nb_tensor *x, in
     if (x->shape[a] == 0)
         return nb__fail_null(NB_ERR_SHAPE, "%s: axis %d is empty", op, axis);
     const nb_tensor *in[1] = {x};
-    nb_device *dev = nb__op_place(op, 1, in);
+    nb_device *dev = nb__op_place_kernel(op, 1, in, NB_K_ARG_REDUCE, 0, x->dtype);
     if (!dev)
         return NULL;
     int64_t keep[NB_MAX_DIMS];

@@ -24,7 +24,7 @@ static const nb_op_def log_softmax_def = {"log_softmax", log_softmax_grad};
 static nb_tensor *softmax_last(const nb_op_def *def, bool log, const nb_tensor *x)
 {
     const nb_tensor *in[1] = {x};
-    nb_device *dev = nb__op_place(def->name, 1, in);
+    nb_device *dev = nb__op_place_kernel(def->name, 1, in, NB_K_SOFTMAX, 0, x->dtype);
     if (!dev)
         return NULL;
     if (!in[0]->contiguous && !(in[0] = nb_contiguous(in[0])))
