@@ -79,34 +79,31 @@ nb_tensor *nb_sparse_softmax_cross_entropy(const nb_tensor *logits, const nb_ten
 
 /* max(x, 0) - x z + log(1 + exp(-|x|)), written max(x, 0) (1 - z) + max(-x, 0) z
  * + ...: accurate for any x, and +inf, not inf - inf = NaN, at an infinite
- * logit. relu and abs have slope 0 at 0, so its own gradient there would be -z. */
-static nb_status sigmoid_ce_forward(int n_in, nb_tensor *const *in, int n_out, nb_tensor **out, void *user)
+ * logit. relu and abs have slope 0 at 0, so the gradient of these ops there
+ * would be -z: the op records itself instead, with its exact gradient. */
+static nb_tensor *sigmoid_ce_forward(const nb_tensor *x, const nb_tensor *z)
 {
-    (void)n_in, (void)n_out, (void)user;
-    nb_tensor *x = in[0], *z = in[1];
     nb_tensor *linear = nb_add(nb_mul(nb_relu(x), nb_add_scalar(nb_neg(z), 1.0)), nb_mul(nb_relu(nb_neg(x)), z));
-    out[0] = nb_add(linear, nb_softplus(nb_neg(nb_abs(x))));
-    return out[0] ? NB_OK : nb_error();
+    return nb_add(linear, nb_softplus(nb_neg(nb_abs(x))));
 }
 
 /* The exact gradient everywhere, x = 0 included: (sigmoid(x) - z) g for the
  * logits, -x g for the labels; written with ops, so it differentiates again. */
-static nb_status sigmoid_ce_backward(int n_in, nb_tensor *const *in, int n_out, nb_tensor *const *out,
-                                     nb_tensor *const *out_grads, nb_tensor **in_grads, void *user)
+static nb_status sigmoid_ce_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
 {
-    (void)n_in, (void)n_out, (void)out, (void)user;
-    nb_tensor *g = out_grads[0];
-    in_grads[0] = in_grads[1] = NULL;
-    if (!g)
-        return NB_OK;
-    in_grads[0] = nb_mul(nb_sub(nb_sigmoid(in[0]), in[1]), g);
-    in_grads[1] = nb_mul(nb_neg(in[0]), g);
-    return in_grads[0] && in_grads[1] ? NB_OK : nb_error();
+    gi[0] = gi[1] = NULL;
+    if (nb__needs_grad(n, 0) && !(gi[0] = nb_mul(nb_sub(nb_sigmoid(n->in[0]), n->in[1]), g[0])))
+        return nb__ok(NULL);
+    if (nb__needs_grad(n, 1) && !(gi[1] = nb_mul(nb_neg(n->in[0]), g[0])))
+        return nb__ok(NULL);
+    return NB_OK;
 }
+
+static const nb_op_def sigmoid_ce_def = {"sigmoid_cross_entropy", sigmoid_ce_grad};
 
 nb_tensor *nb_sigmoid_cross_entropy(const nb_tensor *logits, const nb_tensor *labels)
 {
-    const char *op = "sigmoid_cross_entropy";
+    const char *op = sigmoid_ce_def.name;
     if (!logits)
         return nb__null_input(op, 0);
     if (!labels)
@@ -114,8 +111,12 @@ nb_tensor *nb_sigmoid_cross_entropy(const nb_tensor *logits, const nb_tensor *la
     if (nb__check_dtype(op, "logits", logits, NB_FLOATS) || nb__check_same_dtype(op, logits, labels) ||
         !same_shape(op, logits, "logits", labels, "labels"))
         return NULL;
-    nb_tensor *in[2] = {(nb_tensor *)logits, (nb_tensor *)labels}, *out = NULL;
-    if (nb_custom_gradient(2, in, 1, &out, sigmoid_ce_forward, sigmoid_ce_backward, NULL))
+    /* A composite: its ops run unrecorded, and it is recorded as one op. */
+    int token = nb__tapes_pause();
+    nb_tensor *out = sigmoid_ce_forward(logits, labels);
+    nb__tapes_resume(token);
+    const nb_tensor *in[2] = {logits, labels};
+    if (!out || nb__record(&sigmoid_ce_def, 2, in, 1, &out, NULL))
         return NULL;
     return out;
 }

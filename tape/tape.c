@@ -6,41 +6,37 @@
 
 static _Thread_local nb_tape *tl_stack[NB_TAPE_STACK_MAX];
 static _Thread_local int tl_depth;
-static _Thread_local int tl_active;      /* tapes on the stack that are not paused */
-static _Thread_local int tl_pause_depth; /* nb__tapes_pause nesting */
 
 static void recount_active(void)
 {
     int n = 0;
     for (int i = 0; i < tl_depth; i++)
         n += !tl_stack[i]->paused;
-    tl_active = n;
+    nb__recording_set_active(n);
 }
-
-bool nb__tape_recording(void) { return tl_active > 0 && tl_pause_depth == 0; }
 
 void nb__tapes_set_aside(nb_tapes_aside *out)
 {
     memcpy(out->stack, tl_stack, sizeof tl_stack);
     out->depth = tl_depth;
-    out->active = tl_active;
-    out->pause_depth = tl_pause_depth;
-    tl_depth = tl_active = tl_pause_depth = 0;
+    out->active = nb__recording_active();
+    out->pause_depth = nb__recording_pause_depth();
+    tl_depth = 0;
+    nb__recording_set_active(0);
+    nb__recording_set_pause_depth(0);
 }
 
 void nb__tapes_restore(const nb_tapes_aside *in)
 {
     memcpy(tl_stack, in->stack, sizeof tl_stack);
     tl_depth = in->depth;
-    tl_active = in->active;
-    tl_pause_depth = in->pause_depth;
+    nb__recording_set_active(in->active);
+    nb__recording_set_pause_depth(in->pause_depth);
 }
 
-int nb__tapes_pause(void) { return tl_pause_depth++; }
-
-void nb__tapes_resume(int token) { tl_pause_depth = token; }
-
 static void tape_destroy_from_scope(void *tape);
+static nb_status tape_record(const nb_op_def *op, int n_in, const nb_tensor *const *inputs, int n_out,
+                             nb_tensor *const *outputs, const nb_op_attrs *attrs);
 
 static nb_tape *tape_begin(bool persistent, const char *who)
 {
@@ -49,6 +45,7 @@ static nb_tape *tape_begin(bool persistent, const char *who)
     nb_tape *t = calloc(1, sizeof *t);
     if (!t)
         return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+    nb__recorder_install(tape_record);
     t->persistent = persistent;
     t->on_stack = true;
     t->owner = nb__scope_adopt(t, tape_destroy_from_scope);
@@ -259,11 +256,10 @@ static nb_status record_on(nb_tape *tape, const nb_op_def *op, int n_in, const n
     return NB_OK;
 }
 
-nb_status nb__record(const nb_op_def *op, int n_in, const nb_tensor *const *inputs, int n_out,
-                     nb_tensor *const *outputs, const nb_op_attrs *attrs)
+/* The recorder nb__record calls (installed by tape_begin) while a tape records. */
+static nb_status tape_record(const nb_op_def *op, int n_in, const nb_tensor *const *inputs, int n_out,
+                             nb_tensor *const *outputs, const nb_op_attrs *attrs)
 {
-    if (!nb__tape_recording())
-        return NB_OK;
     bool any_float = false;
     for (int i = 0; i < n_out; i++)
         any_float |= nb__is_floating(outputs[i]->dtype);
