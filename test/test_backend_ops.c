@@ -687,30 +687,36 @@ static double *alloc_values(int64_t n) { return malloc(sizeof(double) * (size_t)
 
 /* ================================ unary ops ================================================= */
 
+/* An integer product as dtype dt wraps it (exact where a double product is not). */
+static double int_mul(double a, double b, nb_dtype dt)
+{
+    uint64_t p = (uint64_t)(int64_t)a * (uint64_t)(int64_t)b;
+    return dt == NB_I32 ? (double)(int32_t)(uint32_t)p : (double)(int64_t)p;
+}
 static double sign_of(double x) { return x > 0 ? 1 : x < 0 ? -1 : x * 0; }
-static double ref_neg(double x, double a) { (void)a; return -x; }
-static double ref_abs(double x, double a) { (void)a; return fabs(x); }
-static double ref_sign(double x, double a) { (void)a; return sign_of(x); }
-static double ref_exp(double x, double a) { (void)a; return exp(x); }
-static double ref_log(double x, double a) { (void)a; return log(x); }
-static double ref_sqrt(double x, double a) { (void)a; return sqrt(x); }
-static double ref_rsqrt(double x, double a) { (void)a; return 1 / sqrt(x); }
-static double ref_square(double x, double a) { (void)a; return x * x; }
-static double ref_sin(double x, double a) { (void)a; return sin(x); }
-static double ref_cos(double x, double a) { (void)a; return cos(x); }
-static double ref_tanh(double x, double a) { (void)a; return tanh(x); }
-static double ref_erf(double x, double a) { (void)a; return erf(x); }
-static double ref_sigmoid(double x, double a) { (void)a; return x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x)); }
-static double ref_relu(double x, double a) { (void)a; return x < 0 ? 0 : x; }
-static double ref_leaky_relu(double x, double a) { return x < 0 ? a * x : x; }
-static double ref_gelu(double x, double a) { (void)a; return x * 0.5 * (1 + erf(x / sqrt(2.0))); }
-static double ref_softplus(double x, double a) { (void)a; return (x > 0 ? x : 0) + log1p(exp(-fabs(x))); }
-static double ref_reciprocal(double x, double a) { (void)a; return 1 / x; }
-static double ref_step(double x, double a) { return (a < 0 ? x >= 0 : x > 0) ? 1 : 0; }
-static double ref_normal_pdf(double x, double a) { (void)a; return exp(-0.5 * x * x) / sqrt(2 * M_PI); }
-static double ref_add_scalar(double x, double a) { return x + a; }
-static double ref_mul_scalar(double x, double a) { return x * a; }
-static double ref_pow_scalar(double x, double a) { return pow(x, a); }
+static double ref_neg(double x, double a, nb_dtype dt) { (void)a, (void)dt; return -x; }
+static double ref_abs(double x, double a, nb_dtype dt) { (void)a, (void)dt; return fabs(x); }
+static double ref_sign(double x, double a, nb_dtype dt) { (void)a, (void)dt; return sign_of(x); }
+static double ref_exp(double x, double a, nb_dtype dt) { (void)a, (void)dt; return exp(x); }
+static double ref_log(double x, double a, nb_dtype dt) { (void)a, (void)dt; return log(x); }
+static double ref_sqrt(double x, double a, nb_dtype dt) { (void)a, (void)dt; return sqrt(x); }
+static double ref_rsqrt(double x, double a, nb_dtype dt) { (void)a, (void)dt; return 1 / sqrt(x); }
+static double ref_square(double x, double a, nb_dtype dt) { (void)a; return is_int(dt) ? int_mul(x, x, dt) : x * x; }
+static double ref_sin(double x, double a, nb_dtype dt) { (void)a, (void)dt; return sin(x); }
+static double ref_cos(double x, double a, nb_dtype dt) { (void)a, (void)dt; return cos(x); }
+static double ref_tanh(double x, double a, nb_dtype dt) { (void)a, (void)dt; return tanh(x); }
+static double ref_erf(double x, double a, nb_dtype dt) { (void)a, (void)dt; return erf(x); }
+static double ref_sigmoid(double x, double a, nb_dtype dt) { (void)a, (void)dt; return x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x)); }
+static double ref_relu(double x, double a, nb_dtype dt) { (void)a, (void)dt; return x < 0 ? 0 : x; }
+static double ref_leaky_relu(double x, double a, nb_dtype dt) { (void)dt; return x < 0 ? a * x : x; }
+static double ref_gelu(double x, double a, nb_dtype dt) { (void)a, (void)dt; return x * 0.5 * (1 + erf(x / sqrt(2.0))); }
+static double ref_softplus(double x, double a, nb_dtype dt) { (void)a, (void)dt; return (x > 0 ? x : 0) + log1p(exp(-fabs(x))); }
+static double ref_reciprocal(double x, double a, nb_dtype dt) { (void)a, (void)dt; return 1 / x; }
+static double ref_step(double x, double a, nb_dtype dt) { (void)dt; return (a < 0 ? x >= 0 : x > 0) ? 1 : 0; }
+static double ref_normal_pdf(double x, double a, nb_dtype dt) { (void)a, (void)dt; return exp(-0.5 * x * x) / sqrt(2 * M_PI); }
+static double ref_add_scalar(double x, double a, nb_dtype dt) { (void)dt; return x + a; }
+static double ref_mul_scalar(double x, double a, nb_dtype dt) { return is_int(dt) && a == trunc(a) ? int_mul(x, a, dt) : x * a; }
+static double ref_pow_scalar(double x, double a, nb_dtype dt) { (void)dt; return pow(x, a); }
 
 /* The public function of each op (nb__unary for the internal ones). */
 #define PUB_UN_X(ID, name) \
@@ -725,7 +731,7 @@ static double ref_pow_scalar(double x, double a) { return pow(x, a); }
 typedef struct unary_entry {
     nb_unary_op op;
     const char *name;
-    double (*ref)(double x, double alpha);
+    double (*ref)(double x, double alpha, nb_dtype dt);
     nb_tensor *(*pub)(const nb_tensor *x, double alpha);
 } unary_entry;
 
@@ -759,6 +765,9 @@ static const alphas un_alphas[NB_UN_COUNT] = {
 static const double edges[] = {0.0, -0.0, INFINITY, -INFINITY, NAN, 1.0, -1.0, 0.5, -0.5, 3.0, -3.0, 30.0, -30.0,
                                100.0, -100.0, 1e-3};
 #define N_EDGES ((int64_t)(sizeof edges / sizeof *edges))
+/* i32 values where arithmetic wraps (two's complement). */
+static const double int_edges[] = {0, 1, -1, 2, 2147483647, -2147483647 - 1.0, 46341, 65536, -7};
+#define N_INT_EDGES ((int64_t)(sizeof int_edges / sizeof *int_edges))
 
 typedef struct shape_case {
     nb_shape s;
@@ -794,7 +803,7 @@ static double *ref_unary(int n, const input *in, const void *ctx, nb_shape *shap
     int64_t k = numel(in[0].shape);
     double *w = alloc_values(k);
     for (int64_t i = 0; i < k; i++)
-        w[i] = wrap_int(c->dt, c->e->ref(in[0].v[i], c->alpha));
+        w[i] = wrap_int(c->dt, c->e->ref(in[0].v[i], c->alpha, c->dt));
     *shape = in[0].shape;
     return w;
 }
@@ -839,6 +848,13 @@ static void kernel_unary(void)
                     input in = {dt, {1, {N_EDGES}}, v, L_CONTIG};
                     run_values(1, &in, apply_unary, ref_unary, &c, dt, T_ELEM);
                     case_end();
+                } else if (dt == NB_I32 && c.alpha == trunc(c.alpha)) {
+                    case_begin("%s(alpha %g) i32 wrapping", e->name, c.alpha);
+                    double v[N_INT_EDGES];
+                    memcpy(v, int_edges, sizeof v);
+                    input in = {dt, {1, {N_INT_EDGES}}, v, L_CONTIG};
+                    run_values(1, &in, apply_unary, ref_unary, &c, dt, T_EXACT);
+                    case_end();
                 }
             }
         }
@@ -866,7 +882,7 @@ static void kernel_unary(void)
 
 static double ref_add(double a, double b, nb_dtype dt) { (void)dt; return a + b; }
 static double ref_sub(double a, double b, nb_dtype dt) { (void)dt; return a - b; }
-static double ref_mul(double a, double b, nb_dtype dt) { (void)dt; return a * b; }
+static double ref_mul(double a, double b, nb_dtype dt) { return is_int(dt) ? int_mul(a, b, dt) : a * b; }
 static double ref_div(double a, double b, nb_dtype dt) { return is_int(dt) ? trunc(a / b) : a / b; }
 static double ref_pow(double a, double b, nb_dtype dt) { (void)dt; return pow(a, b); }
 static double ref_maximum(double a, double b, nb_dtype dt)
@@ -1022,6 +1038,18 @@ static void kernel_binary(void)
                 vb[N_EDGES - 1] = -2.5; /* a negative base with a non-integer exponent */
                 input in[2] = {{dt, {2, {N_EDGES, 1}}, va, L_CONTIG}, {dt, {2, {1, N_EDGES}}, vb, L_CONTIG}};
                 run_values(2, in, apply_binary, ref_binary, &c, out_dt, T_ELEM);
+                case_end();
+            }
+            if (dt == NB_I32) {
+                /* every pair of wrapping points (no zero divisor) */
+                case_begin("%s i32 wrapping", e->name);
+                double va[N_INT_EDGES], vb[N_INT_EDGES];
+                memcpy(va, int_edges, sizeof va);
+                memcpy(vb, int_edges, sizeof vb);
+                if (e->op == NB_BIN_DIV)
+                    vb[0] = 3;
+                input in[2] = {{dt, {2, {N_INT_EDGES, 1}}, va, L_CONTIG}, {dt, {2, {1, N_INT_EDGES}}, vb, L_CONTIG}};
+                run_values(2, in, apply_binary, ref_binary, &c, out_dt, T_EXACT);
                 case_end();
             }
             if (e->op == NB_BIN_DIV && is_int(dt)) {
@@ -1286,7 +1314,7 @@ static const reduce_shape reduce_shapes[] = {
     {{3, {7, 33, 129}}, L_CONTIG, 8,
      {NB_ALL_AXES, {1, {0}}, {1, {1}}, {1, {2}}, {2, {0, 2}}, {2, {1, 2}}, {2, {0, 1}}, {1, {-1}}}, true},
     {{3, {7, 33, 129}}, L_REVERSED, 8,
-     {NB_ALL_AXES, {1, {0}}, {1, {1}}, {1, {2}}, {2, {0, 2}}, {2, {1, 2}}, {2, {0, 1}}, {1, {-1}}}, false},
+     {NB_ALL_AXES, {1, {0}}, {1, {1}}, {1, {2}}, {2, {0, 2}}, {2, {1, 2}}, {2, {0, 1}}, {1, {-1}}}, true},
     {{2, {8192, 3}}, L_CONTIG, 2, {{1, {0}}, {1, {1}}}, true},
     {{1, {1 << 20}}, L_CONTIG, 1, {NB_ALL_AXES}, false},
     {{3, {4, 0, 3}}, L_CONTIG, 3, {{1, {1}}, {1, {0}}, NB_ALL_AXES}, false},
@@ -1891,11 +1919,17 @@ static double *ref_scatter(int n, const input *in, const void *ctx, nb_shape *sh
     return w;
 }
 
+typedef struct gather_grad_ctx {
+    const nb_tensor *idx; /* on the CPU */
+    bool reversed;        /* params transposed inside fn */
+} gather_grad_ctx;
+
 static nb_tensor *grad_gather(int n, nb_tensor *const *in, void *ctx)
 {
     (void)n;
-    const nb_tensor *idx = ctx;
-    return nb_square(nb_gather(in[0], nb_to_device((nb_tensor *)idx, nb_tensor_device(in[0]))));
+    const gather_grad_ctx *c = ctx;
+    return nb_square(nb_gather(c->reversed ? nb_transpose(in[0], 0, 1) : in[0],
+                               nb_to_device((nb_tensor *)c->idx, nb_tensor_device(in[0]))));
 }
 
 static nb_tensor *grad_scatter(int n, nb_tensor *const *in, void *ctx)
@@ -1960,15 +1994,16 @@ static void kernel_gather(void)
     /* repeated indices: the gradient (scatter_add) accumulates */
     const int64_t i64[6] = {0, 4, 2, 2, 1, 4};
     const int32_t i32[5] = {3, 3, 3, 0, 2};
-    case_begin("gather gradient i64");
-    nb_shape s = NB_SHAPE(5, 3);
-    double *v = gen(15, NB_F64, RANGE_DEFAULT);
-    run_gradient(1, &s, &v, grad_gather, nb_from_buffer(NB_I64, NB_SHAPE(2, 3), i64));
-    case_end();
-    case_begin("gather gradient i32");
-    run_gradient(1, &s, &v, grad_gather, nb_from_buffer(NB_I32, NB_SHAPE(5), i32));
-    free(v);
-    case_end();
+    for (int k = 0; k < 3; k++) {
+        case_begin("gather gradient %s%s", k ? "i32" : "i64", k == 2 ? " strided" : "");
+        nb_shape s = k == 2 ? NB_SHAPE(3, 5) : NB_SHAPE(5, 3);
+        double *v = gen(15, NB_F64, RANGE_DEFAULT);
+        gather_grad_ctx c = {k ? nb_from_buffer(NB_I32, NB_SHAPE(5), i32) : nb_from_buffer(NB_I64, NB_SHAPE(2, 3), i64),
+                             k == 2};
+        run_gradient(1, &s, &v, grad_gather, &c);
+        free(v);
+        case_end();
+    }
 }
 
 static void kernel_scatter_add(void)
