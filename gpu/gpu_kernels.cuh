@@ -4,6 +4,14 @@
 // dtype dispatch. CUDA C++17; included only by gpu/*.cu.
 #pragma once
 
+// CUB's device-wide algorithms include <iostream> (for debug printing that is
+// compiled out), whose static initialiser needs libstdc++ at link time; the
+// objects must need nothing from it (see gpu/meson.build). Marking the header
+// as already included keeps it out; nothing here prints.
+#ifndef _GLIBCXX_IOSTREAM
+#define _GLIBCXX_IOSTREAM 1
+#endif
+
 #include "gpu_internal.h"
 
 #include <cuda_bf16.h>
