@@ -9,9 +9,20 @@
 //   also for short reductions (under 32 elements), one thread group per output.
 // When there are too few outputs to fill the card, the reduced range is split
 // into chunks whose partial results (in the accumulator type) go to scratch
-// memory and a second kernel combines them. f16/bf16/f32 accumulate in float,
-// f64 in double, integers in int64. max/min propagate NaN.
+// memory and a second kernel combines them. A whole contiguous tensor of 64K
+// elements or more goes to cub::DeviceReduce. f16/bf16/f32 accumulate in float,
+// f64 in double, integers in int64. max/min propagate NaN. No atomics: the
+// split depends only on the shape and the card, so results are the same from
+// run to run (deterministic mode needs nothing more here).
+//
+// argmax/argmin: one warp per output over a contiguous axis, one thread per
+// output over a short one, and when there are few outputs for the card (argmax
+// over axis 0 of [60000, 10]) blocks over chunks of the axis whose best
+// (value, index) pairs a second kernel combines.
 #include "gpu_kernels.cuh"
+
+#include <cub/device/device_reduce.cuh>
+#include <thrust/iterator/transform_iterator.h>
 
 
 using namespace nbg;
@@ -56,7 +67,7 @@ inline void collapse_list(int &n, int64_t *shape, int64_t *st)
     n = w + 1;
 }
 
-template <class Acc, nb_reduce_op OP> __device__ __forceinline__ Acc red_identity()
+template <class Acc, nb_reduce_op OP> __host__ __device__ __forceinline__ Acc red_identity()
 {
     if constexpr (OP == NB_RED_PROD)
         return Acc(1);
@@ -70,7 +81,7 @@ template <class Acc, nb_reduce_op OP> __device__ __forceinline__ Acc red_identit
         return Acc(0);
 }
 
-template <class Acc, nb_reduce_op OP> __device__ __forceinline__ Acc red_combine(Acc a, Acc b)
+template <class Acc, nb_reduce_op OP> __host__ __device__ __forceinline__ Acc red_combine(Acc a, Acc b)
 {
     if constexpr (OP == NB_RED_PROD)
         return a * b;
@@ -184,6 +195,49 @@ __global__ void __launch_bounds__(kThreads)
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// ---- a whole contiguous tensor to one value: cub::DeviceReduce ----------------------------
+
+template <nb_dtype D> struct LoadAcc {
+    __host__ __device__ __forceinline__ Acc_of<D> operator()(T_of<D> v) const { return static_cast<Acc_of<D>>(ld<D>(v)); }
+};
+template <class Acc, nb_reduce_op OP> struct Combine {
+    __host__ __device__ __forceinline__ Acc operator()(Acc a, Acc b) const { return red_combine<Acc, OP>(a, b); }
+};
+
+template <nb_dtype D>
+__global__ void k_reduce_finish(const Acc_of<D> *acc, T_of<D> *out, int64_t mean_div)
+{
+    if (threadIdx.x == 0 && blockIdx.x == 0)
+        out[0] = finish<D>(acc[0], mean_div);
+}
+
+// CUB's reduction: vectorised loads, tuned tiles, two passes (per-block results,
+// then one block), so the order of the additions is fixed for a given size and
+// card: run to run deterministic.
+template <nb_dtype D, nb_reduce_op OP>
+nb_status reduce_all_cub(nb_gpu_ctx *c, const T_of<D> *x, int64_t R, T_of<D> *out, int64_t mean_div)
+{
+    using Acc = Acc_of<D>;
+    auto in = thrust::make_transform_iterator(x, LoadAcc<D>{});
+    Scratch result(c, sizeof(Acc));
+    if (!result.p)
+        return nb_error() ? nb_error() : NB_ERR_OUT_OF_MEMORY;
+    Acc *rp = static_cast<Acc *>(result.p);
+    const Acc init = red_identity<Acc, OP>();
+    size_t bytes = 0;
+    cudaError_t e = cub::DeviceReduce::Reduce(nullptr, bytes, in, rp, R, Combine<Acc, OP>{}, init, c->stream);
+    if (e != cudaSuccess)
+        return nb__gpu_cuda_fail(e, "cub::DeviceReduce::Reduce", c->dev->name);
+    Scratch temp(c, bytes);
+    if (bytes && !temp.p)
+        return nb_error() ? nb_error() : NB_ERR_OUT_OF_MEMORY;
+    e = cub::DeviceReduce::Reduce(temp.p, bytes, in, rp, R, Combine<Acc, OP>{}, init, c->stream);
+    if (e != cudaSuccess)
+        return nb__gpu_cuda_fail(e, "cub::DeviceReduce::Reduce", c->dev->name);
+    k_reduce_finish<D><<<1, 32, 0, c->stream>>>(rp, out, mean_div);
+    return nb__gpu_launched(c, "reduce_finish");
+}
+
 template <nb_dtype D, nb_reduce_op OP>
 nb_status reduce_typed(nb_gpu_ctx *c, const RGeo &g, const nb_view *out, const nb_view *x, int64_t K, int64_t R,
                        int64_t mean_div)
@@ -191,6 +245,9 @@ nb_status reduce_typed(nb_gpu_ctx *c, const RGeo &g, const nb_view *out, const n
     using Acc = Acc_of<D>;
     const int64_t sm = c->phys->sm_count;
     const char *xp = static_cast<const char *>(x->data);
+    if (K == 1 && g.nr == 1 && g.rst[0] == (int64_t)sizeof(T_of<D>) && R >= 65536)
+        return reduce_all_cub<D, OP>(c, reinterpret_cast<const T_of<D> *>(xp), R, static_cast<T_of<D> *>(out->data),
+                                     mean_div);
     // The outer kernel only pays when neighbouring outputs are neighbours in
     // memory and there are enough of them to fill its 32 columns.
     const int64_t es = (int64_t)sizeof(T_of<D>);
@@ -242,6 +299,7 @@ const char *reduce_name(nb_reduce_op op)
     case NB_RED_MAX: return "max";
     case NB_RED_MIN: return "min";
     case NB_RED_PROD: return "prod";
+    case NB_RED_COUNT: break;
     }
     return "reduce";
 }
@@ -295,6 +353,127 @@ __global__ void __launch_bounds__(kThreads)
         if (lane == 0)
             out[k] = bi == INT64_MAX ? 0 : bi;
     }
+}
+
+// Few outputs over a long (or strided) axis: blocks of 256 threads, grid
+// (K outputs) x (S chunks of the axis). Each thread keeps the best (value,
+// index) of its elements, the block combines them; with S > 1 the chunk's
+// best goes to scratch and k_arg_final combines the S of each output. The
+// combination picks the same element whatever the order (the first max, or
+// the first NaN), so the result does not depend on the split.
+constexpr int kArgThreads = 256;
+
+template <nb_dtype D, bool IS_MAX>
+__device__ __forceinline__ void arg_warp(C_of<D> &bv, int64_t &bi)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        C_of<D> ov = __shfl_down_sync(0xffffffffu, bv, o);
+        int64_t oi = __shfl_down_sync(0xffffffffu, bi, o);
+        if (arg_better<D, IS_MAX>(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+}
+
+template <nb_dtype D, bool IS_MAX>
+__global__ void __launch_bounds__(kArgThreads)
+    k_arg_block(RGeo g, const char *x, int64_t K, int64_t L, int64_t step, int64_t S, int64_t chunk,
+                C_of<D> *part_v, int64_t *part_i, int64_t *out)
+{
+    using C = C_of<D>;
+    __shared__ C sv[kArgThreads / 32];
+    __shared__ int64_t si[kArgThreads / 32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int64_t b = blockIdx.x; b < K * S; b += gridDim.x) {
+        const int64_t k = b / S, sidx = b - k * S;
+        const char *base = x + dims_offset(g.nk, g.kshape, g.kst, k);
+        const int64_t i1 = min(L, (sidx + 1) * chunk);
+        C bv = IS_MAX ? red_identity<C, NB_RED_MAX>() : red_identity<C, NB_RED_MIN>();
+        int64_t bi = INT64_MAX;
+        for (int64_t i = sidx * chunk + threadIdx.x; i < i1; i += kArgThreads) {
+            C v = ld<D>(*reinterpret_cast<const T_of<D> *>(base + i * step));
+            if (arg_better<D, IS_MAX>(v, i, bv, bi)) {
+                bv = v;
+                bi = i;
+            }
+        }
+        arg_warp<D, IS_MAX>(bv, bi);
+        if (lane == 0) {
+            sv[warp] = bv;
+            si[warp] = bi;
+        }
+        __syncthreads();
+        if (warp == 0) {
+            bv = lane < kArgThreads / 32 ? sv[lane] : (IS_MAX ? red_identity<C, NB_RED_MAX>()
+                                                              : red_identity<C, NB_RED_MIN>());
+            bi = lane < kArgThreads / 32 ? si[lane] : INT64_MAX;
+            arg_warp<D, IS_MAX>(bv, bi);
+            if (lane == 0) {
+                if (S == 1) {
+                    out[k] = bi == INT64_MAX ? 0 : bi;
+                } else {
+                    part_v[b] = bv;
+                    part_i[b] = bi;
+                }
+            }
+        }
+        __syncthreads(); // sv/si are reused by the block's next output
+    }
+}
+
+// Combines the S chunk results of each output: one warp per output.
+template <nb_dtype D, bool IS_MAX>
+__global__ void __launch_bounds__(kThreads)
+    k_arg_final(const C_of<D> *part_v, const int64_t *part_i, int64_t K, int64_t S, int64_t *out)
+{
+    using C = C_of<D>;
+    const int lane = threadIdx.x & 31;
+    const int64_t nwarps = gstride() >> 5;
+    for (int64_t k = gtid() >> 5; k < K; k += nwarps) {
+        C bv = IS_MAX ? red_identity<C, NB_RED_MAX>() : red_identity<C, NB_RED_MIN>();
+        int64_t bi = INT64_MAX;
+        for (int64_t s = lane; s < S; s += 32) {
+            const C v = part_v[k * S + s];
+            const int64_t i = part_i[k * S + s];
+            if (i != INT64_MAX && arg_better<D, IS_MAX>(v, i, bv, bi)) {
+                bv = v;
+                bi = i;
+            }
+        }
+        arg_warp<D, IS_MAX>(bv, bi);
+        if (lane == 0)
+            out[k] = bi == INT64_MAX ? 0 : bi;
+    }
+}
+
+template <nb_dtype D, bool IS_MAX>
+nb_status arg_blocks(nb_gpu_ctx *c, const RGeo &g, const char *x, int64_t K, int64_t L, int64_t step,
+                     int64_t *out, const char *name)
+{
+    using C = C_of<D>;
+    // Enough blocks for two waves over the card, chunks of at least 2048 elements.
+    const int64_t target = (int64_t)c->phys->sm_count * (2048 / kArgThreads) * 2;
+    int64_t S = 1;
+    if (K < target)
+        S = std::min(ceil_div(target, K), ceil_div(L, 2048));
+    if (S < 1)
+        S = 1;
+    const int64_t chunk = ceil_div(L, S);
+    S = ceil_div(L, chunk);
+    Scratch pv(c, S > 1 ? (size_t)(K * S) * sizeof(C) : 0), pi(c, S > 1 ? (size_t)(K * S) * sizeof(int64_t) : 0);
+    if (S > 1 && (!pv.p || !pi.p))
+        return nb_error() ? nb_error() : NB_ERR_OUT_OF_MEMORY;
+    const int64_t blocks = std::min(K * S, (int64_t)c->phys->sm_count * (2048 / kArgThreads) * 8);
+    k_arg_block<D, IS_MAX><<<(unsigned)blocks, kArgThreads, 0, c->stream>>>(
+        g, x, K, L, step, S, chunk, static_cast<C *>(pv.p), static_cast<int64_t *>(pi.p), out);
+    nb_status st = nb__gpu_launched(c, name);
+    if (st || S == 1)
+        return st;
+    k_arg_final<D, IS_MAX><<<grid_for(c, K * 32), kThreads, 0, c->stream>>>(
+        static_cast<const C *>(pv.p), static_cast<const int64_t *>(pi.p), K, S, out);
+    return nb__gpu_launched(c, name);
 }
 
 } // namespace
@@ -356,6 +535,7 @@ extern "C" nb_status nb__gpu_reduce(nb_gpu_ctx *c, nb_reduce_op op, const nb_vie
             case NB_RED_MAX: return reduce_typed<D, NB_RED_MAX>(c, g, out, x, K, R, 0);
             case NB_RED_MIN: return reduce_typed<D, NB_RED_MIN>(c, g, out, x, K, R, 0);
             case NB_RED_PROD: return reduce_typed<D, NB_RED_PROD>(c, g, out, x, K, R, 0);
+            case NB_RED_COUNT: break;
             }
             return nb__fail(NB_ERR_INVALID_ARGUMENT, "reduce: unknown op %d on %s", (int)op, c->dev->name);
         }
@@ -394,6 +574,12 @@ extern "C" nb_status nb__gpu_arg_reduce(nb_gpu_ctx *c, bool is_max, const nb_vie
     int64_t *op = static_cast<int64_t *>(out->data);
     return dispatch(x->dtype, [&](auto tag) -> nb_status {
         constexpr nb_dtype D = decltype(tag)::value;
+        // Few outputs for the card, each over a long axis (argmax over axis 0
+        // of [60000, 10]): many threads per output.
+        const bool few = K * 32 < (int64_t)c->phys->sm_count * 2048 && L >= 1024;
+        if (few)
+            return is_max ? arg_blocks<D, true>(c, g, xp, K, L, step, op, name)
+                          : arg_blocks<D, false>(c, g, xp, K, L, step, op, name);
         const bool warp = L >= 32 && step == (int64_t)sizeof(T_of<D>);
         const unsigned blocks = grid_for(c, warp ? K * 32 : K);
         if (is_max) {
