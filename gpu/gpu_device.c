@@ -255,23 +255,39 @@ nb_status nb__gpu_index_error_record(nb_gpu_ctx *c, nb_gpu_index_error **out)
     return NB_OK;
 }
 
-/* A synchronous check: the host waits for the stream after each gather and
- * scatter so that a bad index is reported by the op that met it. This costs one
- * stream synchronisation per call; a later version may defer the check to the
- * next synchronising call (copy_to_host, synchronize) instead. */
-nb_status nb__gpu_index_error_check(nb_gpu_ctx *c, const char *op, int64_t rows)
+/* Index checks never make the host wait: a kernel records the first bad index
+ * in the device's record and the op returns at once. The record is read at the
+ * next call that waits for the stream anyway (copy_to_host, synchronize), which
+ * then fails with the op's error. */
+void nb__gpu_index_error_arm(nb_gpu_ctx *c) { __atomic_store_n(&c->index_armed, 1, __ATOMIC_RELEASE); }
+
+bool nb__gpu_index_error_fetch(nb_gpu_ctx *c)
+{
+    if (!__atomic_exchange_n(&c->index_armed, 0, __ATOMIC_ACQ_REL))
+        return false;
+    nb_gpu_index_error *h = c->index_err_host, *d = __atomic_load_n(&c->index_err, __ATOMIC_ACQUIRE);
+    if (!h || !d)
+        return false;
+    if (cudaMemcpyAsync(h, d, sizeof *h, cudaMemcpyDeviceToHost, c->stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        __atomic_store_n(&c->index_armed, 1, __ATOMIC_RELEASE); /* try again at the next one */
+        return false;
+    }
+    return true;
+}
+
+nb_status nb__gpu_index_error_report(nb_gpu_ctx *c, bool fetched)
 {
     nb_gpu_index_error *h = c->index_err_host;
-    NB_GPU_CALL(c, cudaMemcpyAsync, h, c->index_err, sizeof *h, cudaMemcpyDeviceToHost, c->stream);
-    nb__gpu_count_wait(c);
-    NB_GPU_CALL(c, cudaStreamSynchronize, c->stream);
-    if (!h->set)
+    if (!fetched || !h || !h->set)
         return NB_OK;
-    long long pos = h->position, val = h->value;
+    const char *op = (const char *)(uintptr_t)h->op;
+    long long pos = h->position, val = h->value, rows = h->rows;
     memset(h, 0, sizeof *h);
     NB_GPU_CALL(c, cudaMemsetAsync, c->index_err, 0, sizeof *h, c->stream);
-    return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: index %lld at position %lld is outside [0, %lld) on %s",
-                    op, val, pos, (long long)rows, c->dev->name);
+    return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: index %lld at position %lld is outside [0, %lld) on %s "
+                    "(found by the GPU kernel, reported at the next synchronisation)",
+                    op ? op : "gather", val, pos, rows, c->dev->name);
 }
 
 int64_t nb_gpu_host_waits(const char *device)

@@ -1,31 +1,48 @@
 // gather (rows of params picked by indices), scatter_add (rows added into out
-// at indices, with atomicAdd) and one_hot.
+// at indices) and one_hot.
 //
 // An index outside [0, rows) makes gather write zeros for that row and
-// scatter_add skip it; either kernel records the first such index in the
-// device's index-error record, and the host then checks that record
-// synchronously (nb__gpu_index_error_check waits for the stream) so that the
-// op reports NB_ERR_INVALID_ARGUMENT itself. That is one stream
-// synchronisation per gather/scatter_add: acceptable for now; deferring the
-// check to the next synchronising call would remove it.
+// scatter_add skip it, so nothing is written out of bounds; either kernel
+// records the first such index (with the op's name and the range) in the
+// device's index-error record and the op returns at once, without waiting for
+// the stream. The next synchronising call (a read, nb_synchronize) reads the
+// record and fails with the op's NB_ERR_INVALID_ARGUMENT (gpu_device.c).
+//
+// scatter_add adds with atomicAdd, whose order varies from run to run for
+// floats. In deterministic mode (nb_deterministic) floating scatter_add instead
+// sorts (index, position) pairs with cub::DeviceRadixSort (stable, so equal
+// indices keep their positions' order) and adds each run of equal indices in
+// that order, one thread per output element of the run.
 #include "gpu_kernels.cuh"
+
+#include <cub/device/device_radix_sort.cuh>
 
 using namespace nbg;
 
 namespace {
 
-__device__ __forceinline__ void flag_index(nb_gpu_index_error *err, int64_t position, int64_t value)
+// What a kernel needs to record a bad index: the record, the op's name (a
+// static host string, carried as an integer) and the valid range.
+struct IndexCheck {
+    nb_gpu_index_error *err;
+    unsigned long long op;
+    int64_t rows;
+};
+
+__device__ __forceinline__ void flag_index(const IndexCheck &chk, int64_t position, int64_t value)
 {
-    if (atomicCAS(&err->set, 0, 1) == 0) {
-        err->position = position;
-        err->value = value;
+    if (atomicCAS(&chk.err->set, 0, 1) == 0) {
+        chk.err->position = position;
+        chk.err->value = value;
+        chk.err->rows = chk.rows;
+        chk.err->op = chk.op;
     }
 }
 
 // Rows are copied in units of U bytes (up to 16), Du units a row.
 template <class U, class I>
 __global__ void __launch_bounds__(kThreads)
-    k_gather(const U *params, const I *idx, U *out, int64_t n, int64_t Du, int64_t rows, nb_gpu_index_error *err)
+    k_gather(const U *params, const I *idx, U *out, int64_t n, int64_t Du, int64_t rows, IndexCheck err)
 {
     const int64_t total = n * Du;
     for (int64_t e = gtid(); e < total; e += gstride()) {
@@ -52,7 +69,7 @@ template <nb_dtype D> __device__ __forceinline__ void atomic_add(T_of<D> *p, T_o
 template <nb_dtype D, class I>
 __global__ void __launch_bounds__(kThreads) k_scatter_add(T_of<D> *out, const I *idx, const T_of<D> *updates,
                                                           int64_t n, int64_t D_, int64_t rows,
-                                                          nb_gpu_index_error *err)
+                                                          IndexCheck err)
 {
     const int64_t total = n * D_;
     for (int64_t e = gtid(); e < total; e += gstride()) {
@@ -75,6 +92,92 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t e = gtid(); e < total; e += gstride()) {
         const int64_t i = e / depth, k = e - i * depth;
         out[e] = st<D>(static_cast<int64_t>(idx[i]) == k ? on : off);
+    }
+}
+
+// ---- deterministic scatter_add ----------------------------------------------------
+
+// keys[i] = indices[i], or rows (after every valid row) for a bad one, which is
+// recorded; pos[i] = i.
+template <class I>
+__global__ void __launch_bounds__(kThreads)
+    k_sort_keys(const I *idx, int64_t n, uint64_t *keys, int64_t *pos, IndexCheck chk)
+{
+    for (int64_t i = gtid(); i < n; i += gstride()) {
+        const int64_t r = static_cast<int64_t>(idx[i]);
+        if (r < 0 || r >= chk.rows) {
+            flag_index(chk, i, r);
+            keys[i] = (uint64_t)chk.rows;
+        } else {
+            keys[i] = (uint64_t)r;
+        }
+        pos[i] = i;
+    }
+}
+
+// Over the sorted pairs: the thread for (k, j), k starting a run of equal keys,
+// adds column j of the run's updates in position order and adds that sum to
+// out once.
+template <nb_dtype D>
+__global__ void __launch_bounds__(kThreads)
+    k_scatter_runs(T_of<D> *out, const uint64_t *keys, const int64_t *pos, const T_of<D> *updates, int64_t n,
+                   int64_t D_, int64_t rows)
+{
+    using Acc = typename DT<D>::Acc;
+    const int64_t total = n * D_;
+    for (int64_t e = gtid(); e < total; e += gstride()) {
+        const int64_t k = e / D_, j = e - k * D_;
+        const uint64_t key = keys[k];
+        if ((k > 0 && keys[k - 1] == key) || key >= (uint64_t)rows)
+            continue;
+        Acc acc = Acc(0);
+        for (int64_t q = k; q < n && keys[q] == key; q++)
+            acc += static_cast<Acc>(ld<D>(updates[pos[q] * D_ + j]));
+        T_of<D> *o = out + (int64_t)key * D_ + j;
+        *o = st<D>(static_cast<Acc>(ld<D>(*o)) + acc);
+    }
+}
+
+template <nb_dtype D, class I>
+nb_status scatter_add_sorted(nb_gpu_ctx *c, const char *op, T_of<D> *out, const I *idx, const T_of<D> *updates,
+                             int64_t n, int64_t D_, int64_t rows, IndexCheck chk)
+{
+    int end_bit = 1; // keys run to rows (the bad-index key)
+    while (end_bit < 64 && ((uint64_t)rows >> end_bit) != 0)
+        end_bit++;
+    Scratch keys(c, (size_t)n * 2 * sizeof(uint64_t)), pos(c, (size_t)n * 2 * sizeof(int64_t));
+    if (!keys.p || !pos.p)
+        return nb_error() ? nb_error() : NB_ERR_OUT_OF_MEMORY;
+    uint64_t *k_in = static_cast<uint64_t *>(keys.p), *k_out = k_in + n;
+    int64_t *p_in = static_cast<int64_t *>(pos.p), *p_out = p_in + n;
+    k_sort_keys<I><<<grid_for(c, n), kThreads, 0, c->stream>>>(idx, n, k_in, p_in, chk);
+    nb_status s = nb__gpu_launched(c, op);
+    if (s)
+        return s;
+    size_t bytes = 0;
+    cudaError_t e = cub::DeviceRadixSort::SortPairs(nullptr, bytes, k_in, k_out, p_in, p_out, n, 0, end_bit,
+                                                    c->stream);
+    if (e != cudaSuccess)
+        return nb__gpu_cuda_fail(e, "cub::DeviceRadixSort::SortPairs", c->dev->name);
+    Scratch temp(c, bytes);
+    if (bytes && !temp.p)
+        return nb_error() ? nb_error() : NB_ERR_OUT_OF_MEMORY;
+    e = cub::DeviceRadixSort::SortPairs(temp.p, bytes, k_in, k_out, p_in, p_out, n, 0, end_bit, c->stream);
+    if (e != cudaSuccess)
+        return nb__gpu_cuda_fail(e, "cub::DeviceRadixSort::SortPairs", c->dev->name);
+    k_scatter_runs<D><<<grid_for(c, n * D_), kThreads, 0, c->stream>>>(out, k_out, p_out, updates, n, D_, rows);
+    return nb__gpu_launched(c, op);
+}
+
+// ---- index checks without a result ---------------------------------------------------
+
+template <class I>
+__global__ void __launch_bounds__(kThreads) k_check_indices(const I *idx, int64_t n, IndexCheck chk)
+{
+    for (int64_t i = gtid(); i < n; i += gstride()) {
+        const int64_t r = static_cast<int64_t>(idx[i]);
+        if (r < 0 || r >= chk.rows)
+            flag_index(chk, i, r);
     }
 }
 
@@ -103,8 +206,8 @@ extern "C" nb_status nb__gpu_gather(nb_gpu_ctx *c, const char *op, const nb_view
     if (!params->contiguous || !indices->contiguous || !out->contiguous)
         return nb__fail(NB_ERR_INTERNAL, "%s: gather expects contiguous operands on %s", op, c->dev->name);
     const int64_t row_bytes = (out->numel / n) * (int64_t)dtype_size(out->dtype);
-    nb_gpu_index_error *err;
-    nb_status s = nb__gpu_index_error_record(c, &err);
+    IndexCheck err{nullptr, (unsigned long long)(uintptr_t)op, rows};
+    nb_status s = nb__gpu_index_error_record(c, &err.err);
     if (s)
         return s;
     // The widest copy unit that divides the row and both base addresses.
@@ -139,7 +242,9 @@ extern "C" nb_status nb__gpu_gather(nb_gpu_ctx *c, const char *op, const nb_view
         }
         return nb__gpu_launched(c, op);
     });
-    return s ? s : nb__gpu_index_error_check(c, op, rows);
+    if (!s)
+        nb__gpu_index_error_arm(c);
+    return s;
 }
 
 extern "C" nb_status nb__gpu_scatter_add(nb_gpu_ctx *c, const char *op, const nb_view *out, const nb_view *indices,
@@ -170,10 +275,11 @@ extern "C" nb_status nb__gpu_scatter_add(nb_gpu_ctx *c, const char *op, const nb
             return s;
         up = dense.p;
     }
-    nb_gpu_index_error *err;
-    nb_status s = nb__gpu_index_error_record(c, &err);
+    IndexCheck err{nullptr, (unsigned long long)(uintptr_t)op, rows};
+    nb_status s = nb__gpu_index_error_record(c, &err.err);
     if (s)
         return s;
+    const bool det = nb_deterministic();
     s = dispatch(out->dtype, [&](auto tag) -> nb_status {
         constexpr nb_dtype D = decltype(tag)::value;
         if constexpr (D == NB_BOOL || D == NB_U8) {
@@ -181,6 +287,12 @@ extern "C" nb_status nb__gpu_scatter_add(nb_gpu_ctx *c, const char *op, const nb
         } else {
             return by_index(c, op, indices, [&](auto ityp) -> nb_status {
                 using I = decltype(ityp);
+                if constexpr (is_float_v<D>) {
+                    if (det) // integer sums do not depend on the order: atomics stay
+                        return scatter_add_sorted<D, I>(c, op, static_cast<T_of<D> *>(out->data),
+                                                        static_cast<const I *>(indices->data),
+                                                        static_cast<const T_of<D> *>(up), n, D_, rows, err);
+                }
                 k_scatter_add<D, I><<<grid_for(c, n * D_), kThreads, 0, c->stream>>>(
                     static_cast<T_of<D> *>(out->data), static_cast<const I *>(indices->data),
                     static_cast<const T_of<D> *>(up), n, D_, rows, err);
@@ -188,7 +300,9 @@ extern "C" nb_status nb__gpu_scatter_add(nb_gpu_ctx *c, const char *op, const nb
             });
         }
     });
-    return s ? s : nb__gpu_index_error_check(c, op, rows);
+    if (!s)
+        nb__gpu_index_error_arm(c);
+    return s;
 }
 
 extern "C" nb_status nb__gpu_one_hot(nb_gpu_ctx *c, const nb_view *out, const nb_view *indices, double on,
@@ -209,4 +323,26 @@ extern "C" nb_status nb__gpu_one_hot(nb_gpu_ctx *c, const nb_view *out, const nb
             return nb__gpu_launched(c, "one_hot");
         });
     });
+}
+
+extern "C" nb_status nb__gpu_check_indices(nb_gpu_ctx *c, const char *op, const nb_view *indices, int64_t rows)
+{
+    const int64_t n = indices->numel;
+    if (n <= 0)
+        return by_index(c, op, indices, [](auto) { return NB_OK; });
+    if (!indices->contiguous)
+        return nb__fail(NB_ERR_INTERNAL, "%s: index check expects contiguous indices on %s", op, c->dev->name);
+    IndexCheck chk{nullptr, (unsigned long long)(uintptr_t)op, rows};
+    nb_status s = nb__gpu_index_error_record(c, &chk.err);
+    if (s)
+        return s;
+    s = by_index(c, op, indices, [&](auto ityp) -> nb_status {
+        using I = decltype(ityp);
+        k_check_indices<I><<<grid_for(c, n), kThreads, 0, c->stream>>>(static_cast<const I *>(indices->data), n,
+                                                                        chk);
+        return nb__gpu_launched(c, op);
+    });
+    if (!s)
+        nb__gpu_index_error_arm(c);
+    return s;
 }

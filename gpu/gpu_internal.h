@@ -49,12 +49,18 @@ typedef struct nb_gpu_phys {
     int64_t card_waits;       /* host waits for the whole card (__atomic) */
 } nb_gpu_phys;
 
-/* Where a gather/scatter kernel records the first out-of-range index it met. */
+/* Where an index-checking kernel (gather, scatter_add, the label check)
+ * records the first out-of-range index it met, in device memory: the op's name
+ * (a static host string, kept as an integer), the position and value of the
+ * index and the valid range [0, rows). The host reads it at the next
+ * synchronising call (nb__gpu_index_error_fetch, _report). */
 typedef struct nb_gpu_index_error {
     int set;
     int pad_;
     long long position;
     long long value;
+    long long rows;
+    unsigned long long op;
 } nb_gpu_index_error;
 
 #define NB_GPU_STAGE_SLOTS 2
@@ -74,6 +80,7 @@ typedef struct nb_gpu_ctx {
     void *cublas;             /* cublasHandle_t, made by gpu_matmul.c on first matmul */
     nb_gpu_index_error *index_err;      /* device memory, lazily */
     nb_gpu_index_error *index_err_host; /* pinned mirror */
+    int index_armed;          /* an index check was queued since the last report (__atomic) */
     /* pinned staging for host -> device copies (gpu_transfer.c) */
     pthread_mutex_t stage_lock;
     int stage_state;          /* 0 not tried, 1 ready, -1 unavailable (pageable copies) */
@@ -133,9 +140,16 @@ nb_gpu_phys *nb__gpu_phys_at(int i);
 nb_status nb__gpu_stream_wait(nb_gpu_ctx *waiter, nb_gpu_ctx *on);
 /* The device-side index-error record of c (zeroed), creating it on first use. */
 nb_status nb__gpu_index_error_record(nb_gpu_ctx *c, nb_gpu_index_error **out);
-/* Waits for c's stream and reports an index a kernel found outside [0, rows) as
- * NB_ERR_INVALID_ARGUMENT naming op; resets the record. */
-nb_status nb__gpu_index_error_check(nb_gpu_ctx *c, const char *op, int64_t rows);
+/* Notes that a kernel that may write the record was queued on c's stream (no
+ * wait: the record is read at the next synchronising call). */
+void nb__gpu_index_error_arm(nb_gpu_ctx *c);
+/* Before a stream synchronisation: when a check was armed since the last one,
+ * queues the copy of the record to its pinned mirror and returns true. */
+bool nb__gpu_index_error_fetch(nb_gpu_ctx *c);
+/* After that synchronisation (fetched: what fetch returned): an index a kernel
+ * found outside its range is NB_ERR_INVALID_ARGUMENT naming the op, the index,
+ * its position and the range; the record is cleared (in stream order). */
+nb_status nb__gpu_index_error_report(nb_gpu_ctx *c, bool fetched);
 
 /* Calls a CUDA runtime function; on failure records and returns NB_ERR_BACKEND
  * naming the function and c's device. */
@@ -199,6 +213,10 @@ nb_status nb__gpu_scatter_add(nb_gpu_ctx *c, const char *op, const nb_view *out,
                               const nb_view *indices, const nb_view *updates);
 nb_status nb__gpu_one_hot(nb_gpu_ctx *c, const nb_view *out, const nb_view *indices, double on,
                           double off);
+/* Checks that every index (contiguous NB_I32/NB_I64) lies in [0, rows); one
+ * outside is recorded for op and reported at the next synchronising call, like
+ * gather's. For labels (sparse_softmax_cross_entropy) without a host wait. */
+nb_status nb__gpu_check_indices(nb_gpu_ctx *c, const char *op, const nb_view *indices, int64_t rows);
 /* gpu_random.cu */
 nb_status nb__gpu_random(nb_gpu_ctx *c, const nb_view *out, nb_random_dist dist, double a,
                          double b, uint64_t seed);

@@ -113,9 +113,10 @@ nb_status nb__gpu_copy_to_host(nb_device *dev, void *dst, const void *src, size_
     if (st)
         return st;
     NB_GPU_CALL(c, cudaMemcpyAsync, dst, src, nbytes, cudaMemcpyDeviceToHost, c->stream);
+    bool fetched = nb__gpu_index_error_fetch(c);
     nb__gpu_count_wait(c);
     NB_GPU_CALL(c, cudaStreamSynchronize, c->stream);
-    return NB_OK;
+    return nb__gpu_index_error_report(c, fetched); /* a bad index met by an earlier kernel */
 }
 
 /* Peer access between two cards, enabled once per ordered pair when the
@@ -196,7 +197,8 @@ nb_status nb__gpu_synchronize(nb_device *dev)
     nb_status st = nb__gpu_set_device(c->ordinal, dev->name);
     if (st)
         return st;
+    bool fetched = nb__gpu_index_error_fetch(c);
     nb__gpu_count_wait(c);
     NB_GPU_CALL(c, cudaStreamSynchronize, c->stream);
-    return NB_OK;
+    return nb__gpu_index_error_report(c, fetched);
 }
