@@ -8,10 +8,11 @@
  * by the rounding of every step), f64 in double, i32 and i64 in wrapping
  * unsigned arithmetic (two's complement overflow, no undefined behaviour).
  *
- * The dims other than the axis are coalesced; when the innermost of them lies
- * after the axis (so that it is out's unit-stride dim), tiles of up to 256
- * neighbouring rows advance together along the axis, which vectorises across
- * the rows; otherwise each row runs alone. Work splits across the thread pool
+ * The dims other than the axis are coalesced; when one of them has unit
+ * stride in out (the innermost, when it lies after the axis) or else in x (a
+ * transposed input), tiles of up to 256 rows neighbouring along it advance
+ * together along the axis, which vectorises across the rows and keeps the
+ * strided side's cache lines in use; otherwise each row runs alone. Work splits across the thread pool
  * by whole rows (tiles), never within one: every element is computed the same
  * way whatever the number of threads, so the result does not depend on it. */
 #include "cpu_internal.h"
@@ -169,12 +170,25 @@ nb_status nb__cpu_cumsum(nb_device *dev, const nb_view *out, const nb_view *x, i
         }
     }
     const int64_t es = nb__cpu_esize(x->dtype);
-    /* Tile the innermost kept dim when it is out's unit-stride dim. */
-    if (pl.nk > 0 && pl.kst[1][pl.nk - 1] == es) {
+    /* Tile out's unit-stride dim when it is a kept one (the innermost), else
+     * x's, if either has one; rows then advance together along the axis. */
+    int tile = -1;
+    for (int d = pl.nk - 1; d >= 0 && tile < 0; d--)
+        if (pl.kst[1][d] == es)
+            tile = d;
+    for (int d = pl.nk - 1; d >= 0 && tile < 0; d--)
+        if (pl.kst[0][d] == es)
+            tile = d;
+    if (tile >= 0) {
+        pl.width = pl.kshape[tile];
+        pl.wst[0] = pl.kst[0][tile];
+        pl.wst[1] = pl.kst[1][tile];
+        for (int d = tile; d < pl.nk - 1; d++) {
+            pl.kshape[d] = pl.kshape[d + 1];
+            pl.kst[0][d] = pl.kst[0][d + 1];
+            pl.kst[1][d] = pl.kst[1][d + 1];
+        }
         pl.nk--;
-        pl.width = pl.kshape[pl.nk];
-        pl.wst[0] = pl.kst[0][pl.nk];
-        pl.wst[1] = pl.kst[1][pl.nk];
     } else {
         pl.width = 1;
         pl.wst[0] = pl.wst[1] = 0;
