@@ -1,7 +1,7 @@
 /* The caching allocator: one per physical card, shared by its logical devices.
  *
- * Sizes are rounded to classes: multiples of 512 bytes up to 1 MiB, multiples of
- * 2 MiB above. A freed block goes to a free list of its class and is handed out
+ * Sizes are rounded to classes: multiples of 512 bytes up to 1 MiB, of 128 KiB
+ * up to 4 MiB (so that 1.3 MiB takes 1.375 MiB, not 2), of 2 MiB above. A freed block goes to a free list of its class and is handed out
  * again without calling CUDA. A block remembers the stream (logical device) it
  * was freed on: that stream may reuse it at once (its later work is ordered
  * after the earlier use); another stream of the same card only once the event
@@ -25,6 +25,8 @@
 #define SMALL_LIMIT ((size_t)1 << 20)
 #define SMALL_QUANTUM ((size_t)512)
 #define N_SMALL (SMALL_LIMIT / SMALL_QUANTUM)
+#define MID_LIMIT ((size_t)4 << 20)
+#define MID_QUANTUM ((size_t)128 << 10)
 #define LARGE_QUANTUM ((size_t)2 << 20)
 #define MIB (1024.0 * 1024.0)
 
@@ -35,6 +37,8 @@ typedef struct block {
     nb_gpu_ctx *owner; /* the stream that used it last */
     cudaEvent_t event; /* made on first need; recorded at free when the card has several streams */
     bool event_pending;
+    bool fenced;       /* event was recorded at the last free (gpu_transfer's copy stream waits on it) */
+    bool recycled;     /* handed out again from the cache: earlier users may still be queued */
     bool in_arena;
     struct block *next;
 } block;
@@ -83,10 +87,15 @@ static size_t round_size(size_t n)
         n = 1;
     if (n <= SMALL_LIMIT)
         return (n + SMALL_QUANTUM - 1) & ~(SMALL_QUANTUM - 1);
+    if (n <= MID_LIMIT)
+        return (n + MID_QUANTUM - 1) & ~(MID_QUANTUM - 1);
     if (n > SIZE_MAX - LARGE_QUANTUM)
         return 0;
     return (n + LARGE_QUANTUM - 1) & ~(LARGE_QUANTUM - 1);
 }
+
+/* The step between classes of a size above SMALL_LIMIT. */
+static size_t class_step(size_t size) { return size <= MID_LIMIT ? MID_QUANTUM : LARGE_QUANTUM; }
 
 static size_t reserved_of(const nb_gpu_allocator *a) { return a->arena_size + a->outside_arena; }
 
@@ -295,11 +304,13 @@ static block *take_cached(nb_gpu_allocator *a, nb_gpu_ctx *c, size_t size)
     if (size <= SMALL_LIMIT) {
         b = take_from(&a->small[size / SMALL_QUANTUM - 1], size, size, c, false);
     } else {
-        size_t slack = size / 4 / LARGE_QUANTUM * LARGE_QUANTUM;
+        size_t step = class_step(size), slack = size / 4 / step * step;
         b = take_from(&a->large, size, size + slack, c, true);
     }
-    if (b)
+    if (b) {
         a->cached -= b->size;
+        b->recycled = true;
+    }
     return b;
 }
 
@@ -495,8 +506,11 @@ void nb__gpu_free(nb_gpu_ctx *c, void *ptr)
     a->requested -= b->requested;
     b->owner = c;
     b->event_pending = false;
-    if (c->phys->n_logical > 1) {
-        /* Another stream of this card may take the block once this event completes. */
+    b->fenced = false;
+    if (c->phys->n_logical > 1 || b->size >= NB_GPU_FENCE_BYTES) {
+        /* Another stream of this card may take the block once this event
+         * completes; so may the copy stream of an upload into it
+         * (nb__gpu_block_fence). */
         /* free cannot fail: errors here are not recorded, only worked around. */
         int cur = -1;
         cudaError_t e = cudaGetDevice(&cur);
@@ -507,7 +521,10 @@ void nb__gpu_free(nb_gpu_ctx *c, void *ptr)
         if (e == cudaSuccess)
             e = cudaEventRecord(b->event, c->stream);
         if (e == cudaSuccess) {
-            b->event_pending = true;
+            b->event_pending = c->phys->n_logical > 1;
+            b->fenced = true;
+        } else if (c->phys->n_logical == 1) {
+            (void)cudaGetLastError(); /* one stream: the block is safe for it as it is */
         } else {
             /* No event: make the block safe for everyone the slow way. */
             (void)cudaGetLastError();
@@ -517,6 +534,29 @@ void nb__gpu_free(nb_gpu_ctx *c, void *ptr)
     }
     cache_put(a, b);
     pthread_mutex_unlock(&a->lock);
+}
+
+bool nb__gpu_block_fence(nb_gpu_ctx *c, const void *ptr, cudaStream_t waiter)
+{
+    nb_gpu_allocator *a = c->phys->alloc;
+    bool ok = false;
+    pthread_mutex_lock(&a->lock);
+    block *b = NULL;
+    if (a->table_cap) {
+        size_t mask = a->table_cap - 1, i = slot_of(ptr, a->table_cap);
+        while (a->table[i] && a->table[i]->ptr != ptr)
+            i = (i + 1) & mask;
+        b = a->table[i];
+    }
+    if (b && !b->recycled) {
+        ok = true; /* fresh from CUDA or the arena, which were idle when it last went back */
+    } else if (b && b->fenced) {
+        ok = cudaStreamWaitEvent(waiter, b->event, 0) == cudaSuccess;
+        if (!ok)
+            (void)cudaGetLastError();
+    }
+    pthread_mutex_unlock(&a->lock);
+    return ok;
 }
 
 /* ---- the public functions ----------------------------------------------------------- */

@@ -63,7 +63,8 @@ typedef struct nb_gpu_index_error {
     unsigned long long op;
 } nb_gpu_index_error;
 
-#define NB_GPU_STAGE_SLOTS 2
+/* Pinned staging slots: two for uploads on the stream, two for the copy stream. */
+#define NB_GPU_STAGE_SLOTS 4
 #define NB_GPU_STAGE_BYTES ((size_t)4 << 20)
 
 /* The state of one logical GPU (nb_device.ctx). Created at discovery with no
@@ -84,10 +85,13 @@ typedef struct nb_gpu_ctx {
     /* pinned staging for host -> device copies (gpu_transfer.c) */
     pthread_mutex_t stage_lock;
     int stage_state;          /* 0 not tried, 1 ready, -1 unavailable (pageable copies) */
-    int stage_next;
+    int stage_next[2];        /* the next slot of each pair (0 stream, 1 copy stream) */
     void *stage[NB_GPU_STAGE_SLOTS];
     cudaEvent_t stage_event[NB_GPU_STAGE_SLOTS];
     bool stage_used[NB_GPU_STAGE_SLOTS];
+    cudaStream_t copy_stream; /* large uploads (NULL: none, they go on stream) */
+    cudaEvent_t copy_done;    /* recorded on copy_stream after an upload; stream waits on it */
+    cudaEvent_t copy_fence;   /* recorded on stream when copy_stream must wait for it */
     int64_t host_waits;       /* host waits for this stream (__atomic) */
 } nb_gpu_ctx;
 
@@ -171,6 +175,15 @@ void *nb__gpu_malloc(nb_gpu_ctx *c, size_t nbytes);
 /* Gives back what nb__gpu_malloc returned; work already queued on c's stream
  * may still use it (the next user is ordered after it). NULL is ignored. */
 void nb__gpu_free(nb_gpu_ctx *c, void *ptr);
+/* Blocks of at least this size record an event when freed, so that another
+ * stream can be ordered after their earlier users. */
+#define NB_GPU_FENCE_BYTES ((size_t)1 << 20)
+/* Orders work queued later on waiter (another stream of c's card) after every
+ * earlier user of the live block starting at ptr: true when done (a fresh
+ * block needs nothing, a recycled one waits for the event of its last free),
+ * false when the block is unknown or has no such event (the caller must then
+ * order waiter after c's stream itself). */
+bool nb__gpu_block_fence(nb_gpu_ctx *c, const void *ptr, cudaStream_t waiter);
 
 /* ---- gpu_nccl.c (built when NB_HAVE_NCCL) ------------------------------------ */
 

@@ -1,17 +1,30 @@
 /* Copies between host and device and between devices, and synchronize.
  *
- * Host -> device goes through two pinned staging buffers per device (4 MiB
- * each): the host copies into a free slot and queues an asynchronous DMA, so an
- * upload never waits for the stream's earlier work (a pageable cudaMemcpyAsync
- * may). Uploads larger than STAGE_LIMIT (or with no pinned memory) use a
- * pageable copy and wait for it, since the caller may free src on return; the
- * transfer dominates their cost anyway.
- * Device -> host waits for the stream (the caller reads the bytes next). */
+ * Host -> device goes through pinned staging buffers (4 MiB each, a pair for
+ * each stream below): the host copies a chunk into a free slot and queues an asynchronous
+ * DMA from it, so an upload never waits for the stream's earlier work (a
+ * pageable cudaMemcpyAsync may), and the caller may free src on return since
+ * every byte has been copied into pinned memory by then. The host waits (and
+ * counts it) only when it needs a slot whose last DMA is still running.
+ * - Small uploads (under 1 MiB) are queued on the device's stream.
+ * - Larger ones are queued on a per-device copy stream, its two slots used in
+ *   turn (double buffering: the host fills one while the other's DMA runs), and
+ *   the device's stream waits on an event recorded after the last chunk. The
+ *   DMAs then overlap the kernels already queued instead of following them.
+ *   The copy stream first waits for the earlier users of the destination block
+ *   (the event the allocator recorded when it was last freed: uploads go into
+ *   freshly allocated tensors); for a destination the allocator cannot vouch
+ *   for, it waits for everything queued on the device's stream.
+ * With no pinned memory, copies are pageable and wait for their copy.
+ * Device -> host waits for the stream (the caller reads the bytes next).
+ * Device -> host and synchronize are where an out-of-range index recorded by an
+ * earlier kernel (gather, scatter_add) is reported: the call fails with that
+ * op's error after finishing its own work. */
 #include "gpu_internal.h"
 
 #include <string.h>
 
-#define STAGE_LIMIT ((size_t)32 << 20)
+#define COPY_STREAM_MIN ((size_t)1 << 20)
 
 /* Pinned buffers and their events; on any failure staging is off for good and
  * copies are pageable (correct, maybe slower). Called with stage_lock held. */
@@ -37,6 +50,60 @@ static void stage_init(nb_gpu_ctx *c)
         c->stage_used[i] = false;
     }
     c->stage_state = 1;
+    /* The copy stream is optional: without it large uploads use the stream. */
+    if (cudaStreamCreateWithFlags(&c->copy_stream, cudaStreamNonBlocking) != cudaSuccess) {
+        c->copy_stream = NULL;
+    } else if (cudaEventCreateWithFlags(&c->copy_done, cudaEventDisableTiming) != cudaSuccess ||
+               cudaEventCreateWithFlags(&c->copy_fence, cudaEventDisableTiming) != cudaSuccess) {
+        if (c->copy_done)
+            (void)cudaEventDestroy(c->copy_done);
+        (void)cudaStreamDestroy(c->copy_stream);
+        c->copy_stream = NULL;
+        c->copy_done = NULL;
+    }
+    (void)cudaGetLastError();
+}
+
+/* Queues the chunks of an upload through the staging slots on stream q.
+ * Called with stage_lock held; on failure *call names the CUDA call. */
+static cudaError_t staged_copy(nb_gpu_ctx *c, int pair, cudaStream_t q, void *dst, const void *src,
+                               size_t nbytes, const char **call)
+{
+    cudaError_t e = cudaSuccess;
+    for (size_t done = 0; done < nbytes && e == cudaSuccess;) {
+        int s = 2 * pair + c->stage_next[pair];
+        c->stage_next[pair] ^= 1;
+        if (c->stage_used[s]) {
+            /* The slot's last DMA has usually finished: wait (and count it) only
+             * when it has not. */
+            *call = "cudaEventQuery";
+            e = cudaEventQuery(c->stage_event[s]);
+            if (e == cudaErrorNotReady) {
+                (void)cudaGetLastError(); /* not an error: keep it from a later launch check */
+                nb__gpu_count_wait(c);
+                *call = "cudaEventSynchronize";
+                e = cudaEventSynchronize(c->stage_event[s]);
+            }
+            if (e != cudaSuccess)
+                break;
+        }
+        size_t k = nbytes - done < NB_GPU_STAGE_BYTES ? nbytes - done : NB_GPU_STAGE_BYTES;
+        memcpy(c->stage[s], (const char *)src + done, k);
+        if ((e = cudaMemcpyAsync((char *)dst + done, c->stage[s], k, cudaMemcpyHostToDevice, q)) != cudaSuccess) {
+            *call = "cudaMemcpyAsync";
+            break;
+        }
+        if ((e = cudaEventRecord(c->stage_event[s], q)) != cudaSuccess) {
+            *call = "cudaEventRecord";
+            /* the slot may still be read by the DMA: wait before anyone reuses it */
+            nb__gpu_count_wait(c);
+            (void)cudaStreamSynchronize(q);
+            break;
+        }
+        c->stage_used[s] = true;
+        done += k;
+    }
+    return e;
 }
 
 nb_status nb__gpu_copy_from_host(nb_device *dev, void *dst, const void *src, size_t nbytes)
@@ -47,18 +114,12 @@ nb_status nb__gpu_copy_from_host(nb_device *dev, void *dst, const void *src, siz
     nb_status st = nb__gpu_enter(dev, "copy_from_host", &c);
     if (st)
         return st;
-    if (nbytes > STAGE_LIMIT) {
-        /* The caller may free src when we return: wait for the copy. */
-        NB_GPU_CALL(c, cudaMemcpyAsync, dst, src, nbytes, cudaMemcpyHostToDevice, c->stream);
-        nb__gpu_count_wait(c);
-        NB_GPU_CALL(c, cudaStreamSynchronize, c->stream);
-        return NB_OK;
-    }
     pthread_mutex_lock(&c->stage_lock);
     if (c->stage_state == 0)
         stage_init(c);
     if (c->stage_state < 0) {
         pthread_mutex_unlock(&c->stage_lock);
+        /* The caller may free src when we return: wait for the copy. */
         NB_GPU_CALL(c, cudaMemcpyAsync, dst, src, nbytes, cudaMemcpyHostToDevice, c->stream);
         nb__gpu_count_wait(c);
         NB_GPU_CALL(c, cudaStreamSynchronize, c->stream);
@@ -66,39 +127,34 @@ nb_status nb__gpu_copy_from_host(nb_device *dev, void *dst, const void *src, siz
     }
     cudaError_t e = cudaSuccess;
     const char *call = "";
-    for (size_t done = 0; done < nbytes && e == cudaSuccess;) {
-        int s = c->stage_next;
-        c->stage_next = (s + 1) % NB_GPU_STAGE_SLOTS;
-        if (c->stage_used[s]) {
-            /* The slot's last DMA has usually finished: wait (and count it) only
-             * when it has not. */
-            call = "cudaEventQuery";
-            e = cudaEventQuery(c->stage_event[s]);
-            if (e == cudaErrorNotReady) {
-                (void)cudaGetLastError(); /* not an error: keep it from a later launch check */
-                nb__gpu_count_wait(c);
-                call = "cudaEventSynchronize";
-                e = cudaEventSynchronize(c->stage_event[s]);
-            }
-            if (e != cudaSuccess)
-                break;
-        }
-        size_t k = nbytes - done < NB_GPU_STAGE_BYTES ? nbytes - done : NB_GPU_STAGE_BYTES;
-        memcpy(c->stage[s], (const char *)src + done, k);
-        if ((e = cudaMemcpyAsync((char *)dst + done, c->stage[s], k, cudaMemcpyHostToDevice, c->stream)) !=
-            cudaSuccess) {
-            call = "cudaMemcpyAsync";
-            break;
-        }
-        if ((e = cudaEventRecord(c->stage_event[s], c->stream)) != cudaSuccess) {
+    if (nbytes < COPY_STREAM_MIN || !c->copy_stream) {
+        e = staged_copy(c, 0, c->stream, dst, src, nbytes, &call);
+    } else {
+        /* The copy stream writes dst only after the block's earlier users. */
+        if (!nb__gpu_block_fence(c, dst, c->copy_stream)) {
             call = "cudaEventRecord";
-            /* the slot may still be read by the DMA: wait before anyone reuses it */
-            nb__gpu_count_wait(c);
-            (void)cudaStreamSynchronize(c->stream);
-            break;
+            e = cudaEventRecord(c->copy_fence, c->stream);
+            if (e == cudaSuccess) {
+                call = "cudaStreamWaitEvent";
+                e = cudaStreamWaitEvent(c->copy_stream, c->copy_fence, 0);
+            }
         }
-        c->stage_used[s] = true;
-        done += k;
+        if (e == cudaSuccess)
+            e = staged_copy(c, 1, c->copy_stream, dst, src, nbytes, &call);
+        /* Whatever was queued, the device's stream must not run ahead of it. */
+        cudaError_t e2 = cudaEventRecord(c->copy_done, c->copy_stream);
+        if (e2 == cudaSuccess)
+            e2 = cudaStreamWaitEvent(c->stream, c->copy_done, 0);
+        if (e2 != cudaSuccess) {
+            /* No ordering: wait for the copy stream instead. */
+            (void)cudaGetLastError();
+            nb__gpu_count_wait(c);
+            cudaError_t e3 = cudaStreamSynchronize(c->copy_stream);
+            if (e == cudaSuccess) {
+                e = e3 != cudaSuccess ? e3 : e2;
+                call = e3 != cudaSuccess ? "cudaStreamSynchronize" : "cudaEventRecord";
+            }
+        }
     }
     pthread_mutex_unlock(&c->stage_lock);
     return e == cudaSuccess ? NB_OK : nb__gpu_cuda_fail(e, call, dev->name);
