@@ -58,7 +58,10 @@ test_() {
 }
 
 bench() {
-  "$here/run.sh" "$build"
+  local st=0
+  "$here/run.sh" "$build" || st=$?
+  NB_BENCH_DIR="$here" "$build/bench/bench_gpu_reduce" || st=$?
+  return $st
 }
 
 status=0
