@@ -114,6 +114,12 @@ static nb_status gpu_one_hot(nb_device *dev, const nb_view *out, const nb_view *
     return nb__gpu_one_hot(c, out, indices, on, off);
 }
 
+static nb_status gpu_check_indices(nb_device *dev, const char *op, const nb_view *indices, int64_t limit)
+{
+    ENTER(dev, op);
+    return nb__gpu_check_indices(c, op, indices, limit);
+}
+
 static nb_status gpu_cumsum(nb_device *dev, const nb_view *out, const nb_view *x, int axis, bool exclusive,
                              bool reverse)
 {
@@ -189,4 +195,5 @@ const nb_backend nb__gpu_backend = {
     .gather = gpu_gather,
     .scatter_add = gpu_scatter_add,
     .one_hot = gpu_one_hot,
+    .check_indices = gpu_check_indices,
 };

@@ -56,14 +56,15 @@ nb_tensor *nb_sparse_softmax_cross_entropy(const nb_tensor *logits, const nb_ten
                              nb__shape_str(logits->ndim, logits->shape, sb, sizeof sb));
     int64_t C = logits->shape[1];
     if (labels->numel > 0) {
-        /* A label outside [0, C) would silently give a zero row: refuse it. */
-        double lo = nb_tensor_item(nb_min(labels, NB_ALL_AXES, false));
-        double hi = nb_tensor_item(nb_max(labels, NB_ALL_AXES, false));
-        if (nb_error())
+        /* A label outside [0, C) would silently give a zero row: refused. On a
+         * GPU the check is queued, and a bad label is reported at the next
+         * synchronising call, so the step does not wait for it. */
+        nb_tensor *flat = nb_contiguous(labels);
+        if (!flat)
             return NULL;
-        if (lo < 0 || hi >= (double)C) /* printed as read: a cast back could overflow */
-            return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: label %.0f is outside [0, %lld)", op,
-                                 lo < 0 ? lo : hi, (long long)C);
+        nb_view vl = nb__view(flat);
+        if (flat->device->backend->check_indices(flat->device, op, &vl, C))
+            return NULL;
     }
     if (C == 0) /* no classes, so no labels (checked above): an empty loss */
         return nb_neg(nb_sum(logits, NB_AXES(-1), false));

@@ -524,8 +524,13 @@ static void run_values(int n, input *in, apply_fn apply, ref_fn ref, const void 
         free(sv[i]);
 }
 
+/* Index checks a device may queue (gather, scatter_add, labels): a bad index
+ * is then reported by the next synchronising call instead of the op. */
+static bool deferred_ok;
+
 /* Expects apply to be refused with one of the codes (strict placement, so that
- * nothing falls back to the CPU). */
+ * nothing falls back to the CPU); with deferred_ok, off /cpu:0, by the next
+ * nb_synchronize instead. */
 static void run_refused(int n, input *in, apply_fn apply, const void *ctx, nb_status code1, nb_status code2)
 {
     nb_tensor *t[4] = {0};
@@ -539,6 +544,8 @@ static void run_refused(int n, input *in, apply_fn apply, const void *ctx, nb_st
     bool soft = nb_set_soft_placement(false);
     nb_tensor *out = apply(n, t, ctx);
     nb_set_soft_placement(soft);
+    if (out && deferred_ok && !reference_mode && !nb_error() && nb_synchronize() != NB_OK)
+        out = NULL;
     nb_status e = nb_error();
     CHECKF(out == NULL && (e == code1 || e == code2), "expected %s or %s, got %s", nb_status_name(code1),
            nb_status_name(code2), out ? "a result" : nb_status_name(e));
@@ -706,16 +713,36 @@ static double ref_sin(double x, double a, nb_dtype dt) { (void)a, (void)dt; retu
 static double ref_cos(double x, double a, nb_dtype dt) { (void)a, (void)dt; return cos(x); }
 static double ref_tanh(double x, double a, nb_dtype dt) { (void)a, (void)dt; return tanh(x); }
 static double ref_erf(double x, double a, nb_dtype dt) { (void)a, (void)dt; return erf(x); }
-static double ref_sigmoid(double x, double a, nb_dtype dt) { (void)a, (void)dt; return x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x)); }
+static double ref_sigmoid(double x, double a, nb_dtype dt)
+{
+    (void)a, (void)dt;
+    return x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x));
+}
 static double ref_relu(double x, double a, nb_dtype dt) { (void)a, (void)dt; return x < 0 ? 0 : x; }
 static double ref_leaky_relu(double x, double a, nb_dtype dt) { (void)dt; return x < 0 ? a * x : x; }
-static double ref_gelu(double x, double a, nb_dtype dt) { (void)a, (void)dt; return x * 0.5 * (1 + erf(x / sqrt(2.0))); }
-static double ref_softplus(double x, double a, nb_dtype dt) { (void)a, (void)dt; return (x > 0 ? x : 0) + log1p(exp(-fabs(x))); }
+static double ref_gelu(double x, double a, nb_dtype dt)
+{
+    (void)a, (void)dt;
+    return x * 0.5 * (1 + erf(x / sqrt(2.0)));
+}
+static double ref_softplus(double x, double a, nb_dtype dt)
+{
+    (void)a, (void)dt;
+    return (x > 0 ? x : 0) + log1p(exp(-fabs(x)));
+}
 static double ref_reciprocal(double x, double a, nb_dtype dt) { (void)a, (void)dt; return 1 / x; }
+/* alpha < 0: x >= 0 */
 static double ref_step(double x, double a, nb_dtype dt) { (void)dt; return (a < 0 ? x >= 0 : x > 0) ? 1 : 0; }
-static double ref_normal_pdf(double x, double a, nb_dtype dt) { (void)a, (void)dt; return exp(-0.5 * x * x) / sqrt(2 * M_PI); }
+static double ref_normal_pdf(double x, double a, nb_dtype dt)
+{
+    (void)a, (void)dt;
+    return exp(-0.5 * x * x) / sqrt(2 * M_PI);
+}
 static double ref_add_scalar(double x, double a, nb_dtype dt) { (void)dt; return x + a; }
-static double ref_mul_scalar(double x, double a, nb_dtype dt) { return is_int(dt) && a == trunc(a) ? int_mul(x, a, dt) : x * a; }
+static double ref_mul_scalar(double x, double a, nb_dtype dt)
+{
+    return is_int(dt) && a == trunc(a) ? int_mul(x, a, dt) : x * a;
+}
 static double ref_pow_scalar(double x, double a, nb_dtype dt) { (void)dt; return pow(x, a); }
 
 /* The public function of each op (nb__unary for the internal ones). */
@@ -1384,8 +1411,8 @@ static void kernel_reduce(void)
                     continue;
                 reduce_ctx c = {e, sets[a], a % 2 == 1, rev};
                 nb_shape s = rev ? NB_SHAPE(4, 3, 2) : NB_SHAPE(2, 3, 4);
-                case_begin("%s gradient axes mask %#x%s%s", e->name, axes_mask(sets[a], 3), c.keepdims ? " keepdims" : "",
-                           rev ? " strided" : "");
+                case_begin("%s gradient axes mask %#x%s%s", e->name, axes_mask(sets[a], 3),
+                           c.keepdims ? " keepdims" : "", rev ? " strided" : "");
                 double *v = gen(24, NB_F64, e->op == NB_RED_PROD ? (range){R_REAL, 0.5, 1.5, 0, 0, false}
                                                                  : (range){R_REAL, -2, 2, 0, 0, false});
                 run_gradient(1, &s, &v, grad_reduce, &c);
@@ -1639,7 +1666,8 @@ static nb_tensor *apply_matmul(int n, nb_tensor *const *in, const void *ctx)
 {
     (void)n;
     const matmul_ctx *c = ctx;
-    return nb_matmul(c && c->ta ? nb_transpose(in[0], -1, -2) : in[0], c && c->tb ? nb_transpose(in[1], -1, -2) : in[1]);
+    return nb_matmul(c && c->ta ? nb_transpose(in[0], -1, -2) : in[0],
+                     c && c->tb ? nb_transpose(in[1], -1, -2) : in[1]);
 }
 
 static double *ref_matmul(int n, const input *in, const void *ctx, nb_shape *shape)
@@ -1976,13 +2004,17 @@ static void kernel_gather(void)
                 free(vp);
                 case_end();
             }
-            /* an index out of range is refused, naming it; the device carries on */
+            /* an index out of range is refused (by the op, or by the next
+             * synchronising call where the device queues the check); the
+             * device carries on */
             case_begin("gather %s %s index out of range", nb_dtype_name(dt), nb_dtype_name(it));
             double *vp = gen(50 * 7, dt, RANGE_DEFAULT), bad[2] = {0, 50}, neg[2] = {-1, 2}, good[2] = {49, 1};
             input in[2] = {{dt, {2, {50, 7}}, vp, L_CONTIG}, {it, {1, {2}}, bad, L_CONTIG}};
+            deferred_ok = true;
             run_refused(2, in, apply_gather, NULL, NB_ERR_INVALID_ARGUMENT, NB_ERR_INVALID_ARGUMENT);
             in[1].v = neg;
             run_refused(2, in, apply_gather, NULL, NB_ERR_INVALID_ARGUMENT, NB_ERR_INVALID_ARGUMENT);
+            deferred_ok = false;
             in[1].v = good;
             run_values(2, in, apply_gather, ref_gather, NULL, dt, T_EXACT);
             free(vp);
@@ -2117,6 +2149,102 @@ static void kernel_one_hot(void)
                     v[i] = (double)cases[s].v[i];
                 input in = {it, cases[s].s, v, cases[s].lay};
                 run_values(1, &in, apply_one_hot, ref_one_hot, &c, dt, T_EXACT);
+                case_end();
+            }
+        }
+    }
+}
+
+/* ================================ labels: check_indices ===================================== */
+
+static nb_tensor *apply_sparse_ce(int n, nb_tensor *const *in, const void *ctx)
+{
+    (void)n, (void)ctx;
+    return nb_sparse_softmax_cross_entropy(in[0], in[1]);
+}
+
+/* loss_i = logsumexp(logits_i) - logits_i[label_i] */
+static double *ref_sparse_ce(int n, const input *in, const void *ctx, nb_shape *shape)
+{
+    (void)n, (void)ctx;
+    int64_t N = in[0].shape.dims[0], C = in[0].shape.dims[1];
+    double *w = alloc_values(N);
+    for (int64_t i = 0; i < N; i++) {
+        const double *row = in[0].v + i * C;
+        double m = -INFINITY, s = 0;
+        for (int64_t j = 0; j < C; j++)
+            m = row[j] > m ? row[j] : m;
+        for (int64_t j = 0; j < C; j++)
+            s += exp(row[j] - m);
+        w[i] = m + log(s) - row[(int64_t)in[1].v[i]];
+    }
+    *shape = (nb_shape){1, {N}};
+    return w;
+}
+
+static void kernel_check_indices(void)
+{
+    static const struct {
+        nb_shape s;
+        int64_t limit;
+        int n;
+        int64_t v[8];
+        int bad; /* the position of the first bad index, -1 for none */
+    } cases[] = {
+        {{1, {6}}, 10, 6, {0, 9, 3, 3, 1, 2}, -1},
+        {{2, {2, 3}}, 5, 6, {4, 4, 0, 1, 2, 3}, -1},
+        {NB_SCALAR, 1, 1, {0}, -1},
+        {{1, {0}}, 3, 0, {0}, -1},
+        {{1, {6}}, 10, 6, {0, 9, 3, 10, 1, 2}, 3},
+        {{1, {5}}, 4, 5, {0, 1, 2, 3, -1}, 4},
+        {{2, {2, 2}}, 7, 4, {-7, 0, 0, 0}, 0},
+    };
+    for (nb_dtype it = NB_I32; it <= NB_I64; it++) {
+        if (plan_for(NB_MASK(NB_I32) | NB_MASK(NB_I64), NB_K_CHECK_INDICES, 0, it) != P_RUN)
+            continue;
+        for (size_t s = 0; s < sizeof cases / sizeof *cases; s++) {
+            case_begin("check_indices %s %s below %lld%s", nb_dtype_name(it), shape_str(cases[s].s),
+                       (long long)cases[s].limit, cases[s].bad >= 0 ? " (one out of range)" : "");
+            double v[8];
+            for (int i = 0; i < cases[s].n; i++)
+                v[i] = (double)cases[s].v[i];
+            nb_tensor *t = make_input(cur->name, it, cases[s].s, v, L_CONTIG);
+            CHECK(t != NULL);
+            if (t) {
+                nb_view vi = nb__view(t);
+                nb_status st = cur->dev->backend->check_indices(cur->dev, "check_indices", &vi, cases[s].limit);
+                if (st == NB_OK)
+                    st = nb_synchronize(); /* where the device queued the check */
+                if (cases[s].bad < 0) {
+                    CHECK_OK(st);
+                } else {
+                    char value[32];
+                    snprintf(value, sizeof value, "%lld", (long long)cases[s].v[cases[s].bad]);
+                    CHECK(st == NB_ERR_INVALID_ARGUMENT);
+                    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "check_indices", value);
+                }
+            }
+            case_end();
+        }
+        /* sparse_softmax_cross_entropy checks its labels with it */
+        for (nb_dtype dt = 0; dt < NB_DTYPE_COUNT; dt++) {
+            if (plan_for(FLOATS_MASK, NB_K_SOFTMAX, 0, dt) != P_RUN)
+                continue;
+            for (int bad = 0; bad < 2; bad++) {
+                case_begin("sparse_softmax_cross_entropy %s logits, %s labels%s", nb_dtype_name(dt), nb_dtype_name(it),
+                           bad ? " out of range" : "");
+                double *vl = gen(7 * 5, dt, RANGE_DEFAULT), labels[7] = {0, 4, 2, 2, 1, 3, 0};
+                if (bad)
+                    labels[5] = 5;
+                input in[2] = {{dt, {2, {7, 5}}, vl, L_CONTIG}, {it, {1, {7}}, labels, L_CONTIG}};
+                if (bad) {
+                    deferred_ok = true;
+                    run_refused(2, in, apply_sparse_ce, NULL, NB_ERR_INVALID_ARGUMENT, NB_ERR_INVALID_ARGUMENT);
+                    deferred_ok = false;
+                } else {
+                    run_values(2, in, apply_sparse_ce, ref_sparse_ce, NULL, dt, T_ACC);
+                }
+                free(vl);
                 case_end();
             }
         }

@@ -1170,7 +1170,7 @@ static void test_index(void)
                              NB_ERR_INVALID_ARGUMENT, "embedding_lookup: index");
                 set(&ix, 5, -1);
                 char msg[128];
-                snprintf(msg, sizeof msg, "gather: index -1 out of range [0, %lld)", (long long)rows);
+                snprintf(msg, sizeof msg, "gather: index -1 at position 5 is outside [0, %lld)", (long long)rows);
                 EXPECT_ERROR(B->gather(DEV, "gather", &o.v, &p.v, &ix.v), NB_ERR_INVALID_ARGUMENT, msg);
                 EXPECT(isnan(get(&o, 0)) || ((unsigned char *)o.mem)[0] == 0x5A,
                        "gather wrote before failing");
@@ -1204,7 +1204,7 @@ static void test_index(void)
                     }
                 set(&ix, n - 1, 1e9);
                 EXPECT_ERROR(B->scatter_add(DEV, "gather_grad", &o.v, &ix.v, &u.v),
-                             NB_ERR_INVALID_ARGUMENT, "gather_grad: index 1000000000 out of range [0, 9)");
+                             NB_ERR_INVALID_ARGUMENT, "gather_grad: index 1000000000 at position");
                 free(want);
                 arr_free(&o), arr_free(&ix), arr_free(&u);
             }

@@ -176,6 +176,12 @@ struct nb_backend {
      * row of off (as TensorFlow). */
     nb_status (*one_hot)(nb_device *dev, const nb_view *out, const nb_view *indices, double on,
                          double off);
+    /* Checks that every element of indices (contiguous NB_I32/NB_I64) lies in
+     * [0, limit): NB_ERR_INVALID_ARGUMENT naming op, the index, its position and
+     * the range otherwise. A device may queue the check and report a bad index
+     * at the next synchronising call (a read, nb_synchronize) instead of
+     * waiting for it now: the GPU does. */
+    nb_status (*check_indices)(nb_device *dev, const char *op, const nb_view *indices, int64_t limit);
 };
 
 /* ---- the backend registry (lib/core/device.c) ----

@@ -77,4 +77,5 @@ const nb_backend nb__cpu_backend = {
     .gather = nb__cpu_gather,
     .scatter_add = nb__cpu_scatter_add,
     .one_hot = nb__cpu_one_hot,
+    .check_indices = nb__cpu_check_indices,
 };

@@ -1,4 +1,4 @@
-/* Indexing: gather, scatter_add, one_hot.
+/* Indexing: gather, scatter_add, one_hot, and the index check alone.
  * gather: params f32, f64, i32, i64, bool, u8 (rows are moved as bytes);
  * scatter_add: f32, f64, i32, i64 (integers wrap); one_hot: out f32, f64, i32,
  * i64, bool, u8. Indices are i32 or i64 (one_hot also takes u8); gather and
@@ -19,7 +19,14 @@ static inline int64_t index_at(const void *idx, bool i64, int64_t i)
     return i64 ? ((const int64_t *)idx)[i] : ((const int32_t *)idx)[i];
 }
 
-/* Checks every index against [0, rows); records the first bad one. */
+/* Checks every index against [0, rows); records the first bad one, in the
+ * words the GPU's deferred report uses. */
+static nb_status index_error(const char *op, long long value, int64_t position, int64_t rows)
+{
+    return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: index %lld at position %lld is outside [0, %lld) on /cpu:0", op,
+                    value, (long long)position, (long long)rows);
+}
+
 static nb_status check_indices(const char *op, const nb_view *indices, int64_t rows)
 {
     const int64_t n = indices->numel;
@@ -27,16 +34,23 @@ static nb_status check_indices(const char *op, const nb_view *indices, int64_t r
         const int64_t *ix = indices->data;
         for (int64_t i = 0; i < n; i++)
             if ((uint64_t)ix[i] >= (uint64_t)rows)
-                return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: index %lld out of range [0, %lld)",
-                                op, (long long)ix[i], (long long)rows);
+                return index_error(op, ix[i], i, rows);
     } else {
         const int32_t *ix = indices->data;
         for (int64_t i = 0; i < n; i++)
             if (ix[i] < 0 || (int64_t)ix[i] >= rows)
-                return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: index %lld out of range [0, %lld)",
-                                op, (long long)ix[i], (long long)rows);
+                return index_error(op, ix[i], i, rows);
     }
     return NB_OK;
+}
+
+nb_status nb__cpu_check_indices(nb_device *dev, const char *op, const nb_view *indices, int64_t limit)
+{
+    if (indices->dtype != NB_I32 && indices->dtype != NB_I64)
+        return nb__cpu_unsupported(dev, op, indices->dtype);
+    if (!indices->contiguous && indices->numel > 0)
+        return nb__fail(NB_ERR_INTERNAL, "%s: the CPU index check needs contiguous indices", op);
+    return check_indices(op, indices, limit);
 }
 
 static nb_status check_contiguous(const char *op, const char *what, const nb_view *v)

@@ -165,6 +165,7 @@ nb_status nb__cpu_gather(nb_device *dev, const char *op, const nb_view *out,
                          const nb_view *params, const nb_view *indices);
 nb_status nb__cpu_scatter_add(nb_device *dev, const char *op, const nb_view *out,
                               const nb_view *indices, const nb_view *updates);
+nb_status nb__cpu_check_indices(nb_device *dev, const char *op, const nb_view *indices, int64_t limit);
 nb_status nb__cpu_one_hot(nb_device *dev, const nb_view *out, const nb_view *indices, double on,
                           double off);
 /* The CPU kernel table (cpu_backend.c). */
