@@ -78,6 +78,18 @@ nb_tensor *nb_gather(const nb_tensor *params, const nb_tensor *indices)
         nb__release(tp);
         if (p)
             nb__release(ti);
+    } else if (in[1]->numel) {
+        /* Rows of no elements ([5, 0] params): nothing to move, but the
+         * indices are still checked (queued on a GPU, as the kernel's are). */
+        nb_tensor *ti;
+        const nb_tensor *ix = dense(op, in[1], &ti);
+        nb_view vi = ix ? nb__view(ix) : (nb_view){0};
+        if (!ix || dev->backend->check_indices(dev, op, &vi, params->shape[0])) {
+            nb__release(out);
+            out = NULL;
+        }
+        if (ix)
+            nb__release(ti);
     }
     return nb__finish(&gather_def, 2, in, out, NULL);
 }

@@ -552,6 +552,14 @@ static void test_gather(void)
     nb_tensor *q64 = randn64(NB_SHAPE(3, 5), 104);
     GRADCHECK(gc_fn, GC_GATHER_T, ix, q64);
     GRADCHECK(gc_second, GC_GATHER_T, ixt, q64);
+
+    /* Rows of no elements: nothing is moved, but the indices are still checked. */
+    nb_tensor *p0 = nb_zeros(NB_F32, NB_SHAPE(5, 0));
+    const int64_t ok_ix[3] = {4, 0, 2}, bad_ix[3] = {4, 5, 0};
+    nb_tensor *e = nb_gather(p0, nb_from_buffer(NB_I64, NB_SHAPE(3), ok_ix));
+    CHECK(e && nb_tensor_ndim(e) == 2 && nb_tensor_dim(e, 0) == 3 && nb_tensor_dim(e, 1) == 0);
+    CHECK(nb_gather(p0, nb_from_buffer(NB_I64, NB_SHAPE(3), bad_ix)) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "gather", "index 5", "position 1", "[0, 5)");
 }
 
 static void test_one_hot(void)

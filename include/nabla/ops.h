@@ -40,8 +40,13 @@
  *   infinite ones (as PyTorch); sigmoid_cross_entropy's slope at a logit of 0 is
  *   0.5 - label.
  * - Softmax of a row holding +inf, or only -inf, is NaN, as in PyTorch.
- * - Indices out of range (gather, sparse_softmax_cross_entropy labels) are
- *   NB_ERR_INVALID_ARGUMENT naming the index; one_hot gives a row of zeros for
+ * - Indices out of range (gather, its gradient, sparse_softmax_cross_entropy
+ *   labels) are NB_ERR_INVALID_ARGUMENT naming the op, the index, its position
+ *   and the range, even where the result is empty. On the CPU the op fails; a
+ *   GPU checks on the device without making the host wait, and the error comes
+ *   from the next synchronising call (a read of any tensor of that device,
+ *   nb_synchronize, the end of a mirrored step), which then fails and clears
+ *   it; the op's result must not be used. one_hot gives a row of zeros for
  *   them, as TensorFlow does. */
 #ifndef NABLA_OPS_H
 #define NABLA_OPS_H
@@ -146,7 +151,8 @@ nb_tensor *nb_log_softmax(const nb_tensor *x, int axis);
  * Labels get a gradient too. */
 nb_tensor *nb_softmax_cross_entropy(const nb_tensor *logits, const nb_tensor *labels);
 /* Per-example loss [N] from logits [N, C] and class indices labels [N] (NB_I32
- * or NB_I64). An index outside [0, C) is NB_ERR_INVALID_ARGUMENT. */
+ * or NB_I64). A label outside [0, C) is NB_ERR_INVALID_ARGUMENT (on a GPU, from
+ * the next synchronising call: see the edge points above). */
 nb_tensor *nb_sparse_softmax_cross_entropy(const nb_tensor *logits, const nb_tensor *labels);
 /* Elementwise max(x,0) - x*z + log(1 + exp(-|x|)), stable for any logit. */
 nb_tensor *nb_sigmoid_cross_entropy(const nb_tensor *logits, const nb_tensor *labels);
@@ -175,7 +181,9 @@ nb_tensor *nb_stack(int n, nb_tensor *const *xs, int axis);
  * when the dim does not divide). Writes n new tensors to out (views). */
 nb_status nb_split(const nb_tensor *x, int n, const int64_t *sizes, int axis, nb_tensor **out);
 /* Rows of params (axis 0) picked by integer indices: result shape is
- * indices.shape + params.shape[1:]. Out-of-range indices are an error. */
+ * indices.shape + params.shape[1:]. An out-of-range index is
+ * NB_ERR_INVALID_ARGUMENT, at once on the CPU, at the next synchronising call
+ * on a GPU (see the edge points above). */
 nb_tensor *nb_gather(const nb_tensor *params, const nb_tensor *indices);
 /* indices (integer) -> indices.shape + [depth] with 1 at the index, 0 elsewhere. */
 nb_tensor *nb_one_hot(const nb_tensor *indices, int64_t depth, nb_dtype dtype);
