@@ -1,12 +1,15 @@
 /* The caching allocator: one per physical card, shared by its logical devices.
  *
  * Sizes are rounded to classes: multiples of 512 bytes up to 1 MiB, of 128 KiB
- * up to 4 MiB (so that 1.3 MiB takes 1.375 MiB, not 2), of 2 MiB above. A freed block goes to a free list of its class and is handed out
- * again without calling CUDA. A block remembers the stream (logical device) it
- * was freed on: that stream may reuse it at once (its later work is ordered
- * after the earlier use); another stream of the same card only once the event
- * recorded at the free has completed. Large requests take a cached block up to
- * 25% bigger than needed.
+ * up to 4 MiB (so that 1.3 MiB takes 1.375 MiB, not 2), of 2 MiB above. A freed
+ * block goes to a free list of its class and is handed out again without
+ * calling CUDA. A block remembers the stream (logical device) it was freed on:
+ * that stream may reuse it at once (its later work is ordered after the earlier
+ * use); another stream of the same card only once the event recorded at the
+ * free has completed. Blocks of 1 MiB or more record that event on one-stream
+ * cards too, so that an upload on the copy stream can wait for it
+ * (nb__gpu_block_fence). Requests above 1 MiB take a cached block up to 25%
+ * bigger than needed.
  *
  * Memory comes from cudaMalloc on demand (the default) or from an arena reserved
  * up front (nb_gpu_set_reserve), carved best-fit with coalescing, optionally

@@ -76,7 +76,8 @@ typedef struct nb_gpu_ctx {
     int slot;                 /* logical index on the card */
     int ready;                /* 1 once the stream exists (read with __atomic) */
     pthread_mutex_t lock;     /* lazy creation of everything below */
-    cudaStream_t stream;      /* non-blocking; every op of this device runs on it */
+    cudaStream_t stream;      /* non-blocking; every op of this device runs on it
+                                 (uploads of 1 MiB or more on copy_stream, ordered before it) */
     cudaEvent_t join_event;   /* recorded on stream to order another stream after it */
     void *cublas;             /* cublasHandle_t, made by gpu_matmul.c on first matmul */
     nb_gpu_index_error *index_err;      /* device memory, lazily */
