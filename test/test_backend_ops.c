@@ -1590,7 +1590,8 @@ static void kernel_copy(void)
 {
     /* values a cast must handle, for floating sources */
     static const double float_edges[] = {0.0, -0.0, 0.5, -0.5, 1.9, -1.9, 2.5, 255.0, 256.0, 300.7, -1.0, -129.0,
-                                         1e10, -1e10, 3e9, 1e30, INFINITY, -INFINITY, NAN, 65504.0, 70000.0};
+                                         1e10, -1e10, 3e9, 1e30, INFINITY, -INFINITY, NAN, 65504.0, 70000.0,
+                                         1e300, -1e300, 1e-300, 2147483647.0, 2147483648.0, -2147483649.0};
     static const shape_case shapes[] = {
         {NB_SCALAR, L_CONTIG},         {{1, {7}}, L_STEPPED},      {{2, {17, 23}}, L_CONTIG},
         {{2, {17, 23}}, L_REVERSED},   {{2, {5, 7}}, L_BROADCAST}, {{4, {2, 3, 1, 5}}, L_OFFSET},
@@ -1749,6 +1750,13 @@ static void kernel_matmul(void)
             free(vb);
             case_end();
         }
+        /* NaN propagates where it enters; inf * 0 is NaN */
+        case_begin("matmul %s edge points", nb_dtype_name(dt));
+        double va[12] = {NAN, 1, 2, 3, 1, INFINITY, 0, 1, -1, 2, 0.5, -INFINITY};
+        double vb[8] = {1, 0, 2, 1, 0, 1, -1, 0};
+        input in[2] = {{dt, {2, {3, 4}}, va, L_CONTIG}, {dt, {2, {4, 2}}, vb, L_CONTIG}};
+        run_values(2, in, apply_matmul, ref_matmul, NULL, dt, T_ACC);
+        case_end();
     }
     if (!holds(cur, NB_F64))
         return;
