@@ -10,7 +10,8 @@
 // When there are too few outputs to fill the card, the reduced range is split
 // into chunks whose partial results (in the accumulator type) go to scratch
 // memory and a second kernel combines them. A whole contiguous tensor of 64K
-// elements or more goes to cub::DeviceReduce. f16/bf16/f32 accumulate in float,
+// elements or more goes to cub::DeviceReduce, and 4 x SMs or more contiguous
+// rows of 4096 or more to cub::DeviceSegmentedReduce (a block per row). f16/bf16/f32 accumulate in float,
 // f64 in double, integers in int64. max/min propagate NaN. No atomics: the
 // split depends only on the shape and the card, so results are the same from
 // run to run (deterministic mode needs nothing more here).
@@ -22,6 +23,9 @@
 #include "gpu_kernels.cuh"
 
 #include <cub/device/device_reduce.cuh>
+#include <cub/device/device_segmented_reduce.cuh>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_output_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 
 
@@ -238,6 +242,44 @@ nb_status reduce_all_cub(nb_gpu_ctx *c, const T_of<D> *x, int64_t R, T_of<D> *ou
     return nb__gpu_launched(c, "reduce_finish");
 }
 
+// ---- many long contiguous rows: cub::DeviceSegmentedReduce -----------------------------------
+
+struct RowStart {
+    int64_t R;
+    __host__ __device__ __forceinline__ int64_t operator()(int64_t k) const { return k * R; }
+};
+template <nb_dtype D> struct Finish {
+    int64_t mean_div;
+    __host__ __device__ __forceinline__ T_of<D> operator()(Acc_of<D> acc) const
+    {
+        return st<D>(mean_div > 0 ? acc / static_cast<Acc_of<D>>(mean_div) : acc);
+    }
+};
+
+// One block per row, each adding its row in a fixed order.
+template <nb_dtype D, nb_reduce_op OP>
+nb_status reduce_rows_cub(nb_gpu_ctx *c, const T_of<D> *x, int64_t K, int64_t R, T_of<D> *out, int64_t mean_div)
+{
+    using Acc = Acc_of<D>;
+    auto in = thrust::make_transform_iterator(x, LoadAcc<D>{});
+    auto dst = thrust::make_transform_output_iterator(out, Finish<D>{mean_div});
+    auto begin = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), RowStart{R});
+    const Acc init = red_identity<Acc, OP>();
+    size_t bytes = 0;
+    cudaError_t e = cub::DeviceSegmentedReduce::Reduce(nullptr, bytes, in, dst, K, begin, begin + 1,
+                                                       Combine<Acc, OP>{}, init, c->stream);
+    if (e != cudaSuccess)
+        return nb__gpu_cuda_fail(e, "cub::DeviceSegmentedReduce::Reduce", c->dev->name);
+    Scratch temp(c, bytes);
+    if (bytes && !temp.p)
+        return nb_error() ? nb_error() : NB_ERR_OUT_OF_MEMORY;
+    e = cub::DeviceSegmentedReduce::Reduce(temp.p, bytes, in, dst, K, begin, begin + 1, Combine<Acc, OP>{}, init,
+                                           c->stream);
+    if (e != cudaSuccess)
+        return nb__gpu_cuda_fail(e, "cub::DeviceSegmentedReduce::Reduce", c->dev->name);
+    return nb__gpu_launched(c, "reduce");
+}
+
 template <nb_dtype D, nb_reduce_op OP>
 nb_status reduce_typed(nb_gpu_ctx *c, const RGeo &g, const nb_view *out, const nb_view *x, int64_t K, int64_t R,
                        int64_t mean_div)
@@ -248,6 +290,11 @@ nb_status reduce_typed(nb_gpu_ctx *c, const RGeo &g, const nb_view *out, const n
     if (K == 1 && g.nr == 1 && g.rst[0] == (int64_t)sizeof(T_of<D>) && R >= 65536)
         return reduce_all_cub<D, OP>(c, reinterpret_cast<const T_of<D> *>(xp), R, static_cast<T_of<D> *>(out->data),
                                      mean_div);
+    // Rows back to back, enough of them for a block per row to fill the card.
+    if (g.nr == 1 && g.rst[0] == (int64_t)sizeof(T_of<D>) && g.nk == 1 && g.kst[0] == R * (int64_t)sizeof(T_of<D>) &&
+        R >= 4096 && K >= 4 * sm)
+        return reduce_rows_cub<D, OP>(c, reinterpret_cast<const T_of<D> *>(xp), K, R,
+                                      static_cast<T_of<D> *>(out->data), mean_div);
     // The outer kernel only pays when neighbouring outputs are neighbours in
     // memory and there are enough of them to fill its 32 columns.
     const int64_t es = (int64_t)sizeof(T_of<D>);
