@@ -288,6 +288,10 @@ static void test_reductions(void)
     nb_tensor *gt = nb_transpose(g, 0, 1), *ct = nb_transpose(c, 0, 1);
     CHECK(max_diff(nb_sum_all(gt), nb_sum_all(ct)) == 0);
     CHECK(max_diff(nb_sum(gt, NB_AXES(1), true), nb_sum(ct, NB_AXES(1), true)) == 0);
+    ints_pair(NB_F32, NB_SHAPE(600, 5000), 12, &g, &c); /* long rows: cub::DeviceSegmentedReduce */
+    CHECK(max_diff(nb_sum(g, NB_AXES(1), false), nb_sum(c, NB_AXES(1), false)) == 0);
+    CHECK(max_diff(nb_max(g, NB_AXES(1), true), nb_max(c, NB_AXES(1), true)) == 0);
+    CHECK(max_diff(nb_mean(g, NB_AXES(1), false), nb_mean(c, NB_AXES(1), false)) <= 1e-6);
     ints_pair(NB_F64, NB_SHAPE(70000), 6, &g, &c);
     CHECK(max_diff(nb_sum_all(g), nb_sum_all(c)) == 0);
     ints_pair(NB_I64, NB_SHAPE(70000), 7, &g, &c);
