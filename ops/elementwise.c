@@ -262,6 +262,24 @@ GRAD(leaky_relu, nb_mul(G, nb_add_scalar(nb_mul_scalar(nb__step(X), 1.0 - ALPHA)
 GRAD(gelu, nb_mul(G, nb_add(nb_mul_scalar(nb_add_scalar(nb_erf(nb_mul_scalar(X, 0.7071067811865476)), 1.0), 0.5),
                             nb_mul(X, nb__unary(NB_UN_NORMAL_PDF, X, 0.0)))))
 GRAD(softplus, nb_mul(G, nb_sigmoid(X)))
+/* silu'(x) = s + x s (1 - s) = s (1 + x (1 - s)), s = sigmoid(x) */
+static nb_status silu_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
+{
+    nb_tensor *s = nb_sigmoid(X);
+    gi[0] = nb_mul(G, nb_mul(s, nb_add_scalar(nb_mul(X, nb_add_scalar(nb_neg(s), 1.0)), 1.0)));
+    return nb__ok(gi[0]);
+}
+/* elu'(x) = exp(x) below 0, 1 elsewhere: from 0 up (both sides are 1 at 0;
+ * the upper one makes the second derivative at 0 zero) and at NaN, as
+ * PyTorch's. exp sees 0 off the lower side, so the unselected side stays
+ * finite (at x = +inf, 0 * inf would be NaN in a second-order gradient). */
+static nb_status elu_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
+{
+    nb_tensor *zero = nb__scalar_on(n->op->name, X->device, X->dtype, 0.0);
+    nb_tensor *lower = nb_less(X, zero);
+    gi[0] = nb_where(lower, nb_mul(G, nb_exp(nb_where(lower, X, zero))), G);
+    return nb__ok(gi[0]);
+}
 GRAD(reciprocal, nb_neg(nb_mul(G, nb_square(Y))))
 GRAD(normal_pdf, nb_mul(G, nb_neg(nb_mul(X, Y))))
 GRAD(add_scalar, G)

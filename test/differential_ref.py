@@ -72,6 +72,13 @@ RefRsqrt = elementwise_ref(torch.rsqrt, lambda x: -0.5 * torch.rsqrt(x) / x)
 RefSoftplus = elementwise_ref(lambda x: torch.logaddexp(x, torch.zeros_like(x)), torch.sigmoid)
 
 
+# elu with nabla's slope: exp(x) below 0, 1 from 0 up and at NaN (as torch's
+# elementwise slope), exp seeing 0 off the lower side so its second order
+# stays finite at +inf.
+RefElu = elementwise_ref(torch.nn.functional.elu,
+                         lambda x: torch.where(x < 0, torch.exp(torch.where(x < 0, x, torch.zeros_like(x))),
+                                               torch.ones_like(x)))
+
 class RefPow(torch.autograd.Function):
     """nabla's pow (TensorFlow's rule): d/db a^b = a^b log a is taken as 0 where
     a <= 0 (torch gives NaN for a < 0, and -inf at 0 for b < 0). d/da is
@@ -223,6 +230,8 @@ UNARY = {
     "relu": RefRelu.apply,
     "gelu": F.gelu,
     "softplus": RefSoftplus.apply,
+    "silu": F.silu,
+    "elu": RefElu.apply,
 }
 
 BINARY = {

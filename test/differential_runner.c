@@ -160,7 +160,7 @@ static const struct { const char *name; unary_fn fn; } unaries[] = {
     {"neg", nb_neg}, {"abs", nb_abs}, {"sign", nb_sign}, {"exp", nb_exp}, {"log", nb_log},
     {"sqrt", nb_sqrt}, {"rsqrt", nb_rsqrt}, {"square", nb_square}, {"sin", nb_sin},
     {"cos", nb_cos}, {"tanh", nb_tanh}, {"erf", nb_erf}, {"sigmoid", nb_sigmoid},
-    {"relu", nb_relu}, {"gelu", nb_gelu}, {"softplus", nb_softplus},
+    {"relu", nb_relu}, {"gelu", nb_gelu}, {"softplus", nb_softplus}, {"silu", nb_silu}, {"elu", nb_elu},
     {"sum_all", nb_sum_all}, {"mean_all", nb_mean_all}, {"contiguous", nb_contiguous},
     {"stop_gradient", nb_stop_gradient},
 };

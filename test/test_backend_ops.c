@@ -730,6 +730,8 @@ static double ref_softplus(double x, double a, nb_dtype dt)
     (void)a, (void)dt;
     return (x > 0 ? x : 0) + log1p(exp(-fabs(x)));
 }
+static double ref_silu(double x, double a, nb_dtype dt) { return x * ref_sigmoid(x, a, dt); }
+static double ref_elu(double x, double a, nb_dtype dt) { (void)a, (void)dt; return x > 0 ? x : expm1(x); }
 static double ref_reciprocal(double x, double a, nb_dtype dt) { (void)a, (void)dt; return 1 / x; }
 /* alpha < 0: x >= 0 */
 static double ref_step(double x, double a, nb_dtype dt) { (void)dt; return (a < 0 ? x >= 0 : x > 0) ? 1 : 0; }

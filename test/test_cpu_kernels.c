@@ -546,14 +546,17 @@ static double unary_ref(nb_unary_op op, double x, double alpha)
     case NB_UN_LEAKY_RELU: return x > 0 ? x : alpha * x;
     case NB_UN_GELU: return 0.5 * x * (1 + erf(x / sqrt(2.0)));
     case NB_UN_SOFTPLUS: return log(1 + exp(x));
+    case NB_UN_SILU: return x / (1 + exp(-x));
+    case NB_UN_ELU: return x > 0 ? x : expm1(x);
     case NB_UN_RECIPROCAL: return 1 / x;
     case NB_UN_STEP: return alpha < 0 ? (x >= 0) : (x > 0);
     case NB_UN_NORMAL_PDF: return exp(-x * x / 2) / sqrt(2 * 3.14159265358979323846);
     case NB_UN_ADD_SCALAR: return x + alpha;
     case NB_UN_MUL_SCALAR: return x * alpha;
     case NB_UN_POW_SCALAR: return pow(x, alpha);
-    default: return NAN;
+    case NB_UN_COUNT: break; /* no default: a new op of ops.def warns here (-Wswitch) */
     }
+    return NAN;
 }
 
 static bool positive_domain(nb_unary_op op, double alpha)

@@ -97,6 +97,8 @@ nb_tensor *nb_relu(const nb_tensor *x);
 nb_tensor *nb_leaky_relu(const nb_tensor *x, double alpha);
 nb_tensor *nb_gelu(const nb_tensor *x); /* exact: x * Phi(x) */
 nb_tensor *nb_softplus(const nb_tensor *x);
+nb_tensor *nb_silu(const nb_tensor *x); /* x * sigmoid(x) ("swish") */
+nb_tensor *nb_elu(const nb_tensor *x);  /* x > 0 ? x : exp(x) - 1 */
 
 /* ---- comparisons (result NB_BOOL, not differentiable) and selection --------- */
 nb_tensor *nb_equal(const nb_tensor *a, const nb_tensor *b);

@@ -1,0 +1,120 @@
+/* nabla — neural-network ops: convolutions, pooling, normalisation, dropout,
+ * embeddings.
+ *
+ * They are ordinary ops (include/nabla/ops.h's conventions): eager, on the
+ * device placement picks, recorded on tapes, returning a tensor owned by the
+ * current scope or NULL with the error recorded (NB_ERR_SHAPE for shapes that
+ * do not fit, naming both; NB_ERR_INVALID_ARGUMENT for a bad stride,
+ * dilation, padding, window or group count; NB_ERR_DTYPE for a non-floating
+ * input). Gradients of every order work: each gradient is itself built from
+ * these ops (conv2d's gradient is a conv2d_transpose and a filter gradient,
+ * each differentiable again).
+ *
+ * Images are NHWC by default, as in TensorFlow ([batch, height, width,
+ * channels]); NCHW is accepted with format = NB_NCHW. Filters are HWIO
+ * ([height, width, in_channels / groups, out_channels]), as tf.nn.conv2d's,
+ * whatever the image format. */
+#ifndef NABLA_NN_H
+#define NABLA_NN_H
+
+#include <nabla/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum nb_data_format { NB_NHWC = 0, NB_NCHW = 1 } nb_data_format;
+
+/* VALID: no padding, windows wholly inside. SAME: output size ceil(in / stride),
+ * the padding split as TensorFlow does (the extra row/column at the bottom and
+ * right). EXPLICIT: pad[] = {top, bottom, left, right}. */
+typedef enum nb_padding { NB_PAD_VALID = 0, NB_PAD_SAME = 1, NB_PAD_EXPLICIT = 2 } nb_padding;
+
+/* Options of a 2-D convolution. Zero means the default: stride 1, dilation 1,
+ * groups 1; a zeroed struct (or NULL) is a stride-1 VALID NHWC convolution. */
+typedef struct nb_conv2d_opts {
+    int stride[2];   /* height, width */
+    int dilation[2]; /* height, width */
+    nb_padding padding;
+    int pad[4];      /* EXPLICIT only: top, bottom, left, right (>= 0) */
+    int groups;      /* in_channels and out_channels must be multiples of it;
+                        groups = in_channels with a [R, S, 1, M * in] filter is
+                        a depthwise convolution (channel multiplier M) */
+    nb_data_format format;
+} nb_conv2d_opts;
+
+/* y = x (*) filter: x [N, H, W, C] (NHWC) or [N, C, H, W], filter
+ * [R, S, C / groups, K]; y [N, P, Q, K] (or [N, K, P, Q]) with
+ * P = (H + pads - dilation (R - 1) - 1) / stride + 1 (floor), the same for Q.
+ * opts may be NULL (stride 1, VALID, NHWC). x and filter share one floating
+ * dtype and one device. */
+nb_tensor *nb_conv2d(const nb_tensor *x, const nb_tensor *filter, const nb_conv2d_opts *opts);
+
+/* The transpose of nb_conv2d with the same filter and options (its gradient
+ * with respect to x; a "deconvolution"): dy [N, P, Q, K] -> [N, H, W, C],
+ * where input_hw = {H, W} picks the output size (several sizes give the same
+ * P, Q when stride > 1; tf.nn.conv2d_transpose's output_shape). NB_ERR_SHAPE
+ * when input_hw is not one of them. */
+nb_tensor *nb_conv2d_transpose(const nb_tensor *dy, const nb_tensor *filter, const int64_t input_hw[2],
+                               const nb_conv2d_opts *opts);
+
+/* The gradient of nb_conv2d with respect to its filter: from x [N, H, W, C]
+ * and dy [N, P, Q, K], the [R, S, C / groups, K] filter gradient, with
+ * filter_hw = {R, S}. Used by conv2d's gradient; public for custom layers. */
+nb_tensor *nb_conv2d_filter_grad(const nb_tensor *x, const nb_tensor *dy, const int64_t filter_hw[2],
+                                 const nb_conv2d_opts *opts);
+
+/* Options of 2-D pooling: window and stride (0: the window), padding as above. */
+typedef struct nb_pool2d_opts {
+    int window[2];
+    int stride[2];
+    nb_padding padding;
+    int pad[4];
+    nb_data_format format;
+} nb_pool2d_opts;
+
+/* Max over each window (padding never wins; NaN propagates); the gradient
+ * goes to the first maximum of each window. */
+nb_tensor *nb_max_pool2d(const nb_tensor *x, const nb_pool2d_opts *opts);
+/* Mean over each window, counting only the elements inside the image (as
+ * TensorFlow's SAME padding does). */
+nb_tensor *nb_avg_pool2d(const nb_tensor *x, const nb_pool2d_opts *opts);
+/* Mean over height and width: [N, H, W, C] -> [N, C] (NCHW: [N, C, H, W] -> [N, C]). */
+nb_tensor *nb_global_avg_pool2d(const nb_tensor *x, nb_data_format format);
+
+/* Batch normalisation in training: over every axis but the channel axis (the
+ * last for NHWC or a 2-d [N, C] input, axis 1 for NCHW), y = gamma (x - mean)
+ * / sqrt(var + epsilon) + beta with the batch's mean and biased variance.
+ * gamma and beta are [C] (either may be NULL: 1 and 0). When batch_mean /
+ * batch_var are not NULL, the statistics are written there (new tensors owned
+ * by the current scope, [C], variance unbiased as TensorFlow's moving
+ * variance uses), for the caller's running averages. */
+nb_tensor *nb_batch_norm_train(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta, double epsilon,
+                               nb_data_format format, nb_tensor **batch_mean, nb_tensor **batch_var);
+/* Batch normalisation in inference: the same with given mean and var [C]. */
+nb_tensor *nb_batch_norm_infer(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta,
+                               const nb_tensor *mean, const nb_tensor *var, double epsilon, nb_data_format format);
+
+/* Layer normalisation over the last n_axes dims: y = gamma (x - mean) /
+ * sqrt(var + epsilon) + beta, gamma and beta (either NULL) of those dims'
+ * shape. */
+nb_tensor *nb_layer_norm(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta, int n_axes,
+                         double epsilon);
+
+/* Inverted dropout: each element kept with probability 1 - rate and scaled by
+ * 1 / (1 - rate), or zeroed. The mask depends only on (seed, element index),
+ * so the same seed gives the same mask on every call and device. rate in
+ * [0, 1); rate 0 returns x's values. Off in inference: simply do not call it. */
+nb_tensor *nb_dropout(const nb_tensor *x, double rate, uint64_t seed);
+
+/* Rows of an embedding table [V, D] for integer ids of any shape: ids.shape +
+ * [D]. Its gradient accumulates repeated ids (a scatter-add); an id outside
+ * [0, V) is NB_ERR_INVALID_ARGUMENT (on a GPU, from the next synchronising
+ * call, as nb_gather). */
+nb_tensor *nb_embedding_lookup(const nb_tensor *table, const nb_tensor *ids);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
