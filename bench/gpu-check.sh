@@ -60,7 +60,6 @@ test_() {
 bench() {
   local st=0
   "$here/run.sh" "$build" || st=$?
-  NB_BENCH_DIR="$here" "$build/bench/bench_gpu_reduce" || st=$?
   return $st
 }
 

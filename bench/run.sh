@@ -3,7 +3,7 @@
 # Builds BUILD_DIR (default: build, set up with -Dbuildtype=release if missing).
 # The gpu_* benchmarks say why and skip where there is no GPU (they fail with
 # NB_REQUIRE_GPU=1), and
-# gpu_matmul exists only in a CUDA build. Every benchmark takes --reps R and
+# gpu_matmul and gpu_reduce exist only in a CUDA build. Every benchmark takes --reps R and
 # --no-peer; a failing one is reported and the rest still run.
 #
 # On a GPU machine, bench/gpu-check.sh runs this as its last step (after the
@@ -19,7 +19,7 @@ fi
 ninja -C "$build" build.ninja >/dev/null # regenerate first if a meson.build changed
 targets=()
 missing=()
-for name in overhead mlp_step gpu_bandwidth gpu_matmul allreduce mirrored_step data_io; do
+for name in overhead mlp_step gpu_bandwidth gpu_matmul gpu_reduce allreduce mirrored_step data_io; do
   if ninja -C "$build" -t query "bench/bench_$name" >/dev/null 2>&1; then
     targets+=("bench/bench_$name")
   else
@@ -38,6 +38,6 @@ for t in "${targets[@]}"; do
 done
 for m in ${missing[@]+"${missing[@]}"}; do
   echo
-  echo "($m: not in this build; gpu_matmul needs a CUDA build, -Dcuda=enabled)"
+  echo "($m: not in this build; gpu_matmul and gpu_reduce need a CUDA build, -Dcuda=enabled)"
 done
 exit $status

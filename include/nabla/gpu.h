@@ -81,10 +81,9 @@ bool nb_gpu_tf32(void);
  * since the process started; for tests and profiling. Each wait counts one:
  * - reading values: nb_tensor_read, nb_tensor_item, nb_tensor_get, a copy to a
  *   CPU device, and nb_synchronize (per GPU it waits for);
- * - ops that read back to check their input: gather and its gradient (the
- *   index range), sparse_softmax_cross_entropy (the label range);
- * - uploads from the host larger than 32 MiB, and an upload that finds both
- *   pinned staging buffers still in use;
+ * - an upload from the host that finds its pinned staging buffer's previous
+ *   copy still running (uploads of 1 MiB or more go through a copy stream and
+ *   overlap the work already queued);
  * - emptying the allocator's cache (nb_gpu_empty_cache, nb_gpu_set_reserve,
  *   the out-of-memory retry): a wait for the whole card, counted on every
  *   logical GPU of it.

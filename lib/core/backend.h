@@ -115,6 +115,9 @@ struct nb_backend {
      * NB_ERR_OUT_OF_MEMORY; free takes back what alloc gave. */
     void *(*alloc)(nb_device *dev, size_t nbytes);
     void (*free)(nb_device *dev, void *ptr, size_t nbytes);
+    /* dst is a fresh allocation, or one no queued work still reads: a device
+     * may write it on a copy stream ordered only after the block's earlier
+     * owners (the GPU does for 1 MiB or more). */
     nb_status (*copy_from_host)(nb_device *dev, void *dst, const void *src, size_t nbytes);
     /* Waits for queued work on dev that writes src before copying. */
     nb_status (*copy_to_host)(nb_device *dev, void *dst, const void *src, size_t nbytes);
@@ -166,10 +169,15 @@ struct nb_backend {
     /* ---- indexing ---- */
     /* out[i, ...] = params[indices[i], ...]; params contiguous [R, ...], indices
      * contiguous NB_I32/NB_I64 of any shape flattened. An index outside [0, R) is
-     * NB_ERR_INVALID_ARGUMENT naming op. */
+     * NB_ERR_INVALID_ARGUMENT naming op, the index, its position and the range;
+     * its row of out is zeros and nothing outside out is written. A device may
+     * queue the check and report it at its next synchronising call
+     * (copy_to_host, synchronize) instead: the GPU does. */
     nb_status (*gather)(nb_device *dev, const char *op, const nb_view *out, const nb_view *params,
                         const nb_view *indices);
-    /* out[indices[i], ...] += updates[i, ...]; out contiguous [R, ...]. */
+    /* out[indices[i], ...] += updates[i, ...]; out contiguous [R, ...]. An index
+     * outside [0, R) is skipped and reported as gather's. Without atomics in
+     * deterministic mode (nb_deterministic). */
     nb_status (*scatter_add)(nb_device *dev, const char *op, const nb_view *out,
                              const nb_view *indices, const nb_view *updates);
     /* out[..., k] = (indices[...] == k) ? on : off; indices outside [0, depth) give a
