@@ -2651,6 +2651,8 @@ static void add_device(const char *name)
 int main(int argc, char **argv)
 {
     bool gpu_only = argc > 1 && strcmp(argv[1], "--gpu") == 0;
+    /* outputs poisoned before the kernels write them, also when run by hand */
+    setenv("NB_DEBUG_POISON", "1", 0);
     const char *vb = getenv("NB_BACKEND_OPS_VERBOSE");
     verbose = vb && vb[0] && strcmp(vb, "0") != 0;
     const char *list = getenv("NB_BACKEND_OPS_DEVICES");
