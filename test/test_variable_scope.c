@@ -124,6 +124,47 @@ static void test_initializers(void)
         top = x > top ? x : top;
     }
     CHECK(top > 0.8 * limit);
+
+    /* The variance-scaling kinds: a [3, 3, 16, 32] filter (fan_in 144, fan_out
+     * 288), 4608 values; the sample variance is within 10% of the named one,
+     * and the truncated ones never pass two standard deviations. */
+    const struct {
+        nb_init_kind kind;
+        double var;
+        bool truncated;
+    } vs[] = {
+        {NB_INIT_GLOROT_NORMAL, 2.0 / 432, true},
+        {NB_INIT_HE_NORMAL, 2.0 / 144, true},
+        {NB_INIT_HE_UNIFORM, 2.0 / 144, false},
+        {NB_INIT_GLOROT_UNIFORM, 2.0 / 432, false},
+    };
+    for (size_t k = 0; k < sizeof vs / sizeof *vs; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "init/vs%zu", k);
+        nb_variable *v = nb_get_variable(name, NB_SHAPE(3, 3, 16, 32), NB_F64, (nb_initializer){vs[k].kind, 0, 0, 9});
+        CHECK(v != NULL);
+        if (!v)
+            continue;
+        double *w = malloc(4608 * sizeof *w), sum = 0, sq = 0, peak = 0;
+        CHECK_OK(nb_tensor_read(nb_read(v), w, 4608 * sizeof *w));
+        for (int i = 0; i < 4608; i++) {
+            sum += w[i];
+            sq += w[i] * w[i];
+            peak = fabs(w[i]) > peak ? fabs(w[i]) : peak;
+        }
+        double m = sum / 4608, var = sq / 4608 - m * m;
+        CHECK(fabs(var / vs[k].var - 1) < 0.1);
+        double bound = vs[k].truncated ? 2 * sqrt(vs[k].var) / 0.87962566103423978 : sqrt(3 * vs[k].var);
+        CHECK(peak <= bound * (1 + 1e-12));
+        free(w);
+    }
+    nb_variable *tn = nb_get_variable("init/tn", NB_SHAPE(1000), NB_F64,
+                                      (nb_initializer){NB_INIT_TRUNCATED_NORMAL, 3.0, 0.5, 1});
+    CHECK(nb_tensor_item(nb_max(nb_read(tn), NB_ALL_AXES, false)) <= 4.0);
+    CHECK(nb_tensor_item(nb_min(nb_read(tn), NB_ALL_AXES, false)) >= 2.0);
+    nb_variable *un = nb_get_variable("init/un", NB_SHAPE(1000), NB_F64, (nb_initializer){NB_INIT_UNIFORM, 0.05, 0, 1});
+    CHECK(nb_tensor_item(nb_max(nb_abs(nb_read(un)), NB_ALL_AXES, false)) <= 0.05);
+    CHECK(nb_tensor_item(nb_max(nb_abs(nb_read(un)), NB_ALL_AXES, false)) > 0.045);
     CHECK(nb_get_variable("init/bad", NB_SHAPE(2), NB_F32, (nb_initializer){(nb_init_kind)99, 0, 0, 0}) == NULL);
     CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "'init/bad'", "initializer");
     CHECK(nb_variable_find("init/bad") == NULL);

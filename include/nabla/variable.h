@@ -72,21 +72,29 @@ nb_status nb_variable_scope_pop(void);
  * next push or pop on this thread. */
 const char *nb_variable_scope_name(void);
 
-/* How nb_get_variable fills a new variable. */
+/* How nb_get_variable fills a new variable. Fans are counted as Keras counts
+ * them: [in, out] for 2-d, the last two dims times the rest (a receptive
+ * field: HWIO convolution filters) for more, [n]: n and n. The truncated
+ * normals are cut at two standard deviations and, as Keras's, use a standard
+ * deviation divided by 0.87962566 so the variance is the one named. */
 typedef enum nb_init_kind {
-    NB_INIT_ZEROS,          /* 0 */
-    NB_INIT_CONSTANT,       /* value */
-    NB_INIT_NORMAL,         /* normal with mean value and standard deviation stddev */
-    NB_INIT_GLOROT_UNIFORM  /* uniform in +-sqrt(6 / (fan_in + fan_out)), fans as Keras
-                               counts them: [in, out] for 2-d, the last two dims times
-                               the rest (a receptive field) for more, [n]: n and n */
+    NB_INIT_ZEROS,            /* 0 */
+    NB_INIT_CONSTANT,         /* value */
+    NB_INIT_NORMAL,           /* normal with mean value and standard deviation stddev */
+    NB_INIT_GLOROT_UNIFORM,   /* uniform in +-sqrt(6 / (fan_in + fan_out)) */
+    NB_INIT_GLOROT_NORMAL,    /* truncated normal, variance 2 / (fan_in + fan_out) */
+    NB_INIT_HE_NORMAL,        /* truncated normal, variance 2 / fan_in (for relu) */
+    NB_INIT_HE_UNIFORM,       /* uniform in +-sqrt(6 / fan_in) */
+    NB_INIT_TRUNCATED_NORMAL, /* normal with mean value and standard deviation stddev,
+                                 redrawn beyond two standard deviations */
+    NB_INIT_UNIFORM           /* uniform in +-value */
 } nb_init_kind;
 
 typedef struct nb_initializer {
     nb_init_kind kind;
-    double value;   /* NB_INIT_CONSTANT: the value; NB_INIT_NORMAL: the mean */
-    double stddev;  /* NB_INIT_NORMAL */
-    uint64_t seed;  /* NB_INIT_NORMAL, NB_INIT_GLOROT_UNIFORM: same seed, same values */
+    double value;   /* CONSTANT: the value; NORMAL, TRUNCATED_NORMAL: the mean; UNIFORM: the limit */
+    double stddev;  /* NORMAL, TRUNCATED_NORMAL */
+    uint64_t seed;  /* every random kind: same seed, same values */
 } nb_initializer;
 
 /* Returns the variable "<current scope>/<name>" (just name at the top scope).

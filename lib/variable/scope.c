@@ -159,6 +159,24 @@ const char *nb_variable_scope_name(void) { return t_scopes.path; }
 
 /* ---- nb_get_variable ------------------------------------------------------------ */
 
+/* fan_in and fan_out of a variable's shape, as Keras counts them. */
+static void fans(nb_shape shape, double *fan_in, double *fan_out)
+{
+    *fan_in = *fan_out = 1;
+    if (shape.ndim == 1) {
+        *fan_in = *fan_out = (double)shape.dims[0];
+    } else if (shape.ndim >= 2) {
+        double field = 1;
+        for (int i = 0; i < shape.ndim - 2; i++)
+            field *= (double)shape.dims[i];
+        *fan_in = (double)shape.dims[shape.ndim - 2] * field;
+        *fan_out = (double)shape.dims[shape.ndim - 1] * field;
+    }
+}
+
+/* The standard deviation of a normal cut at +-2 sigma is 0.87962566 sigma. */
+#define TRUNCATION_SCALE 0.87962566103423978
+
 /* The initial value (owned by the current scope), or NULL with the error. */
 static nb_tensor *initial_value(const char *who, const char *full, nb_shape shape, nb_dtype dtype,
                                 nb_initializer init)
@@ -170,19 +188,24 @@ static nb_tensor *initial_value(const char *who, const char *full, nb_shape shap
         return nb_full(dtype, shape, init.value);
     case NB_INIT_NORMAL:
         return nb_random_normal(dtype, shape, init.value, init.stddev, init.seed);
-    case NB_INIT_GLOROT_UNIFORM: {
-        double fan_in = 1, fan_out = 1;
-        if (shape.ndim == 1) {
-            fan_in = fan_out = (double)shape.dims[0];
-        } else if (shape.ndim >= 2) {
-            double field = 1;
-            for (int i = 0; i < shape.ndim - 2; i++)
-                field *= (double)shape.dims[i];
-            fan_in = (double)shape.dims[shape.ndim - 2] * field;
-            fan_out = (double)shape.dims[shape.ndim - 1] * field;
+    case NB_INIT_TRUNCATED_NORMAL:
+        return nb_truncated_normal(dtype, shape, init.value, init.stddev, init.seed);
+    case NB_INIT_UNIFORM:
+        return nb_random_uniform(dtype, shape, -init.value, init.value, init.seed);
+    case NB_INIT_GLOROT_UNIFORM:
+    case NB_INIT_GLOROT_NORMAL:
+    case NB_INIT_HE_NORMAL:
+    case NB_INIT_HE_UNIFORM: {
+        double fan_in, fan_out;
+        fans(shape, &fan_in, &fan_out);
+        bool he = init.kind == NB_INIT_HE_NORMAL || init.kind == NB_INIT_HE_UNIFORM;
+        double denom = he ? fan_in : fan_in + fan_out; /* the variance is 2 / denom */
+        double var = denom > 0 ? 2.0 / denom : 0.0;
+        if (init.kind == NB_INIT_GLOROT_UNIFORM || init.kind == NB_INIT_HE_UNIFORM) {
+            double limit = sqrt(3.0 * var); /* uniform in +-limit has variance limit^2 / 3 */
+            return nb_random_uniform(dtype, shape, -limit, limit, init.seed);
         }
-        double limit = fan_in + fan_out > 0 ? sqrt(6.0 / (fan_in + fan_out)) : 0.0;
-        return nb_random_uniform(dtype, shape, -limit, limit, init.seed);
+        return nb_truncated_normal(dtype, shape, 0.0, sqrt(var) / TRUNCATION_SCALE, init.seed);
     }
     }
     return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: variable '%s': unknown initializer kind %d", who, full,
