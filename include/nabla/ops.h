@@ -25,7 +25,7 @@
  * - Integers wrap on overflow (two's complement); division truncates toward
  *   zero; division by zero is NB_ERR_INVALID_ARGUMENT. Casts: see nb_cast.
  * - Empty axes: sum 0, prod 1, mean NaN, logsumexp -inf; max, min, argmax and
- *   argmin over an empty axis are NB_ERR_INVALID_ARGUMENT (nothing to pick);
+ *   argmin over an empty axis are NB_ERR_SHAPE (nothing to pick);
  *   cumsum along an empty axis (or of an empty tensor) is an empty result of
  *   the same shape.
  * - cumsum propagates NaN and infinities as a sum does: from the element where
