@@ -45,8 +45,7 @@
  *   and the range, even where the result is empty. On the CPU the op fails; a
  *   GPU checks on the device without making the host wait, and the error comes
  *   from the next synchronising call (a read of any tensor of that device,
- *   nb_synchronize, the end of a mirrored step), which then fails and clears
- *   it; the op's result must not be used. one_hot gives a row of zeros for
+ *   nb_synchronize), which then fails and clears it; the op's result must not be used. one_hot gives a row of zeros for
  *   them, as TensorFlow does. */
 #ifndef NABLA_OPS_H
 #define NABLA_OPS_H
