@@ -48,6 +48,10 @@ nb_status nb_variable_assign_sub(nb_variable *v, const nb_tensor *value);
  * NULL when cap is 0) and returns how many are registered (which may exceed cap). */
 int nb_variables_list(nb_variable **out, int cap);
 
+/* As nb_variables_list, for the trainable variables only (tf.trainable_variables):
+ * what a training loop hands to its optimizer. */
+int nb_trainable_variables(nb_variable **out, int cap);
+
 /* The oldest registered variable named name, or NULL (no error) when none is. */
 nb_variable *nb_variable_find(const char *name);
 

@@ -69,6 +69,21 @@ int nb_variables_list(nb_variable **out, int cap)
     return n;
 }
 
+int nb_trainable_variables(nb_variable **out, int cap)
+{
+    pthread_mutex_lock(&g_lock);
+    int n = 0;
+    for (int i = 0; i < g_count; i++) {
+        if (!nb_variable_trainable(g_vars[i]))
+            continue;
+        if (out && n < cap)
+            out[n] = g_vars[i];
+        n++;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
 nb_variable *nb_variable_find(const char *name)
 {
     if (!name)
