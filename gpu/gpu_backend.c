@@ -137,6 +137,9 @@ bool nb__gpu_supports(const nb_device *dev, nb_kernel k, int variant, nb_dtype d
     switch (k) {
     case NB_K_UNARY: return (nb__unary_dtypes((nb_unary_op)variant) & NB_MASK(dtype)) != 0;
     case NB_K_BINARY: return (nb__binary_dtypes((nb_binary_op)variant) & NB_MASK(dtype)) != 0;
+    case NB_K_CONV2D:
+    case NB_K_CONV2D_BACKWARD_DATA:
+    case NB_K_CONV2D_BACKWARD_FILTER: return false; /* not yet: the CPU runs them */
     default: return true;
     }
 }

@@ -2625,6 +2625,167 @@ static void kernel_adam_update(void)
     run_optimizer(4, "adamw");
 }
 
+/* ================================ convolutions ============================================== */
+
+#include <nabla/nn.h>
+
+/* x [N, H, W, C] (NHWC), w [R, S, C / G, K], y [N, P, Q, K], with the pads of
+ * the case's options resolved here. which: 0 conv2d (x, w), 1 conv2d_transpose
+ * (dy, w), 2 conv2d_filter_grad (x, dy). */
+typedef struct conv_ctx {
+    int which;
+    int64_t N, H, W, C, K, R, S;
+    nb_conv2d_opts o;
+    int64_t P, Q, pt, pl;
+} conv_ctx;
+
+static void conv_resolve(conv_ctx *c)
+{
+    int64_t in[2] = {c->H, c->W}, k[2] = {c->R, c->S}, out[2], lo[2];
+    for (int i = 0; i < 2; i++) {
+        int64_t st = c->o.stride[i], span = c->o.dilation[i] * (k[i] - 1) + 1, a = 0, b = 0;
+        if (c->o.padding == NB_PAD_EXPLICIT) {
+            a = c->o.pad[2 * i], b = c->o.pad[2 * i + 1];
+        } else if (c->o.padding == NB_PAD_SAME) {
+            int64_t n = (in[i] + st - 1) / st, t = (n - 1) * st + span - in[i];
+            t = t < 0 ? 0 : t;
+            a = t / 2, b = t - a;
+        }
+        lo[i] = a;
+        out[i] = (in[i] + a + b - span) / st + 1;
+    }
+    c->P = out[0], c->Q = out[1], c->pt = lo[0], c->pl = lo[1];
+}
+
+static nb_tensor *apply_conv(int n, nb_tensor *const *in, const void *ctx)
+{
+    (void)n;
+    const conv_ctx *c = ctx;
+    int64_t hw[2] = {c->H, c->W}, rs[2] = {c->R, c->S};
+    switch (c->which) {
+    case 0: return nb_conv2d(in[0], in[1], &c->o);
+    case 1: return nb_conv2d_transpose(in[0], in[1], hw, &c->o);
+    default: return nb_conv2d_filter_grad(in[0], in[1], rs, &c->o);
+    }
+}
+static nb_tensor *grad_conv(int n, nb_tensor *const *in, void *ctx) { return apply_conv(n, in, ctx); }
+
+/* Calls f(x index, w index, y index) for every product term of the convolution. */
+#define CONV_TERMS(c, BODY)                                                                               \
+    do {                                                                                                  \
+        int64_t G_ = (c)->o.groups, Cg_ = (c)->C / G_, Kg_ = (c)->K / G_;                                 \
+        for (int64_t n_ = 0; n_ < (c)->N; n_++)                                                           \
+            for (int64_t p_ = 0; p_ < (c)->P; p_++)                                                       \
+                for (int64_t q_ = 0; q_ < (c)->Q; q_++)                                                   \
+                    for (int64_t k_ = 0; k_ < (c)->K; k_++)                                               \
+                        for (int64_t r_ = 0; r_ < (c)->R; r_++)                                           \
+                            for (int64_t s_ = 0; s_ < (c)->S; s_++) {                                     \
+                                int64_t h_ = p_ * (c)->o.stride[0] - (c)->pt + r_ * (c)->o.dilation[0];   \
+                                int64_t w_ = q_ * (c)->o.stride[1] - (c)->pl + s_ * (c)->o.dilation[1];   \
+                                if (h_ < 0 || h_ >= (c)->H || w_ < 0 || w_ >= (c)->W)                     \
+                                    continue;                                                             \
+                                for (int64_t ci_ = 0; ci_ < Cg_; ci_++) {                                 \
+                                    int64_t xi = ((n_ * (c)->H + h_) * (c)->W + w_) * (c)->C +            \
+                                                 (k_ / Kg_) * Cg_ + ci_;                                  \
+                                    int64_t wi = ((r_ * (c)->S + s_) * Cg_ + ci_) * (c)->K + k_;          \
+                                    int64_t yi = ((n_ * (c)->P + p_) * (c)->Q + q_) * (c)->K + k_;        \
+                                    BODY;                                                                 \
+                                }                                                                         \
+                            }                                                                             \
+    } while (0)
+
+static double *ref_conv(int n, const input *in, const void *ctx, nb_shape *shape)
+{
+    (void)n;
+    const conv_ctx *c = ctx;
+    int64_t G = c->o.groups;
+    const double *a = in[0].v, *b = in[1].v;
+    int64_t cnt;
+    if (c->which == 0) {
+        *shape = (nb_shape){4, {c->N, c->P, c->Q, c->K}};
+    } else if (c->which == 1) {
+        *shape = (nb_shape){4, {c->N, c->H, c->W, c->C}};
+    } else {
+        *shape = (nb_shape){4, {c->R, c->S, c->C / G, c->K}};
+    }
+    cnt = numel(*shape);
+    double *o = alloc_values(cnt);
+    for (int64_t i = 0; i < cnt; i++)
+        o[i] = 0;
+    if (c->which == 0)
+        CONV_TERMS(c, o[yi] += a[xi] * b[wi]);
+    else if (c->which == 1)
+        CONV_TERMS(c, o[xi] += a[yi] * b[wi]);
+    else
+        CONV_TERMS(c, o[wi] += a[xi] * b[yi]);
+    return o;
+}
+
+static void run_conv_kernel(int which, nb_kernel k, const char *name)
+{
+    static const struct {
+        int64_t N, H, W, C, K, R, S;
+        nb_conv2d_opts o;
+    } cases[] = {
+        {2, 7, 6, 3, 5, 3, 3, {{1, 1}, {1, 1}, NB_PAD_SAME, {0}, 1, NB_NHWC}},
+        {1, 9, 8, 4, 6, 3, 2, {{2, 3}, {1, 2}, NB_PAD_EXPLICIT, {1, 0, 2, 1}, 2, NB_NHWC}},
+        {3, 6, 7, 4, 8, 3, 3, {{2, 1}, {1, 1}, NB_PAD_SAME, {0}, 4, NB_NHWC}}, /* depthwise, multiplier 2 */
+        {2, 5, 5, 6, 4, 1, 1, {{1, 1}, {1, 1}, NB_PAD_VALID, {0}, 1, NB_NHWC}},
+        {1, 33, 17, 16, 16, 3, 3, {{1, 1}, {1, 1}, NB_PAD_SAME, {0}, 1, NB_NHWC}},
+    };
+    for (nb_dtype dt = 0; dt < NB_DTYPE_COUNT; dt++) {
+        plan p = plan_for(FLOATS_MASK, k, 0, dt);
+        conv_ctx pc = {which, 1, 3, 3, 1, 1, 1, 1, {{1, 1}, {1, 1}, NB_PAD_VALID, {0}, 1, NB_NHWC}, 0, 0, 0, 0};
+        conv_resolve(&pc);
+        double v1[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+        nb_shape xs = {4, {1, 3, 3, 1}}, ws = {4, {1, 1, 1, 1}}, ys = {4, {1, 3, 3, 1}};
+        input probe[2] = {{dt, which == 1 ? ys : xs, v1, L_CONTIG}, {dt, which == 2 ? ys : ws, v1, L_CONTIG}};
+        if (!refusal(p, name, dt, 2, probe, apply_conv, &pc))
+            continue;
+        for (size_t s = 0; s < sizeof cases / sizeof *cases; s++) {
+            conv_ctx c = {which, cases[s].N, cases[s].H, cases[s].W, cases[s].C, cases[s].K, cases[s].R,
+                          cases[s].S, cases[s].o, 0, 0, 0, 0};
+            conv_resolve(&c);
+            nb_shape x = {4, {c.N, c.H, c.W, c.C}}, w = {4, {c.R, c.S, c.C / c.o.groups, c.K}},
+                     y = {4, {c.N, c.P, c.Q, c.K}};
+            nb_shape s0 = which == 1 ? y : x, s1 = which == 2 ? y : w;
+            case_begin("%s %s x %s w %s groups %d", name, nb_dtype_name(dt), shape_str(x), shape_str(w),
+                       c.o.groups);
+            double *va = gen(numel(s0), dt, (range){R_REAL, -1, 1, -3, 3, false});
+            double *vb = gen(numel(s1), dt, (range){R_REAL, -1, 1, -3, 3, false});
+            input in[2] = {{dt, s0, va, L_CONTIG}, {dt, s1, vb, s % 2 ? L_STEPPED : L_CONTIG}};
+            run_values(2, in, apply_conv, ref_conv, &c, dt, T_ACC);
+            free(va);
+            free(vb);
+            case_end();
+        }
+    }
+    if (!holds(cur, NB_F64))
+        return;
+    for (size_t s = 0; s < 3; s++) {
+        conv_ctx c = {which, 1, cases[s].H, cases[s].W, cases[s].C, cases[s].K, cases[s].R, cases[s].S,
+                      cases[s].o, 0, 0, 0, 0};
+        conv_resolve(&c);
+        nb_shape x = {4, {c.N, c.H, c.W, c.C}}, w = {4, {c.R, c.S, c.C / c.o.groups, c.K}},
+                 y = {4, {c.N, c.P, c.Q, c.K}};
+        nb_shape sh[2] = {which == 1 ? y : x, which == 2 ? y : w};
+        case_begin("%s gradient x %s w %s", name, shape_str(x), shape_str(w));
+        double *v[2] = {gen(numel(sh[0]), NB_F64, (range){R_REAL, -1, 1, 0, 0, false}),
+                        gen(numel(sh[1]), NB_F64, (range){R_REAL, -1, 1, 0, 0, false})};
+        run_gradient(2, sh, v, grad_conv, &c);
+        free(v[0]);
+        free(v[1]);
+        case_end();
+    }
+}
+
+static void kernel_conv2d(void) { run_conv_kernel(0, NB_K_CONV2D, "conv2d"); }
+static void kernel_conv2d_backward_data(void) { run_conv_kernel(1, NB_K_CONV2D_BACKWARD_DATA, "conv2d_transpose"); }
+static void kernel_conv2d_backward_filter(void)
+{
+    run_conv_kernel(2, NB_K_CONV2D_BACKWARD_FILTER, "conv2d_filter_grad");
+}
+
 /* ================================ the matrix ================================================ */
 
 /* Every kernel entry of the list has its cases here. */

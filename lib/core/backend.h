@@ -57,6 +57,23 @@ static inline bool nb__binary_is_comparison(nb_binary_op op) { return op >= NB_B
 
 typedef enum nb_random_dist { NB_RAND_NORMAL, NB_RAND_UNIFORM, NB_RAND_TRUNCATED_NORMAL } nb_random_dist;
 
+/* One 2-D convolution, worked out once by the front end (ops/conv.c) and
+ * handed to the three conv2d entries. Images x [N, H, W, C] and y [N, P, Q, K]
+ * (nchw: [N, C, H, W] and [N, K, P, Q]); the filter always HWIO [R, S, C /
+ * groups, K], output channel k belonging to group k / (K / groups). Output
+ * row p reads input rows p * stride[0] - pad[0] + r * dilation[0] (r < R),
+ * those outside [0, H) being zeros; the same for columns. All sizes >= 1,
+ * strides and dilations >= 1, pads >= 0 (the bottom/right pads are implied by
+ * P and Q). */
+typedef struct nb_conv2d_desc {
+    int64_t N, H, W, C, K, R, S, P, Q;
+    int stride[2];   /* height, width */
+    int dilation[2]; /* height, width */
+    int pad[2];      /* top, left */
+    int groups;
+    bool nchw;
+} nb_conv2d_desc;
+
 /* A collective library over several devices of one kind (NCCL on GPUs): what the
  * mirrored strategy uses when every replica is a distinct physical device. The
  * same shape serves a later multi-process (MPI) path. Every rank's calls come
@@ -190,6 +207,19 @@ struct nb_backend {
      * at the next synchronising call (a read, nb_synchronize) instead of
      * waiting for it now: the GPU does. */
     nb_status (*check_indices)(nb_device *dev, const char *op, const nb_view *indices, int64_t limit);
+
+    /* ---- convolutions (d: nb_conv2d_desc above) ----
+     * Every view is contiguous: x, dx [N, H, W, C] (or NCHW), w, dw [R, S, C /
+     * groups, K], y, dy [N, P, Q, K] (or NKPQ); one floating dtype. */
+    /* y = x (*) w, the cross-correlation of TensorFlow's conv2d. */
+    nb_status (*conv2d)(nb_device *dev, const nb_conv2d_desc *d, const nb_view *y, const nb_view *x,
+                        const nb_view *w);
+    /* dx = the transpose of conv2d applied to dy (conv2d's gradient for x). */
+    nb_status (*conv2d_backward_data)(nb_device *dev, const nb_conv2d_desc *d, const nb_view *dx,
+                                      const nb_view *dy, const nb_view *w);
+    /* dw = conv2d's gradient for w from x and dy, summed over the batch. */
+    nb_status (*conv2d_backward_filter)(nb_device *dev, const nb_conv2d_desc *d, const nb_view *dw,
+                                        const nb_view *x, const nb_view *dy);
 };
 
 /* ---- the backend registry (lib/core/device.c) ----

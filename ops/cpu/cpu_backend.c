@@ -38,6 +38,9 @@ static bool cpu_supports(const nb_device *dev, nb_kernel k, int variant, nb_dtyp
     switch (k) {
     case NB_K_UNARY: return (nb__unary_dtypes((nb_unary_op)variant) & NB_MASK(dtype)) != 0;
     case NB_K_BINARY: return (nb__binary_dtypes((nb_binary_op)variant) & NB_MASK(dtype)) != 0;
+    case NB_K_CONV2D:
+    case NB_K_CONV2D_BACKWARD_DATA:
+    case NB_K_CONV2D_BACKWARD_FILTER: return dtype == NB_F32 || dtype == NB_F64;
     default: return true;
     }
 }
@@ -78,4 +81,7 @@ const nb_backend nb__cpu_backend = {
     .scatter_add = nb__cpu_scatter_add,
     .one_hot = nb__cpu_one_hot,
     .check_indices = nb__cpu_check_indices,
+    .conv2d = nb__cpu_conv2d,
+    .conv2d_backward_data = nb__cpu_conv2d_backward_data,
+    .conv2d_backward_filter = nb__cpu_conv2d_backward_filter,
 };

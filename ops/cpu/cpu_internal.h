@@ -168,6 +168,26 @@ nb_status nb__cpu_scatter_add(nb_device *dev, const char *op, const nb_view *out
 nb_status nb__cpu_check_indices(nb_device *dev, const char *op, const nb_view *indices, int64_t limit);
 nb_status nb__cpu_one_hot(nb_device *dev, const nb_view *out, const nb_view *indices, double on,
                           double off);
+/* ---- convolutions (cpu_conv.c, cpu_conv_dnnl.c) -------------------------------- */
+
+nb_status nb__cpu_conv2d(nb_device *dev, const nb_conv2d_desc *d, const nb_view *y, const nb_view *x,
+                         const nb_view *w);
+nb_status nb__cpu_conv2d_backward_data(nb_device *dev, const nb_conv2d_desc *d, const nb_view *dx,
+                                       const nb_view *dy, const nb_view *w);
+nb_status nb__cpu_conv2d_backward_filter(nb_device *dev, const nb_conv2d_desc *d, const nb_view *dw,
+                                         const nb_view *x, const nb_view *dy);
+/* Whether f32 convolutions skip oneDNN for the plain im2col path (first read
+ * from NB_CONV_PLAIN=1); set_plain changes it (for tests) and returns the old
+ * setting. Without oneDNN every convolution is plain whatever this says. */
+bool nb__cpu_conv_plain(void);
+bool nb__cpu_conv_set_plain(bool on);
+/* oneDNN's f32 convolution (when NB_HAVE_DNNL): which is 0 forward (out y, a
+ * x, b w), 1 backward data (dx, dy, w), 2 backward filter (dw, x, dy), on
+ * contiguous data laid out as d says. NB_ERR_UNSUPPORTED, recording nothing,
+ * when oneDNN will not take the shape (the caller then runs the plain path);
+ * any other error recorded. Primitives are cached per descriptor. */
+nb_status nb__cpu_conv2d_dnnl(int which, const nb_conv2d_desc *d, void *out, const void *a, const void *b);
+
 /* The CPU kernel table (cpu_backend.c). */
 extern const nb_backend nb__cpu_backend;
 

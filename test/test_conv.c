@@ -1,0 +1,434 @@
+/* nb_conv2d, nb_conv2d_transpose and nb_conv2d_filter_grad against plain
+ * nested loops in double on random inputs: odd sizes, strides 1-3, dilations
+ * 1-2, VALID/SAME/explicit pads, groups 1 and 2, depthwise with channel
+ * multipliers 1 and 2, batches 1 and 3, NHWC and NCHW, f32 and f64; oneDNN
+ * against the plain path (f32) when the build has oneDNN; gradient checks of
+ * the first and second order in f64 for all three ops; the errors; a GPU
+ * against the CPU when one is present. */
+#include "check.h"
+
+#include "nb_config.h"
+#include "ops/cpu/cpu_internal.h"
+
+#include <nabla/nn.h>
+
+#undef TOL32
+#define TOL32 1e-4 /* f32 sums of a few hundred products */
+
+static uint64_t rng = 0x2545F4914F6CDD1Dull;
+static double urand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (double)(rng >> 11) * 0x1.0p-53 * 2 - 1;
+}
+
+static double *rand_values(int64_t n)
+{
+    double *v = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+    for (int64_t i = 0; i < n; i++)
+        v[i] = urand();
+    return v;
+}
+
+/* One case's geometry, resolved by the test itself (TensorFlow's rules). */
+typedef struct geo {
+    int64_t N, H, W, C, K, R, S, P, Q, G;
+    int sh, sw, dh, dw, pt, pl;
+} geo;
+
+static bool resolve(geo *g, const nb_conv2d_opts *o)
+{
+    int s[2] = {o->stride[0] ? o->stride[0] : 1, o->stride[1] ? o->stride[1] : 1};
+    int d[2] = {o->dilation[0] ? o->dilation[0] : 1, o->dilation[1] ? o->dilation[1] : 1};
+    int64_t in[2] = {g->H, g->W}, k[2] = {g->R, g->S}, out[2];
+    int lo[2];
+    for (int i = 0; i < 2; i++) {
+        int64_t span = d[i] * (k[i] - 1) + 1, a = 0, b = 0;
+        if (o->padding == NB_PAD_EXPLICIT) {
+            a = o->pad[2 * i];
+            b = o->pad[2 * i + 1];
+        } else if (o->padding == NB_PAD_SAME) {
+            int64_t n = (in[i] + s[i] - 1) / s[i], t = (n - 1) * s[i] + span - in[i];
+            t = t < 0 ? 0 : t;
+            a = t / 2;
+            b = t - a;
+        }
+        lo[i] = (int)a;
+        if (in[i] + a + b < span)
+            return false;
+        out[i] = (in[i] + a + b - span) / s[i] + 1;
+    }
+    g->P = out[0], g->Q = out[1];
+    g->sh = s[0], g->sw = s[1], g->dh = d[0], g->dw = d[1], g->pt = lo[0], g->pl = lo[1];
+    g->G = o->groups ? o->groups : 1;
+    return true;
+}
+
+/* NHWC x, HWIO w, NPQK y: the three references, in long double. */
+static double *ref_fwd(const geo *g, const double *x, const double *w)
+{
+    int64_t Cg = g->C / g->G, Kg = g->K / g->G;
+    double *y = malloc(sizeof(double) * (size_t)(g->N * g->P * g->Q * g->K));
+    for (int64_t n = 0; n < g->N; n++)
+        for (int64_t p = 0; p < g->P; p++)
+            for (int64_t q = 0; q < g->Q; q++)
+                for (int64_t k = 0; k < g->K; k++) {
+                    long double s = 0;
+                    int64_t gr = k / Kg;
+                    for (int64_t r = 0; r < g->R; r++)
+                        for (int64_t t = 0; t < g->S; t++) {
+                            int64_t h = p * g->sh - g->pt + r * g->dh, ww = q * g->sw - g->pl + t * g->dw;
+                            if (h < 0 || h >= g->H || ww < 0 || ww >= g->W)
+                                continue;
+                            for (int64_t c = 0; c < Cg; c++)
+                                s += (long double)x[((n * g->H + h) * g->W + ww) * g->C + gr * Cg + c] *
+                                     w[((r * g->S + t) * Cg + c) * g->K + k];
+                        }
+                    y[((n * g->P + p) * g->Q + q) * g->K + k] = (double)s;
+                }
+    return y;
+}
+
+static double *ref_data(const geo *g, const double *dy, const double *w)
+{
+    int64_t Cg = g->C / g->G, Kg = g->K / g->G, nx = g->N * g->H * g->W * g->C;
+    long double *acc = calloc((size_t)nx, sizeof(long double));
+    for (int64_t n = 0; n < g->N; n++)
+        for (int64_t p = 0; p < g->P; p++)
+            for (int64_t q = 0; q < g->Q; q++)
+                for (int64_t k = 0; k < g->K; k++)
+                    for (int64_t r = 0; r < g->R; r++)
+                        for (int64_t t = 0; t < g->S; t++) {
+                            int64_t h = p * g->sh - g->pt + r * g->dh, ww = q * g->sw - g->pl + t * g->dw;
+                            if (h < 0 || h >= g->H || ww < 0 || ww >= g->W)
+                                continue;
+                            for (int64_t c = 0; c < Cg; c++)
+                                acc[((n * g->H + h) * g->W + ww) * g->C + (k / Kg) * Cg + c] +=
+                                    (long double)dy[((n * g->P + p) * g->Q + q) * g->K + k] *
+                                    w[((r * g->S + t) * Cg + c) * g->K + k];
+                        }
+    double *dx = malloc(sizeof(double) * (size_t)nx);
+    for (int64_t i = 0; i < nx; i++)
+        dx[i] = (double)acc[i];
+    free(acc);
+    return dx;
+}
+
+static double *ref_filter(const geo *g, const double *x, const double *dy)
+{
+    int64_t Cg = g->C / g->G, Kg = g->K / g->G, nw = g->R * g->S * Cg * g->K;
+    double *dw = malloc(sizeof(double) * (size_t)nw);
+    for (int64_t r = 0; r < g->R; r++)
+        for (int64_t t = 0; t < g->S; t++)
+            for (int64_t c = 0; c < Cg; c++)
+                for (int64_t k = 0; k < g->K; k++) {
+                    long double s = 0;
+                    for (int64_t n = 0; n < g->N; n++)
+                        for (int64_t p = 0; p < g->P; p++)
+                            for (int64_t q = 0; q < g->Q; q++) {
+                                int64_t h = p * g->sh - g->pt + r * g->dh, ww = q * g->sw - g->pl + t * g->dw;
+                                if (h < 0 || h >= g->H || ww < 0 || ww >= g->W)
+                                    continue;
+                                s += (long double)x[((n * g->H + h) * g->W + ww) * g->C + (k / Kg) * Cg + c] *
+                                     dy[((n * g->P + p) * g->Q + q) * g->K + k];
+                            }
+                    dw[((r * g->S + t) * Cg + c) * g->K + k] = (double)s;
+                }
+    return dw;
+}
+
+/* An NHWC-ordered array as a tensor in the given format. */
+static nb_tensor *image(const double *v, int64_t N, int64_t H, int64_t W, int64_t C, nb_dtype dt, bool nchw)
+{
+    int64_t n = N * H * W * C;
+    nb_tensor *t = nb_from_buffer(NB_F64, NB_SHAPE(N, H, W, C), v);
+    if (dt != NB_F64)
+        t = nb_cast(t, dt);
+    (void)n;
+    return nchw ? nb_contiguous(nb_permute(t, NB_AXES(0, 3, 1, 2))) : t;
+}
+
+/* A result image in the given format, as NHWC-ordered values. */
+static double *image_values(const nb_tensor *t, bool nchw)
+{
+    if (!t)
+        return NULL;
+    return check_values(nchw ? nb_contiguous(nb_permute(t, NB_AXES(0, 2, 3, 1))) : t);
+}
+
+static double max_err(const double *a, const double *b, int64_t n)
+{
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs(a[i] - b[i]) / (1.0 + fabs(b[i]));
+        if (!(e <= worst))
+            worst = isnan(e) ? INFINITY : e;
+    }
+    return worst;
+}
+
+typedef struct conv_case {
+    int64_t N, H, W, C, K, R, S;
+    nb_conv2d_opts o;
+} conv_case;
+
+static const conv_case cases[] = {
+    {1, 5, 7, 3, 4, 3, 3, {{0, 0}, {0, 0}, NB_PAD_VALID, {0}, 0, 0}},
+    {3, 9, 8, 4, 6, 3, 2, {{2, 1}, {1, 1}, NB_PAD_SAME, {0}, 1, 0}},
+    {2, 11, 10, 5, 3, 3, 3, {{3, 3}, {1, 2}, NB_PAD_SAME, {0}, 1, 0}},
+    {3, 7, 9, 6, 4, 2, 3, {{1, 2}, {2, 1}, NB_PAD_EXPLICIT, {1, 2, 0, 3}, 2, 0}},      /* groups 2 */
+    {1, 8, 8, 4, 8, 3, 3, {{2, 2}, {1, 1}, NB_PAD_SAME, {0}, 2, 0}},                  /* groups 2 */
+    {3, 6, 7, 5, 5, 3, 3, {{1, 1}, {1, 1}, NB_PAD_SAME, {0}, 5, 0}},                  /* depthwise M 1 */
+    {2, 9, 6, 3, 6, 3, 2, {{2, 1}, {2, 1}, NB_PAD_EXPLICIT, {2, 1, 1, 0}, 3, 0}},     /* depthwise M 2 */
+    {1, 10, 9, 4, 8, 5, 3, {{3, 2}, {1, 2}, NB_PAD_VALID, {0}, 4, 0}},               /* depthwise M 2 */
+    {3, 6, 6, 8, 5, 1, 1, {{0, 0}, {0, 0}, NB_PAD_VALID, {0}, 0, 0}},                 /* pointwise */
+    {2, 7, 5, 3, 4, 1, 1, {{2, 2}, {0, 0}, NB_PAD_VALID, {0}, 1, 0}},                 /* 1x1 strided */
+    {1, 4, 4, 2, 3, 4, 4, {{1, 1}, {1, 1}, NB_PAD_VALID, {0}, 1, 0}},                 /* 1x1 output */
+    {2, 5, 6, 3, 2, 3, 3, {{1, 1}, {2, 2}, NB_PAD_EXPLICIT, {3, 3, 2, 4}, 1, 0}},     /* pads past the image */
+};
+#define N_CASES (sizeof cases / sizeof *cases)
+
+/* One case in one dtype and format, all three ops against the references. */
+static void run_case(const conv_case *cc, nb_dtype dt, bool nchw, const char *dev)
+{
+    nb_conv2d_opts o = cc->o;
+    o.format = nchw ? NB_NCHW : NB_NHWC;
+    geo g = {cc->N, cc->H, cc->W, cc->C, cc->K, cc->R, cc->S, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    CHECK(resolve(&g, &o));
+    int64_t Cg = g.C / g.G, nx = g.N * g.H * g.W * g.C, nw = g.R * g.S * Cg * g.K, ny = g.N * g.P * g.Q * g.K;
+    double *xv = rand_values(nx), *wv = rand_values(nw), *dyv = rand_values(ny);
+    double *y_ref = ref_fwd(&g, xv, wv), *dx_ref = ref_data(&g, dyv, wv), *dw_ref = ref_filter(&g, xv, dyv);
+    nb_tensor *x = nb_to_device(image(xv, g.N, g.H, g.W, g.C, dt, nchw), dev);
+    nb_tensor *dy = nb_to_device(image(dyv, g.N, g.P, g.Q, g.K, dt, nchw), dev);
+    nb_tensor *w = nb_from_buffer(NB_F64, NB_SHAPE(g.R, g.S, Cg, g.K), wv);
+    w = nb_to_device(dt == NB_F64 ? w : nb_cast(w, dt), dev);
+    double tol = dt == NB_F32 ? TOL32 : 1e-12;
+    int64_t in_hw[2] = {g.H, g.W}, rs[2] = {g.R, g.S};
+    nb_tensor *y = nb_conv2d(x, w, &o);
+    nb_tensor *dx = nb_conv2d_transpose(dy, w, in_hw, &o);
+    nb_tensor *dw = nb_conv2d_filter_grad(x, dy, rs, &o);
+    CHECKF(y && dx && dw, "case %dx%dx%dx%d: %s", (int)g.N, (int)g.H, (int)g.W, (int)g.C, nb_error_message());
+    if (y && dx && dw) {
+        CHECK(has_shape(y, nchw ? NB_SHAPE(g.N, g.K, g.P, g.Q) : NB_SHAPE(g.N, g.P, g.Q, g.K)));
+        double *yv = image_values(y, nchw), *dxv = image_values(dx, nchw), *dwv = check_values(dw);
+        double e1 = max_err(yv, y_ref, ny), e2 = max_err(dxv, dx_ref, nx), e3 = max_err(dwv, dw_ref, nw);
+        CHECKF(e1 <= tol && e2 <= tol && e3 <= tol * (dt == NB_F32 ? 3 : 1),
+               "%s %s %s x [%lld,%lld,%lld,%lld] w [%lld,%lld,%lld,%lld] groups %lld: errors %g %g %g", dev,
+               nb_dtype_name(dt), nchw ? "NCHW" : "NHWC", (long long)g.N, (long long)g.H, (long long)g.W,
+               (long long)g.C, (long long)g.R, (long long)g.S, (long long)Cg, (long long)g.K, (long long)g.G, e1, e2,
+               e3);
+        free(yv);
+        free(dxv);
+        free(dwv);
+    }
+    nb_error_clear();
+    free(xv), free(wv), free(dyv), free(y_ref), free(dx_ref), free(dw_ref);
+}
+
+static void values_cpu(void)
+{
+    for (size_t i = 0; i < N_CASES; i++)
+        for (int f = 0; f < 2; f++) {
+            run_case(&cases[i], NB_F64, f, "/cpu:0");
+            run_case(&cases[i], NB_F32, f, "/cpu:0");
+        }
+}
+
+/* The plain im2col path (oneDNN's when the build has it is the default for f32). */
+static void values_cpu_plain(void)
+{
+    bool was = nb__cpu_conv_set_plain(true);
+    for (size_t i = 0; i < N_CASES; i++)
+        for (int f = 0; f < 2; f++)
+            run_case(&cases[i], NB_F32, f, "/cpu:0");
+    nb__cpu_conv_set_plain(was);
+}
+
+/* f32: oneDNN and the plain path give the same values (each also met the reference). */
+static void dnnl_vs_plain(void)
+{
+    if (!NB_HAVE_DNNL)
+        return;
+    const int64_t sizes[][7] = {{4, 17, 15, 16, 32, 3, 3}, {2, 14, 14, 32, 32, 1, 1}, {2, 13, 13, 24, 24, 3, 3}};
+    const int groups[] = {1, 1, 24};
+    for (int i = 0; i < 3; i++) {
+        const int64_t *s = sizes[i];
+        nb_conv2d_opts o = {{1, 1}, {1, 1}, NB_PAD_SAME, {0}, groups[i], NB_NHWC};
+        nb_tensor *x = nb_random_uniform(NB_F32, NB_SHAPE(s[0], s[1], s[2], s[3]), -1, 1, 11 + (uint64_t)i);
+        nb_tensor *w = nb_random_uniform(NB_F32, NB_SHAPE(s[5], s[6], s[3] / groups[i], s[4]), -1, 1, 21 + (uint64_t)i);
+        nb_tensor *y = nb_conv2d(x, w, &o);
+        nb_tensor *dy = nb_random_uniform(NB_F32, nb_tensor_shape(y), -1, 1, 31 + (uint64_t)i);
+        int64_t hw[2] = {s[1], s[2]}, rs[2] = {s[5], s[6]};
+        nb_tensor *dx = nb_conv2d_transpose(dy, w, hw, &o), *dw = nb_conv2d_filter_grad(x, dy, rs, &o);
+        bool was = nb__cpu_conv_set_plain(true);
+        nb_tensor *y2 = nb_conv2d(x, w, &o), *dx2 = nb_conv2d_transpose(dy, w, hw, &o),
+                  *dw2 = nb_conv2d_filter_grad(x, dy, rs, &o);
+        nb__cpu_conv_set_plain(was);
+        CHECK(y && dx && dw && y2 && dx2 && dw2);
+        if (!(y && dx && dw && y2 && dx2 && dw2))
+            continue;
+        double *a = check_values(y2), *b = check_values(dx2), *c = check_values(dw2);
+        CHECKF(check_max_error(y, a, nb_tensor_numel(y)) <= 1e-4, "forward %d", i);
+        CHECKF(check_max_error(dx, b, nb_tensor_numel(dx)) <= 1e-4, "backward data %d", i);
+        CHECKF(check_max_error(dw, c, nb_tensor_numel(dw)) <= 1e-3, "backward filter %d", i);
+        free(a), free(b), free(c);
+    }
+}
+
+/* ---- gradients ---- */
+
+typedef struct gctx {
+    nb_conv2d_opts o;
+    int64_t hw[2], rs[2];
+    int which;  /* 0 conv2d, 1 transpose, 2 filter grad */
+    bool second; /* through a first gradient: the sum of squares of a tape gradient */
+} gctx;
+
+static nb_tensor *apply(const gctx *c, nb_tensor *a, nb_tensor *b)
+{
+    switch (c->which) {
+    case 0: return nb_conv2d(a, b, &c->o);
+    case 1: return nb_conv2d_transpose(a, b, c->hw, &c->o);
+    default: return nb_conv2d_filter_grad(a, b, c->rs, &c->o);
+    }
+}
+
+static nb_tensor *grad_fn(int n, nb_tensor *const *in, void *user)
+{
+    (void)n;
+    const gctx *c = user;
+    if (!c->second)
+        return apply(c, in[0], in[1]);
+    /* d/d(in) of sum(op(a, b) * v), then a smooth function of both gradients */
+    nb_tape *t = nb_tape_begin();
+    nb_tape_watch(t, in[0]);
+    nb_tape_watch(t, in[1]);
+    nb_tensor *y = apply(c, in[0], in[1]);
+    if (!y) {
+        nb_tape_free(t);
+        return NULL;
+    }
+    nb_tensor *v = nb_random_uniform(NB_F64, nb_tensor_shape(y), 0.5, 1.5, 77);
+    nb_tensor *g[2] = {0};
+    nb_tensor *src[2] = {in[0], in[1]};
+    nb_status st = nb_tape_gradient(t, nb_sum_all(nb_square(nb_mul(y, v))), 2, src, g);
+    nb_tape_free(t);
+    if (st)
+        return NULL;
+    return nb_add(nb_sum_all(nb_square(g[0])), nb_sum_all(nb_square(g[1])));
+}
+
+static void gradients(void)
+{
+    const conv_case *sel[] = {&cases[1], &cases[3], &cases[6], &cases[11]};
+    for (size_t i = 0; i < sizeof sel / sizeof *sel; i++)
+        for (int which = 0; which < 3; which++)
+            for (int second = 0; second < 2; second++)
+                for (int f = 0; f < 2; f++) {
+                    const conv_case *cc = sel[i];
+                    gctx c = {cc->o, {cc->H, cc->W}, {cc->R, cc->S}, which, second};
+                    c.o.format = f ? NB_NCHW : NB_NHWC;
+                    geo g = {cc->N, cc->H, cc->W, cc->C, cc->K, cc->R, cc->S, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+                    resolve(&g, &c.o);
+                    int64_t N = second ? 1 : g.N;
+                    nb_shape xs = f ? NB_SHAPE(N, g.C, g.H, g.W) : NB_SHAPE(N, g.H, g.W, g.C);
+                    nb_shape ys = f ? NB_SHAPE(N, g.K, g.P, g.Q) : NB_SHAPE(N, g.P, g.Q, g.K);
+                    nb_shape ws = NB_SHAPE(g.R, g.S, g.C / g.G, g.K);
+                    nb_shape s0 = which == 1 ? ys : xs, s1 = which == 2 ? ys : ws;
+                    nb_tensor *in[2] = {nb_random_uniform(NB_F64, s0, -1, 1, 100 + i),
+                                        nb_random_uniform(NB_F64, s1, -1, 1, 200 + i)};
+                    double err = INFINITY;
+                    nb_status st = nb_gradient_check(grad_fn, &c, 2, in, GC_EPS, second ? 1e-4 : GC_TOL, &err);
+                    CHECKF(st == NB_OK, "gradient check case %zu op %d order %d %s: error %g: %s", i, which,
+                           second + 1, f ? "NCHW" : "NHWC", err, st ? nb_error_message() : "");
+                    nb_error_clear();
+                }
+}
+
+/* ---- errors ---- */
+
+static void errors(void)
+{
+    nb_tensor *x = nb_zeros(NB_F32, NB_SHAPE(2, 8, 8, 4)), *w = nb_zeros(NB_F32, NB_SHAPE(3, 3, 4, 6));
+    nb_conv2d_opts o = {0};
+    CHECK(nb_conv2d(NULL, w, NULL) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "conv2d");
+    CHECK(nb_conv2d(x, NULL, NULL) == NULL);
+    nb_error_clear();
+    CHECK(nb_conv2d(nb_zeros(NB_F32, NB_SHAPE(8, 8, 4)), w, NULL) == NULL);
+    CHECK_ERROR(NB_ERR_SHAPE, "conv2d", "4-d", "[8, 8, 4]");
+    CHECK(nb_conv2d(x, nb_zeros(NB_F32, NB_SHAPE(3, 3, 5, 6)), NULL) == NULL);
+    CHECK_ERROR(NB_ERR_SHAPE, "conv2d", "[2, 8, 8, 4]", "[3, 3, 5, 6]");
+    o.groups = 3;
+    CHECK(nb_conv2d(x, w, &o) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "conv2d", "groups 3", "[2, 8, 8, 4]");
+    o = (nb_conv2d_opts){0};
+    o.stride[0] = -1;
+    CHECK(nb_conv2d(x, w, &o) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "conv2d", "stride");
+    o = (nb_conv2d_opts){0};
+    o.padding = NB_PAD_EXPLICIT;
+    o.pad[2] = -1;
+    CHECK(nb_conv2d(x, w, &o) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "conv2d", "pads");
+    o = (nb_conv2d_opts){0};
+    o.dilation[1] = 4;
+    CHECK(nb_conv2d(x, w, &o) == NULL);
+    CHECK_ERROR(NB_ERR_SHAPE, "conv2d", "smaller than 1x1", "[2, 8, 8, 4]", "[3, 3, 4, 6]");
+    CHECK(nb_conv2d(nb_zeros(NB_I32, NB_SHAPE(2, 8, 8, 4)), w, NULL) == NULL);
+    CHECK_ERROR(NB_ERR_DTYPE, "conv2d");
+    CHECK(nb_conv2d(x, nb_zeros(NB_F64, NB_SHAPE(3, 3, 4, 6)), NULL) == NULL);
+    CHECK_ERROR(NB_ERR_DTYPE, "conv2d");
+    /* transpose: a size that does not give dy's */
+    nb_tensor *dy = nb_zeros(NB_F32, NB_SHAPE(2, 6, 6, 6));
+    int64_t bad[2] = {9, 8}, good[2] = {8, 8}, rs[2] = {3, 3};
+    CHECK(nb_conv2d_transpose(dy, w, bad, NULL) == NULL);
+    CHECK_ERROR(NB_ERR_SHAPE, "conv2d_transpose", "[9, 8]", "[2, 6, 6, 6]");
+    CHECK(nb_conv2d_transpose(dy, w, NULL, NULL) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "conv2d_transpose");
+    CHECK(nb_conv2d_transpose(nb_zeros(NB_F32, NB_SHAPE(2, 6, 6, 5)), w, good, NULL) == NULL);
+    CHECK_ERROR(NB_ERR_SHAPE, "conv2d_transpose", "[2, 6, 6, 5]");
+    /* strides > 1: several input sizes give one output size */
+    nb_conv2d_opts s2 = {{2, 2}, {1, 1}, NB_PAD_SAME, {0}, 1, NB_NHWC};
+    int64_t a[2] = {7, 7}, b[2] = {8, 8};
+    nb_tensor *dy4 = nb_zeros(NB_F32, NB_SHAPE(2, 4, 4, 6));
+    nb_tensor *t1 = nb_conv2d_transpose(dy4, w, a, &s2), *t2 = nb_conv2d_transpose(dy4, w, b, &s2);
+    CHECK(t1 && has_shape(t1, NB_SHAPE(2, 7, 7, 4)) && t2 && has_shape(t2, NB_SHAPE(2, 8, 8, 4)));
+    /* filter grad */
+    CHECK(nb_conv2d_filter_grad(x, nb_zeros(NB_F32, NB_SHAPE(3, 6, 6, 6)), rs, NULL) == NULL);
+    CHECK_ERROR(NB_ERR_SHAPE, "conv2d_filter_grad", "[2, 8, 8, 4]", "[3, 6, 6, 6]");
+    CHECK(nb_conv2d_filter_grad(x, dy, NULL, NULL) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "conv2d_filter_grad");
+    int64_t rs4[2] = {4, 4};
+    CHECK(nb_conv2d_filter_grad(x, dy, rs4, NULL) == NULL);
+    CHECK_ERROR(NB_ERR_SHAPE, "conv2d_filter_grad", "[2, 6, 6, 6]");
+}
+
+/* ---- a GPU against the CPU ---- */
+
+static void gpu_vs_cpu(void)
+{
+    if (nb_device_count(NB_DEVICE_GPU) == 0) {
+        printf("test_conv: no GPU, GPU cases skipped\n");
+        return;
+    }
+    const char *gpu = nb_device_name(NB_DEVICE_GPU, 0);
+    for (size_t i = 0; i < N_CASES; i++)
+        for (int f = 0; f < 2; f++) {
+            run_case(&cases[i], NB_F64, f, gpu);
+            run_case(&cases[i], NB_F32, f, gpu);
+        }
+}
+
+int main(void)
+{
+    RUN(values_cpu);
+    RUN(values_cpu_plain);
+    RUN(dnnl_vs_plain);
+    RUN(gradients);
+    RUN(errors);
+    RUN(gpu_vs_cpu);
+    return check_finish();
+}
