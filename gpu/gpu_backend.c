@@ -127,6 +127,32 @@ static nb_status gpu_cumsum(nb_device *dev, const nb_view *out, const nb_view *x
     return nb__gpu_cumsum(c, out, x, axis, exclusive, reverse);
 }
 
+static nb_status gpu_max_pool2d(nb_device *dev, const nb_pool2d_desc *d, const nb_view *out, const nb_view *x,
+                                const nb_view *sel)
+{
+    ENTER(dev, "max_pool2d");
+    return nb__gpu_max_pool2d(c, d, out, x, sel);
+}
+
+static nb_status gpu_max_pool2d_grad(nb_device *dev, const nb_pool2d_desc *d, const nb_view *out, const nb_view *x,
+                                     const nb_view *dy)
+{
+    ENTER(dev, "max_pool2d_grad");
+    return nb__gpu_max_pool2d_grad(c, d, out, x, dy);
+}
+
+static nb_status gpu_avg_pool2d(nb_device *dev, const nb_pool2d_desc *d, const nb_view *out, const nb_view *x)
+{
+    ENTER(dev, "avg_pool2d");
+    return nb__gpu_avg_pool2d(c, d, out, x);
+}
+
+static nb_status gpu_avg_pool2d_grad(nb_device *dev, const nb_pool2d_desc *d, const nb_view *out, const nb_view *dy)
+{
+    ENTER(dev, "avg_pool2d_grad");
+    return nb__gpu_avg_pool2d_grad(c, d, out, dy);
+}
+
 /* The ops.def list says which dtypes an elementwise op is defined for; the GPU
  * runs all of them, f16 and bf16 included (computed in float). */
 bool nb__gpu_supports(const nb_device *dev, nb_kernel k, int variant, nb_dtype dtype)
@@ -199,4 +225,8 @@ const nb_backend nb__gpu_backend = {
     .scatter_add = gpu_scatter_add,
     .one_hot = gpu_one_hot,
     .check_indices = gpu_check_indices,
+    .max_pool2d = gpu_max_pool2d,
+    .max_pool2d_grad = gpu_max_pool2d_grad,
+    .avg_pool2d = gpu_avg_pool2d,
+    .avg_pool2d_grad = gpu_avg_pool2d_grad,
 };

@@ -231,6 +231,13 @@ nb_status nb__gpu_one_hot(nb_gpu_ctx *c, const nb_view *out, const nb_view *indi
  * outside is recorded for op and reported at the next synchronising call, like
  * gather's. For labels (sparse_softmax_cross_entropy) without a host wait. */
 nb_status nb__gpu_check_indices(nb_gpu_ctx *c, const char *op, const nb_view *indices, int64_t rows);
+/* gpu_pool.cu: the pooling entries' contracts (lib/core/backend.h) */
+nb_status nb__gpu_max_pool2d(nb_gpu_ctx *c, const nb_pool2d_desc *d, const nb_view *out, const nb_view *x,
+                             const nb_view *sel);
+nb_status nb__gpu_max_pool2d_grad(nb_gpu_ctx *c, const nb_pool2d_desc *d, const nb_view *out, const nb_view *x,
+                                  const nb_view *dy);
+nb_status nb__gpu_avg_pool2d(nb_gpu_ctx *c, const nb_pool2d_desc *d, const nb_view *out, const nb_view *x);
+nb_status nb__gpu_avg_pool2d_grad(nb_gpu_ctx *c, const nb_pool2d_desc *d, const nb_view *out, const nb_view *dy);
 /* gpu_random.cu */
 nb_status nb__gpu_random(nb_gpu_ctx *c, const nb_view *out, nb_random_dist dist, double a,
                          double b, uint64_t seed);

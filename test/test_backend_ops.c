@@ -2786,6 +2786,186 @@ static void kernel_conv2d_backward_filter(void)
     run_conv_kernel(2, NB_K_CONV2D_BACKWARD_FILTER, "conv2d_filter_grad");
 }
 
+/* ================================ pooling =================================================== */
+
+typedef struct pool_bo_case {
+    nb_shape x;
+    nb_pool2d_opts o;
+    layout lay;
+} pool_bo_case;
+
+static const pool_bo_case pool_bo_cases[] = {
+    {{4, {2, 5, 7, 3}}, {{2, 2}, {0, 0}, NB_PAD_VALID, {0}, NB_NHWC}, L_CONTIG},
+    {{4, {1, 7, 5, 2}}, {{3, 3}, {2, 2}, NB_PAD_SAME, {0}, NB_NHWC}, L_REVERSED},
+    {{4, {2, 3, 7, 6}}, {{3, 2}, {1, 3}, NB_PAD_EXPLICIT, {2, 1, 0, 1}, NB_NCHW}, L_CONTIG},
+    {{4, {1, 2, 6, 5}}, {{2, 3}, {2, 1}, NB_PAD_SAME, {0}, NB_NCHW}, L_OFFSET},
+    {{4, {1, 4, 4, 37}}, {{3, 3}, {1, 1}, NB_PAD_SAME, {0}, NB_NHWC}, L_CONTIG},
+};
+
+typedef struct pool_bo_ctx {
+    const pool_bo_case *c;
+    int kind; /* 0 max, 1 max's gradient, 2 avg, 3 avg's gradient */
+} pool_bo_ctx;
+
+/* Geometry: pads top/left, output P, Q, and the layout's index. */
+static void pool_bo_geo(const pool_bo_case *c, int64_t *g)
+{
+    bool nchw = c->o.format == NB_NCHW;
+    int64_t H = c->x.dims[nchw ? 2 : 1], W = c->x.dims[nchw ? 3 : 2];
+    int64_t R = c->o.window[0], S = c->o.window[1];
+    int64_t sh = c->o.stride[0] ? c->o.stride[0] : R, sw = c->o.stride[1] ? c->o.stride[1] : S;
+    int64_t pt = 0, pb = 0, pl = 0, pr = 0;
+    if (c->o.padding == NB_PAD_SAME) {
+        int64_t th = ((H + sh - 1) / sh - 1) * sh + R - H, tw = ((W + sw - 1) / sw - 1) * sw + S - W;
+        th = th < 0 ? 0 : th, tw = tw < 0 ? 0 : tw;
+        pt = th / 2, pb = th - pt, pl = tw / 2, pr = tw - pl;
+    } else if (c->o.padding == NB_PAD_EXPLICIT) {
+        pt = c->o.pad[0], pb = c->o.pad[1], pl = c->o.pad[2], pr = c->o.pad[3];
+    }
+    int64_t v[12] = {H, W, R, S, sh, sw, pt, pl, (H + pt + pb - R) / sh + 1, (W + pl + pr - S) / sw + 1,
+                     c->x.dims[0], c->x.dims[nchw ? 1 : 3]};
+    memcpy(g, v, sizeof v);
+}
+
+static nb_shape pool_bo_out_shape(const pool_bo_case *c)
+{
+    int64_t g[12];
+    pool_bo_geo(c, g);
+    return c->o.format == NB_NCHW ? (nb_shape){4, {g[10], g[11], g[8], g[9]}} : (nb_shape){4, {g[10], g[8], g[9], g[11]}};
+}
+
+static int64_t pool_bo_at(const pool_bo_case *c, int64_t n, int64_t h, int64_t w, int64_t ch, int64_t H, int64_t W,
+                          int64_t C)
+{
+    return c->o.format == NB_NCHW ? ((n * C + ch) * H + h) * W + w : ((n * H + h) * W + w) * C + ch;
+}
+
+static nb_tensor *apply_pool(int n, nb_tensor *const *in, const void *ctx)
+{
+    (void)n;
+    const pool_bo_ctx *c = ctx;
+    if (c->kind == 0 || c->kind == 2)
+        return c->kind ? nb_avg_pool2d(in[0], &c->c->o) : nb_max_pool2d(in[0], &c->c->o);
+    /* the gradient kernels, through the tape: d sum(pool(x) * dy) / dx */
+    nb_tape *tape = nb_tape_begin();
+    nb_tape_watch(tape, in[0]);
+    nb_tensor *y = c->kind == 1 ? nb_max_pool2d(in[0], &c->c->o) : nb_avg_pool2d(in[0], &c->c->o);
+    nb_tensor *g = NULL;
+    if (!y || nb_tape_gradient(tape, nb_sum_all(nb_mul(y, in[1])), 1, in, &g))
+        return NULL;
+    return g;
+}
+
+static double *ref_pool(int n, const input *in, const void *ctx, nb_shape *shape)
+{
+    (void)n;
+    const pool_bo_ctx *pc = ctx;
+    const pool_bo_case *c = pc->c;
+    int64_t g[12];
+    pool_bo_geo(c, g);
+    const int64_t H = g[0], W = g[1], R = g[2], S = g[3], sh = g[4], sw = g[5], pt = g[6], pl = g[7], P = g[8],
+                  Q = g[9], N = g[10], C = g[11];
+    bool grad = pc->kind == 1 || pc->kind == 3, is_max = pc->kind < 2;
+    *shape = grad ? in[0].shape : pool_bo_out_shape(c);
+    int64_t total = numel(*shape);
+    double *w = alloc_values(total);
+    for (int64_t i = 0; i < total; i++)
+        w[i] = 0;
+    const double *x = in[0].v;
+    for (int64_t nn = 0; nn < N; nn++)
+        for (int64_t p = 0; p < P; p++)
+            for (int64_t q = 0; q < Q; q++)
+                for (int64_t ch = 0; ch < C; ch++) {
+                    double m = 0, sum = 0;
+                    int64_t best = -1, cnt = 0;
+                    for (int64_t r = 0; r < R; r++)
+                        for (int64_t s2 = 0; s2 < S; s2++) {
+                            int64_t h = p * sh - pt + r, ww = q * sw - pl + s2;
+                            if (h < 0 || h >= H || ww < 0 || ww >= W)
+                                continue;
+                            int64_t i = pool_bo_at(c, nn, h, ww, ch, H, W, C);
+                            cnt++;
+                            sum += x[i];
+                            if (best < 0 || (!isnan(m) && (x[i] > m || isnan(x[i]))))
+                                m = x[i], best = i;
+                        }
+                    int64_t o = pool_bo_at(c, nn, p, q, ch, P, Q, C);
+                    if (!grad) {
+                        w[o] = is_max ? m : sum / (double)cnt;
+                    } else if (is_max) {
+                        w[best] += in[1].v[o];
+                    } else {
+                        for (int64_t r = 0; r < R; r++)
+                            for (int64_t s2 = 0; s2 < S; s2++) {
+                                int64_t h = p * sh - pt + r, ww = q * sw - pl + s2;
+                                if (h >= 0 && h < H && ww >= 0 && ww < W)
+                                    w[pool_bo_at(c, nn, h, ww, ch, H, W, C)] += in[1].v[o] / (double)cnt;
+                            }
+                    }
+                }
+    return w;
+}
+
+static nb_tensor *grad_pool(int n, nb_tensor *const *in, void *ctx)
+{
+    return apply_pool(n, in, ctx);
+}
+
+static void run_pool_kernel(int kind)
+{
+    static const char *const names[] = {"max_pool2d", "max_pool2d_grad", "avg_pool2d", "avg_pool2d_grad"};
+    static const nb_kernel ks[] = {NB_K_MAX_POOL2D, NB_K_MAX_POOL2D_GRAD, NB_K_AVG_POOL2D, NB_K_AVG_POOL2D_GRAD};
+    bool grad = kind == 1 || kind == 3;
+    for (nb_dtype dt = 0; dt < NB_DTYPE_COUNT; dt++) {
+        plan p = plan_for(FLOATS_MASK, ks[kind], 0, dt);
+        static const pool_bo_case probe_case = {{4, {1, 1, 1, 1}}, {{1, 1}, {1, 1}, NB_PAD_VALID, {0}, NB_NHWC}, L_CONTIG};
+        pool_bo_ctx pc0 = {&probe_case, kind & 2};
+        double one = 1;
+        input probe[1] = {{dt, {4, {1, 1, 1, 1}}, &one, L_CONTIG}};
+        /* the gradient kernels cannot be reached with a dtype the forward refuses */
+        if (!refusal(p, names[kind], dt, 1, probe, apply_pool, &pc0))
+            continue;
+        for (size_t k = 0; k < sizeof pool_bo_cases / sizeof *pool_bo_cases; k++) {
+            const pool_bo_case *c = &pool_bo_cases[k];
+            pool_bo_ctx pc = {c, kind};
+            nb_shape os = pool_bo_out_shape(c);
+            case_begin("%s %s %s%s", names[kind], nb_dtype_name(dt), shape_str(c->x), layout_names[c->lay]);
+            double *v = gen(numel(c->x), dt, (range){R_GRID, -3, 3, 0, 0, false});
+            if (k == 1 && kind < 2)
+                v[5] = NAN; /* a NaN wins its windows */
+            double *dy = gen(numel(os), dt, (range){R_GRID, -2, 2, 0, 0, false});
+            input in[2] = {{dt, c->x, v, c->lay}, {dt, os, dy, L_CONTIG}};
+            run_values(grad ? 2 : 1, in, apply_pool, ref_pool, &pc, dt, kind == 0 ? T_EXACT : T_ACC);
+            free(v);
+            free(dy);
+            case_end();
+        }
+    }
+    if (!holds(cur, NB_F64))
+        return;
+    for (size_t k = 0; k < sizeof pool_bo_cases / sizeof *pool_bo_cases; k += 2) {
+        const pool_bo_case *c = &pool_bo_cases[k];
+        pool_bo_ctx pc = {c, kind};
+        case_begin("%s gradient %s", names[kind], shape_str(c->x));
+        int64_t n = numel(c->x);
+        double *v = alloc_values(n); /* distinct values: no kink within the checker's step */
+        for (int64_t i = 0; i < n; i++)
+            v[i] = 0.01 * (double)((i * 7919) % n) - 1;
+        nb_shape s[2] = {c->x, pool_bo_out_shape(c)};
+        double *dy = gen(numel(s[1]), NB_F64, RANGE_DEFAULT);
+        double *vs[2] = {v, dy};
+        run_gradient(grad ? 2 : 1, s, vs, grad_pool, &pc);
+        free(v);
+        free(dy);
+        case_end();
+    }
+}
+
+static void kernel_max_pool2d(void) { run_pool_kernel(0); }
+static void kernel_max_pool2d_grad(void) { run_pool_kernel(1); }
+static void kernel_avg_pool2d(void) { run_pool_kernel(2); }
+static void kernel_avg_pool2d_grad(void) { run_pool_kernel(3); }
+
 /* ================================ the matrix ================================================ */
 
 /* Every kernel entry of the list has its cases here. */

@@ -7,6 +7,7 @@
 #include <nabla/tensor.h>
 #include <nabla/device.h>
 #include <nabla/ops.h>
+#include <nabla/nn.h>
 #include <nabla/tape.h>
 #include <nabla/variable.h>
 #include <nabla/optimizer.h>

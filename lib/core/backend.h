@@ -57,6 +57,17 @@ static inline bool nb__binary_is_comparison(nb_binary_op op) { return op >= NB_B
 
 typedef enum nb_random_dist { NB_RAND_NORMAL, NB_RAND_UNIFORM, NB_RAND_TRUNCATED_NORMAL } nb_random_dist;
 
+/* A 2-d pooling: images [N, H, W, C] (NHWC) or [N, C, H, W] (nchw), windows
+ * R x S moved by strides (sh, sw) over the image padded by pt rows at the top
+ * and pl columns at the left, giving [N, P, Q, C] (or [N, C, P, Q]). The
+ * front end checks that every window holds at least one element of the image
+ * (pads smaller than the window). */
+typedef struct nb_pool2d_desc {
+    int64_t N, H, W, C, P, Q;
+    int64_t R, S, sh, sw, pt, pl;
+    bool nchw;
+} nb_pool2d_desc;
+
 /* One 2-D convolution, worked out once by the front end (ops/conv.c) and
  * handed to the three conv2d entries. Images x [N, H, W, C] and y [N, P, Q, K]
  * (nchw: [N, C, H, W] and [N, K, P, Q]); the filter always HWIO [R, S, C /
@@ -207,6 +218,25 @@ struct nb_backend {
      * at the next synchronising call (a read, nb_synchronize) instead of
      * waiting for it now: the GPU does. */
     nb_status (*check_indices)(nb_device *dev, const char *op, const nb_view *indices, int64_t limit);
+
+    /* ---- pooling (d describes the shapes; every view contiguous) ---- */
+    /* out [N, P, Q, C] = the max of each window of x, padding excluded, a NaN
+     * in the window winning; with sel (x's shape) not NULL, sel's element at
+     * the position of each window's first maximum (row-major window order)
+     * instead: max pooling's second-order selection. */
+    nb_status (*max_pool2d)(nb_device *dev, const nb_pool2d_desc *d, const nb_view *out, const nb_view *x,
+                            const nb_view *sel);
+    /* out (x's shape) = dy [N, P, Q, C] summed into the positions of each
+     * window's first maximum of x; 0 elsewhere. */
+    nb_status (*max_pool2d_grad)(nb_device *dev, const nb_pool2d_desc *d, const nb_view *out, const nb_view *x,
+                                 const nb_view *dy);
+    /* out [N, P, Q, C] = the mean of each window over the elements inside the
+     * image. */
+    nb_status (*avg_pool2d)(nb_device *dev, const nb_pool2d_desc *d, const nb_view *out, const nb_view *x);
+    /* out [N, H, W, C] = each dy element divided by its window's count and
+     * summed into the window's elements inside the image: avg_pool2d's
+     * transpose. */
+    nb_status (*avg_pool2d_grad)(nb_device *dev, const nb_pool2d_desc *d, const nb_view *out, const nb_view *dy);
 
     /* ---- convolutions (d: nb_conv2d_desc above) ----
      * Every view is contiguous: x, dx [N, H, W, C] (or NCHW), w, dw [R, S, C /

@@ -84,4 +84,8 @@ const nb_backend nb__cpu_backend = {
     .conv2d = nb__cpu_conv2d,
     .conv2d_backward_data = nb__cpu_conv2d_backward_data,
     .conv2d_backward_filter = nb__cpu_conv2d_backward_filter,
+    .max_pool2d = nb__cpu_max_pool2d,
+    .max_pool2d_grad = nb__cpu_max_pool2d_grad,
+    .avg_pool2d = nb__cpu_avg_pool2d,
+    .avg_pool2d_grad = nb__cpu_avg_pool2d_grad,
 };

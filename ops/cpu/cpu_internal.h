@@ -168,6 +168,13 @@ nb_status nb__cpu_scatter_add(nb_device *dev, const char *op, const nb_view *out
 nb_status nb__cpu_check_indices(nb_device *dev, const char *op, const nb_view *indices, int64_t limit);
 nb_status nb__cpu_one_hot(nb_device *dev, const nb_view *out, const nb_view *indices, double on,
                           double off);
+/* 2-d pooling (cpu_pool.c): the table's pooling entries, f32 and f64. */
+nb_status nb__cpu_max_pool2d(nb_device *dev, const nb_pool2d_desc *d, const nb_view *out, const nb_view *x,
+                             const nb_view *sel);
+nb_status nb__cpu_max_pool2d_grad(nb_device *dev, const nb_pool2d_desc *d, const nb_view *out, const nb_view *x,
+                                  const nb_view *dy);
+nb_status nb__cpu_avg_pool2d(nb_device *dev, const nb_pool2d_desc *d, const nb_view *out, const nb_view *x);
+nb_status nb__cpu_avg_pool2d_grad(nb_device *dev, const nb_pool2d_desc *d, const nb_view *out, const nb_view *dy);
 /* ---- convolutions (cpu_conv.c, cpu_conv_dnnl.c) -------------------------------- */
 
 nb_status nb__cpu_conv2d(nb_device *dev, const nb_conv2d_desc *d, const nb_view *y, const nb_view *x,

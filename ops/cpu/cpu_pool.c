@@ -1,0 +1,253 @@
+/* 2-d max and average pooling on the CPU, and their gradients.
+ *
+ * Every view is contiguous (the front end makes them so). NHWC runs a row of
+ * output pixels at a time with the channels innermost (unit stride, so the
+ * max and sum loops vectorise); NCHW runs one channel plane at a time. The
+ * work is split across the pool by (image, output row) for the forward
+ * kernels, and by image (NHWC) or (image, channel) plane (NCHW) for the
+ * gradients, which add into overlapping windows of their own image only. */
+#include "cpu_internal.h"
+
+#include <math.h>
+
+typedef struct pool_ctx {
+    const nb_pool2d_desc *d;
+    const void *x, *sel, *dy;
+    void *out;
+} pool_ctx;
+
+/* The window rows [r0, r1) of output row p inside the image, and likewise
+ * columns for q. */
+static inline void window_rows(const nb_pool2d_desc *d, int64_t p, int64_t *h0, int64_t *r0, int64_t *r1)
+{
+    *h0 = p * d->sh - d->pt;
+    *r0 = *h0 < 0 ? -*h0 : 0;
+    *r1 = d->H - *h0 < d->R ? d->H - *h0 : d->R;
+}
+static inline void window_cols(const nb_pool2d_desc *d, int64_t q, int64_t *w0, int64_t *s0, int64_t *s1)
+{
+    *w0 = q * d->sw - d->pl;
+    *s0 = *w0 < 0 ? -*w0 : 0;
+    *s1 = d->W - *w0 < d->S ? d->W - *w0 : d->S;
+}
+
+/* The first maximum (NaN winning) of the window at (p, q) of a plane whose
+ * element (h, w) sits at x[(h * W + w) * cs]: its offset h * W + w. */
+#define DEFINE_ARGMAX(T)                                                                            \
+    static inline int64_t argmax_##T(const nb_pool2d_desc *d, const T *x, int64_t cs, int64_t p,     \
+                                     int64_t q)                                                     \
+    {                                                                                               \
+        int64_t h0, r0, r1, w0, s0, s1;                                                             \
+        window_rows(d, p, &h0, &r0, &r1);                                                           \
+        window_cols(d, q, &w0, &s0, &s1);                                                           \
+        int64_t best = (h0 + r0) * d->W + w0 + s0;                                                  \
+        T m = x[best * cs];                                                                         \
+        if (m != m)                                                                                 \
+            return best;                                                                            \
+        for (int64_t r = r0; r < r1; r++)                                                           \
+            for (int64_t s = s0; s < s1; s++) {                                                     \
+                int64_t o = (h0 + r) * d->W + w0 + s;                                               \
+                T v = x[o * cs];                                                                    \
+                if (v > m || v != v) {                                                              \
+                    m = v;                                                                          \
+                    best = o;                                                                       \
+                    if (v != v)                                                                     \
+                        return best;                                                                \
+                }                                                                                   \
+            }                                                                                       \
+        return best;                                                                                \
+    }
+
+#define DEFINE_POOL(T)                                                                              \
+    DEFINE_ARGMAX(T)                                                                                \
+    /* rows [b, e) of N * P (NHWC) or N * C * P (NCHW) */                                          \
+    static void max_fwd_##T(void *vctx, int64_t b, int64_t e)                                       \
+    {                                                                                               \
+        const pool_ctx *c = vctx;                                                                   \
+        const nb_pool2d_desc *d = c->d;                                                             \
+        const T *x = c->x, *sel = c->sel;                                                           \
+        T *out = c->out;                                                                            \
+        const int64_t C = d->C, plane = d->H * d->W;                                                \
+        for (int64_t row = b; row < e; row++) {                                                     \
+            const int64_t p = row % d->P, img = row / d->P; /* img: n (NHWC) or n * C + c */        \
+            T *o = out + row * d->Q * (d->nchw ? 1 : C);                                            \
+            if (d->nchw) {                                                                          \
+                const T *xi = x + img * plane;                                                      \
+                for (int64_t q = 0; q < d->Q; q++) {                                                \
+                    int64_t a = argmax_##T(d, xi, 1, p, q);                                         \
+                    o[q] = sel ? sel[img * plane + a] : xi[a];                                      \
+                }                                                                                   \
+                continue;                                                                           \
+            }                                                                                       \
+            const T *xi = x + img * plane * C;                                                      \
+            int64_t h0, r0, r1;                                                                     \
+            window_rows(d, p, &h0, &r0, &r1);                                                       \
+            for (int64_t q = 0; q < d->Q; q++, o += C) {                                            \
+                int64_t w0, s0, s1;                                                                 \
+                window_cols(d, q, &w0, &s0, &s1);                                                   \
+                if (sel) {                                                                          \
+                    for (int64_t ch = 0; ch < C; ch++) {                                            \
+                        int64_t a = argmax_##T(d, xi + ch, C, p, q);                                \
+                        o[ch] = sel[(img * plane + a) * C + ch];                                    \
+                    }                                                                               \
+                    continue;                                                                       \
+                }                                                                                   \
+                memcpy(o, xi + ((h0 + r0) * d->W + w0 + s0) * C, sizeof(T) * (size_t)C);            \
+                for (int64_t r = r0; r < r1; r++)                                                   \
+                    for (int64_t s = s0; s < s1; s++) {                                             \
+                        const T *v = xi + ((h0 + r) * d->W + w0 + s) * C;                           \
+                        for (int64_t ch = 0; ch < C; ch++)                                          \
+                            o[ch] = (v[ch] > o[ch] || v[ch] != v[ch]) ? v[ch] : o[ch];              \
+                    }                                                                               \
+            }                                                                                       \
+        }                                                                                           \
+    }                                                                                               \
+                                                                                                    \
+    /* planes [b, e): images (NHWC) or (image, channel) pairs (NCHW) */                            \
+    static void max_bwd_##T(void *vctx, int64_t b, int64_t e)                                       \
+    {                                                                                               \
+        const pool_ctx *c = vctx;                                                                   \
+        const nb_pool2d_desc *d = c->d;                                                             \
+        const T *x = c->x, *dy = c->dy;                                                             \
+        T *out = c->out;                                                                            \
+        const int64_t C = d->nchw ? 1 : d->C, plane = d->H * d->W * C, oplane = d->P * d->Q * C;    \
+        for (int64_t img = b; img < e; img++) {                                                     \
+            T *dx = out + img * plane;                                                              \
+            memset(dx, 0, sizeof(T) * (size_t)plane);                                               \
+            const T *xi = x + img * plane, *g = dy + img * oplane;                                  \
+            for (int64_t p = 0; p < d->P; p++)                                                      \
+                for (int64_t q = 0; q < d->Q; q++)                                                  \
+                    for (int64_t ch = 0; ch < C; ch++) {                                            \
+                        int64_t a = argmax_##T(d, xi + ch, C, p, q);                                \
+                        dx[a * C + ch] += g[(p * d->Q + q) * C + ch];                               \
+                    }                                                                               \
+        }                                                                                           \
+    }                                                                                               \
+                                                                                                    \
+    static void avg_fwd_##T(void *vctx, int64_t b, int64_t e)                                       \
+    {                                                                                               \
+        const pool_ctx *c = vctx;                                                                   \
+        const nb_pool2d_desc *d = c->d;                                                             \
+        const T *x = c->x;                                                                          \
+        T *out = c->out;                                                                            \
+        const int64_t C = d->nchw ? 1 : d->C, plane = d->H * d->W * C;                              \
+        for (int64_t row = b; row < e; row++) {                                                     \
+            const int64_t p = row % d->P, img = row / d->P;                                         \
+            const T *xi = x + img * plane;                                                          \
+            T *o = out + row * d->Q * C;                                                            \
+            int64_t h0, r0, r1;                                                                     \
+            window_rows(d, p, &h0, &r0, &r1);                                                       \
+            for (int64_t q = 0; q < d->Q; q++, o += C) {                                            \
+                int64_t w0, s0, s1;                                                                 \
+                window_cols(d, q, &w0, &s0, &s1);                                                   \
+                for (int64_t ch = 0; ch < C; ch++)                                                  \
+                    o[ch] = 0;                                                                      \
+                for (int64_t r = r0; r < r1; r++)                                                   \
+                    for (int64_t s = s0; s < s1; s++) {                                             \
+                        const T *v = xi + ((h0 + r) * d->W + w0 + s) * C;                           \
+                        for (int64_t ch = 0; ch < C; ch++)                                          \
+                            o[ch] += v[ch];                                                         \
+                    }                                                                               \
+                const T inv = (T)1 / (T)((r1 - r0) * (s1 - s0));                                    \
+                for (int64_t ch = 0; ch < C; ch++)                                                  \
+                    o[ch] *= inv;                                                                   \
+            }                                                                                       \
+        }                                                                                           \
+    }                                                                                               \
+                                                                                                    \
+    static void avg_bwd_##T(void *vctx, int64_t b, int64_t e)                                       \
+    {                                                                                               \
+        const pool_ctx *c = vctx;                                                                   \
+        const nb_pool2d_desc *d = c->d;                                                             \
+        const T *dy = c->dy;                                                                        \
+        T *out = c->out;                                                                            \
+        const int64_t C = d->nchw ? 1 : d->C, plane = d->H * d->W * C, oplane = d->P * d->Q * C;    \
+        for (int64_t img = b; img < e; img++) {                                                     \
+            T *dx = out + img * plane;                                                              \
+            memset(dx, 0, sizeof(T) * (size_t)plane);                                               \
+            const T *g = dy + img * oplane;                                                         \
+            for (int64_t p = 0; p < d->P; p++) {                                                    \
+                int64_t h0, r0, r1;                                                                 \
+                window_rows(d, p, &h0, &r0, &r1);                                                   \
+                for (int64_t q = 0; q < d->Q; q++) {                                                \
+                    int64_t w0, s0, s1;                                                             \
+                    window_cols(d, q, &w0, &s0, &s1);                                               \
+                    const T inv = (T)1 / (T)((r1 - r0) * (s1 - s0));                                \
+                    const T *gq = g + (p * d->Q + q) * C;                                           \
+                    for (int64_t r = r0; r < r1; r++)                                               \
+                        for (int64_t s = s0; s < s1; s++) {                                         \
+                            T *v = dx + ((h0 + r) * d->W + w0 + s) * C;                             \
+                            for (int64_t ch = 0; ch < C; ch++)                                      \
+                                v[ch] += gq[ch] * inv;                                              \
+                        }                                                                           \
+                }                                                                                   \
+            }                                                                                       \
+        }                                                                                           \
+    }
+
+DEFINE_POOL(float)
+DEFINE_POOL(double)
+
+/* Rows of output for the forward kernels (N * P, or N * C * P for NCHW), and
+ * planes for the gradients (N, or N * C for NCHW). */
+static int64_t fwd_rows(const nb_pool2d_desc *d) { return d->N * (d->nchw ? d->C : 1) * d->P; }
+static int64_t planes(const nb_pool2d_desc *d) { return d->N * (d->nchw ? d->C : 1); }
+/* A grain of rows or planes holding about NB_CPU_GRAIN elements of work. */
+static int64_t grain_of(int64_t units, int64_t work)
+{
+    int64_t per = units ? work / units : 1;
+    int64_t g = per ? NB_CPU_GRAIN / (per > 0 ? per : 1) : NB_CPU_GRAIN;
+    return g < 1 ? 1 : g;
+}
+
+#define RUN(name, dt, units, work, ctx)                                                             \
+    do {                                                                                            \
+        if ((dt) == NB_F32)                                                                         \
+            nb__parallel_for((units), grain_of((units), (work)), name##_float, (ctx));              \
+        else if ((dt) == NB_F64)                                                                    \
+            nb__parallel_for((units), grain_of((units), (work)), name##_double, (ctx));             \
+        else                                                                                        \
+            return nb__cpu_unsupported(dev, #name, (dt));                                           \
+    } while (0)
+
+nb_status nb__cpu_max_pool2d(nb_device *dev, const nb_pool2d_desc *d, const nb_view *out, const nb_view *x,
+                             const nb_view *sel)
+{
+    if (x->dtype != NB_F32 && x->dtype != NB_F64)
+        return nb__cpu_unsupported(dev, "max_pool2d", x->dtype);
+    pool_ctx c = {d, x->data, sel ? sel->data : NULL, NULL, out->data};
+    int64_t work = out->numel * d->R * d->S;
+    RUN(max_fwd, x->dtype, fwd_rows(d), work, &c);
+    return NB_OK;
+}
+
+nb_status nb__cpu_max_pool2d_grad(nb_device *dev, const nb_pool2d_desc *d, const nb_view *out, const nb_view *x,
+                                  const nb_view *dy)
+{
+    if (x->dtype != NB_F32 && x->dtype != NB_F64)
+        return nb__cpu_unsupported(dev, "max_pool2d_grad", x->dtype);
+    pool_ctx c = {d, x->data, NULL, dy->data, out->data};
+    int64_t work = dy->numel * d->R * d->S + out->numel;
+    RUN(max_bwd, x->dtype, planes(d), work, &c);
+    return NB_OK;
+}
+
+nb_status nb__cpu_avg_pool2d(nb_device *dev, const nb_pool2d_desc *d, const nb_view *out, const nb_view *x)
+{
+    if (x->dtype != NB_F32 && x->dtype != NB_F64)
+        return nb__cpu_unsupported(dev, "avg_pool2d", x->dtype);
+    pool_ctx c = {d, x->data, NULL, NULL, out->data};
+    int64_t work = out->numel * d->R * d->S;
+    RUN(avg_fwd, x->dtype, fwd_rows(d), work, &c);
+    return NB_OK;
+}
+
+nb_status nb__cpu_avg_pool2d_grad(nb_device *dev, const nb_pool2d_desc *d, const nb_view *out, const nb_view *dy)
+{
+    if (dy->dtype != NB_F32 && dy->dtype != NB_F64)
+        return nb__cpu_unsupported(dev, "avg_pool2d_grad", dy->dtype);
+    pool_ctx c = {d, NULL, NULL, dy->data, out->data};
+    int64_t work = dy->numel * d->R * d->S + out->numel;
+    RUN(avg_bwd, dy->dtype, planes(d), work, &c);
+    return NB_OK;
+}

@@ -1,0 +1,313 @@
+/* Normalisation and the other neural-network helpers: batch_norm (training
+ * and inference), layer_norm, dropout and embedding_lookup.
+ *
+ * batch_norm_train is a composite recorded as one op: its forward runs its
+ * ops unrecorded, and its gradient is the closed form (the mean and variance
+ * recomputed from x), written with ops so that it differentiates again.
+ * layer_norm, batch_norm_infer and dropout are plain compositions of
+ * differentiable ops; embedding_lookup is gather under its own name. */
+#include "op.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- batch normalisation ---------------------------------------------------------- */
+
+/* The channel axis of x for a format: the last for NHWC and 2-d inputs, 1 for
+ * NCHW. The reduced axes are every other one. */
+static int channel_axis(const nb_tensor *x, nb_data_format format)
+{
+    return format == NB_NCHW && x->ndim > 2 ? 1 : x->ndim - 1;
+}
+
+static nb_axes reduced_axes(int ndim, int ca)
+{
+    nb_axes a = {0, {0}};
+    for (int i = 0; i < ndim; i++)
+        if (i != ca)
+            a.axes[a.n++] = i;
+    return a;
+}
+
+/* The shape of a per-channel [C] tensor broadcast against x: 1 on every axis
+ * but ca. */
+static nb_shape channel_shape(const nb_tensor *x, int ca)
+{
+    nb_shape s = {x->ndim, {0}};
+    for (int i = 0; i < x->ndim; i++)
+        s.dims[i] = i == ca ? x->shape[ca] : 1;
+    return s;
+}
+
+/* NULL when t is NULL; else t as [1, .., C, .., 1]. */
+static nb_tensor *per_channel(const nb_tensor *t, const nb_tensor *x, int ca)
+{
+    return t ? nb_reshape(t, channel_shape(x, ca)) : NULL;
+}
+
+static bool check_bn_input(const char *op, const nb_tensor *x, nb_data_format format)
+{
+    if (nb__check_dtype(op, "input", x, NB_FLOATS))
+        return false;
+    if (format != NB_NHWC && format != NB_NCHW) {
+        nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: data format %d is neither NB_NHWC nor NB_NCHW", op, (int)format);
+        return false;
+    }
+    if (x->ndim < 2) {
+        char s[NB_SHAPE_STR_MAX];
+        nb__fail(NB_ERR_SHAPE, "%s: input %s needs at least 2 dims (batch and channels)", op,
+                 nb__shape_str(SHAPE_OF(x), s, sizeof s));
+        return false;
+    }
+    return true;
+}
+
+/* A per-channel parameter (gamma, beta, mean, var): NULL is allowed when
+ * optional; else [C] of x's dtype. */
+static bool check_param(const char *op, const char *what, const nb_tensor *p, const nb_tensor *x, int64_t C,
+                        bool optional)
+{
+    if (!p) {
+        if (!optional)
+            nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op, what);
+        return optional;
+    }
+    if (nb__check_same_dtype(op, x, p))
+        return false;
+    if (p->ndim != 1 || p->shape[0] != C) {
+        char s[NB_SHAPE_STR_MAX], sx[NB_SHAPE_STR_MAX];
+        nb__fail(NB_ERR_SHAPE, "%s: %s %s must be [%lld], the channels of input %s", op, what,
+                 nb__shape_str(SHAPE_OF(p), s, sizeof s), (long long)C, nb__shape_str(SHAPE_OF(x), sx, sizeof sx));
+        return false;
+    }
+    return true;
+}
+
+/* y = x * scale + shift with per-channel scale = gamma rsqrt(var + eps) and
+ * shift = beta - mean scale (keepdims shapes): two passes over x. */
+static nb_tensor *bn_apply(const nb_tensor *x, const nb_tensor *gamma_b, const nb_tensor *beta_b,
+                           const nb_tensor *mean, const nb_tensor *var, double eps)
+{
+    nb_tensor *scale = nb_rsqrt(nb_add_scalar(var, eps));
+    if (gamma_b)
+        scale = nb_mul(scale, gamma_b);
+    nb_tensor *shift = nb_neg(nb_mul(mean, scale));
+    if (beta_b)
+        shift = nb_add(shift, beta_b);
+    return nb_add(nb_mul(x, scale), shift);
+}
+
+/* attrs: i[0] the channel axis; d[0] epsilon. Inputs x, gamma, beta (either
+ * of the last two may be NULL). */
+static nb_status batch_norm_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
+{
+    const nb_tensor *x = n->in[0], *gamma = n->in[1];
+    int ca = (int)n->attrs.i[0];
+    double eps = n->attrs.d[0];
+    nb_axes axes = reduced_axes(x->ndim, ca);
+    nb_shape cs = {1, {x->shape[ca]}};
+    gi[0] = gi[1] = gi[2] = NULL;
+    nb_tensor *mean = nb_mean(x, axes, true);
+    nb_tensor *xc = nb_sub(x, mean);
+    nb_tensor *rstd = nb_rsqrt(nb_add_scalar(nb_mean(nb_square(xc), axes, true), eps));
+    nb_tensor *xhat = nb_mul(xc, rstd);
+    nb_tensor *gsum = nb_sum(g[0], axes, true);
+    nb_tensor *gxsum = nb_sum(nb_mul(g[0], xhat), axes, true);
+    if (!gxsum)
+        return nb__ok(NULL);
+    if (n->in[2] && nb__needs_grad(n, 2) && !(gi[2] = nb_reshape(gsum, cs)))
+        return nb__ok(NULL);
+    if (gamma && nb__needs_grad(n, 1) && !(gi[1] = nb_reshape(gxsum, cs)))
+        return nb__ok(NULL);
+    if (!nb__needs_grad(n, 0))
+        return NB_OK;
+    /* dx = gamma rstd (g - mean(g) - xhat mean(g xhat)) = g k + xhat k2 + k3 */
+    double m = (double)(x->numel / (x->shape[ca] ? x->shape[ca] : 1));
+    nb_tensor *k = gamma ? nb_mul(rstd, per_channel(gamma, x, ca)) : rstd;
+    nb_tensor *k2 = nb_mul_scalar(nb_mul(k, gxsum), -1.0 / m);
+    nb_tensor *k3 = nb_mul_scalar(nb_mul(k, gsum), -1.0 / m);
+    gi[0] = nb_add(nb_add(nb_mul(g[0], k), nb_mul(xhat, k2)), k3);
+    return nb__ok(gi[0]);
+}
+
+static const nb_op_def batch_norm_def = {"batch_norm_train", batch_norm_grad};
+
+nb_tensor *nb_batch_norm_train(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta, double epsilon,
+                               nb_data_format format, nb_tensor **batch_mean, nb_tensor **batch_var)
+{
+    const char *op = batch_norm_def.name;
+    if (batch_mean)
+        *batch_mean = NULL;
+    if (batch_var)
+        *batch_var = NULL;
+    if (!x)
+        return nb__null_input(op, 0);
+    if (!check_bn_input(op, x, format))
+        return NULL;
+    int ca = channel_axis(x, format);
+    int64_t C = x->shape[ca];
+    if (!check_param(op, "gamma", gamma, x, C, true) || !check_param(op, "beta", beta, x, C, true))
+        return NULL;
+    if (!(epsilon >= 0))
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: epsilon %g must be at least 0", op, epsilon);
+    int64_t m = C ? x->numel / C : 0;
+    if (m < 2) {
+        char s[NB_SHAPE_STR_MAX];
+        return nb__fail_null(NB_ERR_SHAPE, "%s: input %s has %lld value(s) per channel; training needs 2 or more",
+                             op, nb__shape_str(SHAPE_OF(x), s, sizeof s), (long long)m);
+    }
+    nb_axes axes = reduced_axes(x->ndim, ca);
+    nb_shape cs = {1, {C}};
+    int token = nb__tapes_pause();
+    nb_tensor *mean = nb_mean(x, axes, true);
+    nb_tensor *var = nb_mean(nb_square(nb_sub(x, mean)), axes, true);
+    nb_tensor *y = bn_apply(x, per_channel(gamma, x, ca), per_channel(beta, x, ca), mean, var, epsilon);
+    nb_tensor *bm = NULL, *bv = NULL;
+    if (y && batch_mean)
+        bm = nb_reshape(mean, cs);
+    if (y && batch_var)
+        bv = nb_reshape(nb_mul_scalar(var, (double)m / (double)(m - 1)), cs);
+    nb__tapes_resume(token);
+    if (!y || (batch_mean && !bm) || (batch_var && !bv))
+        return NULL;
+    nb_op_attrs attrs = {0};
+    attrs.i[0] = ca;
+    attrs.d[0] = epsilon;
+    const nb_tensor *in[3] = {x, gamma, beta};
+    if (nb__record(&batch_norm_def, 3, in, 1, &y, &attrs))
+        return NULL;
+    /* The statistics are the caller's moving averages' inputs: no gradient
+     * flows through them. */
+    if (batch_mean)
+        *batch_mean = bm;
+    if (batch_var)
+        *batch_var = bv;
+    return y;
+}
+
+nb_tensor *nb_batch_norm_infer(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta,
+                               const nb_tensor *mean, const nb_tensor *var, double epsilon, nb_data_format format)
+{
+    const char *op = "batch_norm_infer";
+    if (!x)
+        return nb__null_input(op, 0);
+    if (!check_bn_input(op, x, format))
+        return NULL;
+    int ca = channel_axis(x, format);
+    int64_t C = x->shape[ca];
+    if (!check_param(op, "gamma", gamma, x, C, true) || !check_param(op, "beta", beta, x, C, true) ||
+        !check_param(op, "mean", mean, x, C, false) || !check_param(op, "var", var, x, C, false))
+        return NULL;
+    if (!(epsilon >= 0))
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: epsilon %g must be at least 0", op, epsilon);
+    return bn_apply(x, per_channel(gamma, x, ca), per_channel(beta, x, ca), per_channel(mean, x, ca),
+                    per_channel(var, x, ca), epsilon);
+}
+
+/* ---- layer normalisation ---------------------------------------------------------- */
+
+nb_tensor *nb_layer_norm(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta, int n_axes,
+                         double epsilon)
+{
+    const char *op = "layer_norm";
+    if (!x)
+        return nb__null_input(op, 0);
+    if (nb__check_dtype(op, "input", x, NB_FLOATS))
+        return NULL;
+    char s[NB_SHAPE_STR_MAX], sp[NB_SHAPE_STR_MAX];
+    if (n_axes < 1 || n_axes > x->ndim)
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: n_axes %d must lie in [1, %d] for input %s", op, n_axes,
+                             x->ndim, nb__shape_str(SHAPE_OF(x), s, sizeof s));
+    if (!(epsilon >= 0))
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: epsilon %g must be at least 0", op, epsilon);
+    const nb_tensor *params[2] = {gamma, beta};
+    for (int k = 0; k < 2; k++) {
+        const nb_tensor *p = params[k];
+        if (!p)
+            continue;
+        if (nb__check_same_dtype(op, x, p))
+            return NULL;
+        bool ok = p->ndim == n_axes;
+        for (int i = 0; ok && i < n_axes; i++)
+            ok = p->shape[i] == x->shape[x->ndim - n_axes + i];
+        if (!ok)
+            return nb__fail_null(NB_ERR_SHAPE, "%s: %s %s must have the last %d dim(s) of input %s", op,
+                                 k ? "beta" : "gamma", nb__shape_str(SHAPE_OF(p), sp, sizeof sp), n_axes,
+                                 nb__shape_str(SHAPE_OF(x), s, sizeof s));
+    }
+    nb_axes axes = {0, {0}};
+    for (int i = x->ndim - n_axes; i < x->ndim; i++)
+        axes.axes[axes.n++] = i;
+    nb_tensor *mean = nb_mean(x, axes, true);
+    nb_tensor *xc = nb_sub(x, mean);
+    nb_tensor *y = nb_mul(xc, nb_rsqrt(nb_add_scalar(nb_mean(nb_square(xc), axes, true), epsilon)));
+    if (gamma)
+        y = nb_mul(y, gamma);
+    if (beta)
+        y = nb_add(y, beta);
+    return y;
+}
+
+/* ---- dropout ------------------------------------------------------------------------ */
+
+nb_tensor *nb_dropout(const nb_tensor *x, double rate, uint64_t seed)
+{
+    const char *op = "dropout";
+    if (!x)
+        return nb__null_input(op, 0);
+    if (nb__check_dtype(op, "input", x, NB_FLOATS))
+        return NULL;
+    if (!(rate >= 0 && rate < 1))
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: rate %g must lie in [0, 1)", op, rate);
+    if (rate == 0) { /* x itself, a new reference */
+        nb__retain((nb_tensor *)x);
+        return nb__own((nb_tensor *)x);
+    }
+    /* The uniform draws in f32 on x's device whatever x's dtype: element i's
+     * draw depends only on (seed, i), so the mask is the same everywhere. */
+    const nb_tensor *in[1] = {x};
+    nb_device *dev = nb__op_place_kernel(op, 1, in, NB_K_RANDOM, 0, NB_F32);
+    if (!dev)
+        return NULL;
+    nb_tensor *u = nb__out(op, dev, NB_F32, x->ndim, x->shape);
+    if (!u)
+        return NULL;
+    if (u->numel) {
+        nb_view vu = nb__view(u);
+        if (!(u = nb__kernel_done(dev->backend->random(dev, &vu, NB_RAND_UNIFORM, 0.0, 1.0, seed), u)))
+            return NULL;
+    }
+    u = nb__own(u);
+    nb_tensor *keep = nb_greater_equal(u, nb__scalar_on(op, dev, NB_F32, rate));
+    nb_tensor *mask = nb_where(keep, nb__scalar_on(op, dev, x->dtype, 1.0 / (1.0 - rate)),
+                               nb__scalar_on(op, dev, x->dtype, 0.0));
+    return nb_mul(in[0], mask);
+}
+
+/* ---- embeddings ------------------------------------------------------------------- */
+
+nb_tensor *nb_embedding_lookup(const nb_tensor *table, const nb_tensor *ids)
+{
+    const char *op = "embedding_lookup";
+    if (!table)
+        return nb__null_input(op, 0);
+    if (!ids)
+        return nb__null_input(op, 1);
+    if (nb__check_dtype(op, "table", table, NB_FLOATS) || nb__check_dtype(op, "ids", ids, NB_INTS))
+        return NULL;
+    if (table->ndim != 2) {
+        char s[NB_SHAPE_STR_MAX];
+        return nb__fail_null(NB_ERR_SHAPE, "%s: table %s must be [V, D]", op,
+                             nb__shape_str(SHAPE_OF(table), s, sizeof s));
+    }
+    if (ids->numel) {
+        /* Checked under this op's name (queued on a GPU) before gather runs. */
+        nb_tensor *flat = nb_contiguous(ids);
+        if (!flat)
+            return NULL;
+        nb_view vi = nb__view(flat);
+        if (flat->device->backend->check_indices(flat->device, op, &vi, table->shape[0]))
+            return NULL;
+    }
+    return nb_gather(table, ids);
+}
