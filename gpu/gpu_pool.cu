@@ -15,19 +15,19 @@ using namespace nbg;
 
 namespace {
 
-struct Geo {
+struct PoolGeo {
     int64_t N, H, W, C, P, Q, R, S, sh, sw, pt, pl;
     bool nchw;
 };
 
-__device__ __forceinline__ int64_t at(const Geo &g, int64_t n, int64_t h, int64_t w, int64_t ch, int64_t Hd,
+__device__ __forceinline__ int64_t at(const PoolGeo &g, int64_t n, int64_t h, int64_t w, int64_t ch, int64_t Hd,
                                       int64_t Wd)
 {
     return g.nchw ? ((n * g.C + ch) * Hd + h) * Wd + w : ((n * Hd + h) * Wd + w) * g.C + ch;
 }
 
 // Splits a flat index of an [N, Hd, Wd, C] (or NCHW) tensor.
-__device__ __forceinline__ void split(const Geo &g, int64_t i, int64_t Hd, int64_t Wd, int64_t &n, int64_t &h,
+__device__ __forceinline__ void split(const PoolGeo &g, int64_t i, int64_t Hd, int64_t Wd, int64_t &n, int64_t &h,
                                       int64_t &w, int64_t &ch)
 {
     if (g.nchw) {
@@ -48,7 +48,7 @@ __device__ __forceinline__ void split(const Geo &g, int64_t i, int64_t Hd, int64
 }
 
 // The window of output (p, q) inside the image: rows [h0 + r0, h0 + r1).
-__device__ __forceinline__ void window(const Geo &g, int64_t p, int64_t q, int64_t &h0, int64_t &r0, int64_t &r1,
+__device__ __forceinline__ void window(const PoolGeo &g, int64_t p, int64_t q, int64_t &h0, int64_t &r0, int64_t &r1,
                                        int64_t &w0, int64_t &s0, int64_t &s1)
 {
     h0 = p * g.sh - g.pt;
@@ -61,7 +61,7 @@ __device__ __forceinline__ void window(const Geo &g, int64_t p, int64_t q, int64
 
 // The flat input index of the first maximum (NaN winning) of window (n, p, q, ch).
 template <nb_dtype D>
-__device__ int64_t argmax(const Geo &g, const T_of<D> *x, int64_t n, int64_t p, int64_t q, int64_t ch)
+__device__ int64_t argmax(const PoolGeo &g, const T_of<D> *x, int64_t n, int64_t p, int64_t q, int64_t ch)
 {
     using C = C_of<D>;
     int64_t h0, r0, r1, w0, s0, s1;
@@ -86,7 +86,7 @@ __device__ int64_t argmax(const Geo &g, const T_of<D> *x, int64_t n, int64_t p, 
 
 template <nb_dtype D>
 __global__ void __launch_bounds__(kThreads)
-    k_max_pool(Geo g, const T_of<D> *x, const T_of<D> *sel, T_of<D> *out, int64_t total)
+    k_max_pool(PoolGeo g, const T_of<D> *x, const T_of<D> *sel, T_of<D> *out, int64_t total)
 {
     for (int64_t i = gtid(); i < total; i += gstride()) {
         int64_t n, p, q, ch;
@@ -109,7 +109,7 @@ __device__ __forceinline__ void covering(int64_t h, int64_t pad, int64_t R, int6
 
 template <nb_dtype D>
 __global__ void __launch_bounds__(kThreads)
-    k_max_pool_grad(Geo g, const T_of<D> *x, const T_of<D> *dy, T_of<D> *out, int64_t total)
+    k_max_pool_grad(PoolGeo g, const T_of<D> *x, const T_of<D> *dy, T_of<D> *out, int64_t total)
 {
     using A = typename DT<D>::Acc;
     for (int64_t i = gtid(); i < total; i += gstride()) {
@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <nb_dtype D>
-__global__ void __launch_bounds__(kThreads) k_avg_pool(Geo g, const T_of<D> *x, T_of<D> *out, int64_t total)
+__global__ void __launch_bounds__(kThreads) k_avg_pool(PoolGeo g, const T_of<D> *x, T_of<D> *out, int64_t total)
 {
     using A = typename DT<D>::Acc;
     for (int64_t i = gtid(); i < total; i += gstride()) {
@@ -145,7 +145,7 @@ __global__ void __launch_bounds__(kThreads) k_avg_pool(Geo g, const T_of<D> *x, 
 }
 
 template <nb_dtype D>
-__global__ void __launch_bounds__(kThreads) k_avg_pool_grad(Geo g, const T_of<D> *dy, T_of<D> *out, int64_t total)
+__global__ void __launch_bounds__(kThreads) k_avg_pool_grad(PoolGeo g, const T_of<D> *dy, T_of<D> *out, int64_t total)
 {
     using A = typename DT<D>::Acc;
     for (int64_t i = gtid(); i < total; i += gstride()) {
@@ -166,9 +166,9 @@ __global__ void __launch_bounds__(kThreads) k_avg_pool_grad(Geo g, const T_of<D>
     }
 }
 
-Geo geo_of(const nb_pool2d_desc *d)
+PoolGeo geo_of(const nb_pool2d_desc *d)
 {
-    return Geo{d->N, d->H, d->W, d->C, d->P, d->Q, d->R, d->S, d->sh, d->sw, d->pt, d->pl, d->nchw};
+    return PoolGeo{d->N, d->H, d->W, d->C, d->P, d->Q, d->R, d->S, d->sh, d->sw, d->pt, d->pl, d->nchw};
 }
 
 } // namespace
@@ -180,7 +180,7 @@ extern "C" nb_status nb__gpu_max_pool2d(nb_gpu_ctx *c, const nb_pool2d_desc *d, 
     const int64_t total = out->numel;
     if (total <= 0)
         return NB_OK;
-    const Geo g = geo_of(d);
+    const PoolGeo g = geo_of(d);
     return dispatch_float(x->dtype, c, name, [&](auto tag) -> nb_status {
         constexpr nb_dtype D = decltype(tag)::value;
         k_max_pool<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(
@@ -196,7 +196,7 @@ extern "C" nb_status nb__gpu_max_pool2d_grad(nb_gpu_ctx *c, const nb_pool2d_desc
     const int64_t total = out->numel;
     if (total <= 0)
         return NB_OK;
-    const Geo g = geo_of(d);
+    const PoolGeo g = geo_of(d);
     return dispatch_float(x->dtype, c, "max_pool2d_grad", [&](auto tag) -> nb_status {
         constexpr nb_dtype D = decltype(tag)::value;
         k_max_pool_grad<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(
@@ -212,7 +212,7 @@ extern "C" nb_status nb__gpu_avg_pool2d(nb_gpu_ctx *c, const nb_pool2d_desc *d, 
     const int64_t total = out->numel;
     if (total <= 0)
         return NB_OK;
-    const Geo g = geo_of(d);
+    const PoolGeo g = geo_of(d);
     return dispatch_float(x->dtype, c, "avg_pool2d", [&](auto tag) -> nb_status {
         constexpr nb_dtype D = decltype(tag)::value;
         k_avg_pool<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(
@@ -227,7 +227,7 @@ extern "C" nb_status nb__gpu_avg_pool2d_grad(nb_gpu_ctx *c, const nb_pool2d_desc
     const int64_t total = out->numel;
     if (total <= 0)
         return NB_OK;
-    const Geo g = geo_of(d);
+    const PoolGeo g = geo_of(d);
     return dispatch_float(dy->dtype, c, "avg_pool2d_grad", [&](auto tag) -> nb_status {
         constexpr nb_dtype D = decltype(tag)::value;
         k_avg_pool_grad<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(
