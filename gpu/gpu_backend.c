@@ -153,6 +153,20 @@ static nb_status gpu_avg_pool2d_grad(nb_device *dev, const nb_pool2d_desc *d, co
     return nb__gpu_avg_pool2d_grad(c, d, out, dy);
 }
 
+static nb_status gpu_channel_moments(nb_device *dev, const int64_t shape[3], const nb_view *sum,
+                                     const nb_view *moment, const nb_view *a, const nb_view *b, const nb_view *center)
+{
+    ENTER(dev, "channel_moments");
+    return nb__gpu_channel_moments(c, shape, sum, moment, a, b, center);
+}
+
+static nb_status gpu_channel_affine(nb_device *dev, const int64_t shape[3], const nb_view *out, const nb_view *a,
+                                    const nb_view *s, const nb_view *b, const nb_view *t, const nb_view *u)
+{
+    ENTER(dev, "channel_affine");
+    return nb__gpu_channel_affine(c, shape, out, a, s, b, t, u);
+}
+
 /* The ops.def list says which dtypes an elementwise op is defined for; the GPU
  * runs all of them, f16 and bf16 included (computed in float). */
 bool nb__gpu_supports(const nb_device *dev, nb_kernel k, int variant, nb_dtype dtype)
@@ -229,4 +243,6 @@ const nb_backend nb__gpu_backend = {
     .max_pool2d_grad = gpu_max_pool2d_grad,
     .avg_pool2d = gpu_avg_pool2d,
     .avg_pool2d_grad = gpu_avg_pool2d_grad,
+    .channel_moments = gpu_channel_moments,
+    .channel_affine = gpu_channel_affine,
 };

@@ -238,6 +238,10 @@ nb_status nb__gpu_max_pool2d_grad(nb_gpu_ctx *c, const nb_pool2d_desc *d, const 
                                   const nb_view *dy);
 nb_status nb__gpu_avg_pool2d(nb_gpu_ctx *c, const nb_pool2d_desc *d, const nb_view *out, const nb_view *x);
 nb_status nb__gpu_avg_pool2d_grad(nb_gpu_ctx *c, const nb_pool2d_desc *d, const nb_view *out, const nb_view *dy);
+nb_status nb__gpu_channel_moments(nb_gpu_ctx *c, const int64_t shape[3], const nb_view *sum, const nb_view *moment,
+                                  const nb_view *a, const nb_view *b, const nb_view *center);
+nb_status nb__gpu_channel_affine(nb_gpu_ctx *c, const int64_t shape[3], const nb_view *out, const nb_view *a,
+                                 const nb_view *s, const nb_view *b, const nb_view *t, const nb_view *u);
 /* gpu_random.cu */
 nb_status nb__gpu_random(nb_gpu_ctx *c, const nb_view *out, nb_random_dist dist, double a,
                          double b, uint64_t seed);

@@ -235,3 +235,119 @@ extern "C" nb_status nb__gpu_avg_pool2d_grad(nb_gpu_ctx *c, const nb_pool2d_desc
         return nb__gpu_launched(c, "avg_pool2d_grad");
     });
 }
+
+// ---- per-channel kernels (batch normalisation) --------------------------------------
+//
+// channel_moments: one block per channel, its threads striding over the
+// channel's outer * inner elements, then a shared-memory tree; double sums for
+// f64 and f32, float for f16/bf16 (their Acc). channel_affine: one thread per
+// element.
+
+namespace {
+
+template <nb_dtype D, class A>
+__global__ void __launch_bounds__(kThreads)
+    k_channel_moments(int64_t outer, int64_t C, int64_t inner, const T_of<D> *a, const T_of<D> *b,
+                      const T_of<D> *center, T_of<D> *sum, T_of<D> *moment)
+{
+    __shared__ A s0[kThreads], s1[kThreads];
+    for (int64_t ch = blockIdx.x; ch < C; ch += gridDim.x) {
+        const A m = center ? static_cast<A>(ld<D>(center[ch])) : A(0);
+        A p0 = A(0), p1 = A(0);
+        const int64_t n = outer * inner;
+        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+            const int64_t o = j / inner, i = j - o * inner, at = (o * C + ch) * inner + i;
+            const A x = static_cast<A>(ld<D>(a[at]));
+            p0 += x;
+            if (b) {
+                p1 += x * (static_cast<A>(ld<D>(b[at])) - m);
+            } else {
+                const A d = x - m;
+                p1 += d * d;
+            }
+        }
+        s0[threadIdx.x] = p0;
+        s1[threadIdx.x] = p1;
+        __syncthreads();
+        for (int w = kThreads / 2; w > 0; w >>= 1) {
+            if (threadIdx.x < w) {
+                s0[threadIdx.x] += s0[threadIdx.x + w];
+                s1[threadIdx.x] += s1[threadIdx.x + w];
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            A m1 = s1[0];
+            if (!b && !center) { // about the channel's own mean
+                m1 -= s0[0] * s0[0] / static_cast<A>(n);
+                m1 = m1 > A(0) ? m1 : A(0);
+            }
+            sum[ch] = st<D>(s0[0]);
+            moment[ch] = st<D>(m1);
+        }
+        __syncthreads();
+    }
+}
+
+template <nb_dtype D>
+__global__ void __launch_bounds__(kThreads)
+    k_channel_affine(int64_t total, int64_t C, int64_t inner, const T_of<D> *a, const T_of<D> *s,
+                     const T_of<D> *b, const T_of<D> *t, const T_of<D> *u, T_of<D> *out)
+{
+    using Cc = C_of<D>;
+    for (int64_t i = gtid(); i < total; i += gstride()) {
+        const int64_t ch = (i / inner) % C;
+        Cc v = ld<D>(a[i]) * ld<D>(s[ch]) + ld<D>(u[ch]);
+        if (b)
+            v += ld<D>(b[i]) * ld<D>(t[ch]);
+        out[i] = st<D>(v);
+    }
+}
+
+template <nb_dtype D> struct MomentAcc {
+    using T = double;
+};
+template <> struct MomentAcc<NB_F16> {
+    using T = float;
+};
+template <> struct MomentAcc<NB_BF16> {
+    using T = float;
+};
+
+} // namespace
+
+extern "C" nb_status nb__gpu_channel_moments(nb_gpu_ctx *c, const int64_t shape[3], const nb_view *sum,
+                                             const nb_view *moment, const nb_view *a, const nb_view *b,
+                                             const nb_view *center)
+{
+    const int64_t outer = shape[0], C = shape[1], inner = shape[2];
+    if (C <= 0)
+        return NB_OK;
+    const unsigned blocks = (unsigned)(C < 65535 ? C : 65535);
+    return dispatch_float(a->dtype, c, "channel_moments", [&](auto tag) -> nb_status {
+        constexpr nb_dtype D = decltype(tag)::value;
+        k_channel_moments<D, typename MomentAcc<D>::T><<<blocks, kThreads, 0, c->stream>>>(
+            outer, C, inner, static_cast<const T_of<D> *>(a->data),
+            b ? static_cast<const T_of<D> *>(b->data) : nullptr,
+            center ? static_cast<const T_of<D> *>(center->data) : nullptr, static_cast<T_of<D> *>(sum->data),
+            static_cast<T_of<D> *>(moment->data));
+        return nb__gpu_launched(c, "channel_moments");
+    });
+}
+
+extern "C" nb_status nb__gpu_channel_affine(nb_gpu_ctx *c, const int64_t shape[3], const nb_view *out,
+                                            const nb_view *a, const nb_view *s, const nb_view *b, const nb_view *t,
+                                            const nb_view *u)
+{
+    const int64_t total = out->numel;
+    if (total <= 0)
+        return NB_OK;
+    return dispatch_float(a->dtype, c, "channel_affine", [&](auto tag) -> nb_status {
+        constexpr nb_dtype D = decltype(tag)::value;
+        k_channel_affine<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(
+            total, shape[1], shape[2], static_cast<const T_of<D> *>(a->data), static_cast<const T_of<D> *>(s->data),
+            b ? static_cast<const T_of<D> *>(b->data) : nullptr, t ? static_cast<const T_of<D> *>(t->data) : nullptr,
+            static_cast<const T_of<D> *>(u->data), static_cast<T_of<D> *>(out->data));
+        return nb__gpu_launched(c, "channel_affine");
+    });
+}

@@ -97,6 +97,104 @@ static nb_tensor *bn_apply(const nb_tensor *x, const nb_tensor *gamma_b, const n
     return nb_add(nb_mul(x, scale), shift);
 }
 
+/* ---- the fused path: two passes forward, two backward ---- */
+
+/* t itself when contiguous, else a contiguous copy owned by the current scope. */
+static const nb_tensor *dense(const nb_tensor *t)
+{
+    return t && !t->contiguous ? nb_contiguous(t) : t;
+}
+
+/* x as [outer, C, inner] around the channel axis ca. */
+static void shape3(const nb_tensor *x, int ca, int64_t s[3])
+{
+    s[0] = s[2] = 1;
+    s[1] = x->shape[ca];
+    for (int i = 0; i < x->ndim; i++)
+        if (i != ca)
+            s[i < ca ? 0 : 2] *= x->shape[i];
+}
+
+/* Whether the per-channel kernels can run batch_norm_train on x's device: no
+ * other device pushed, gamma and beta there too, and the device runs both
+ * kernels for the dtype. Otherwise the op runs as a composition of ops. */
+static bool fused_ok(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta)
+{
+    nb_device *dev = x->device, *pushed = nb__device_pushed();
+    return (!pushed || pushed == dev) && (!gamma || gamma->device == dev) && (!beta || beta->device == dev) &&
+           nb__supports(dev, NB_K_CHANNEL_MOMENTS, 0, x->dtype) && nb__supports(dev, NB_K_CHANNEL_AFFINE, 0, x->dtype);
+}
+
+/* The per-channel sums of a (and a (b - center), or (a - center)^2): two [C]
+ * tensors owned by the current scope; false on failure. */
+static bool moments(const char *op, const int64_t s[3], const nb_tensor *a, const nb_tensor *b,
+                    const nb_tensor *center, nb_tensor **sum, nb_tensor **moment)
+{
+    nb_device *dev = a->device;
+    const nb_tensor *ad = dense(a), *bd = dense(b), *cd = dense(center);
+    if (!ad || (b && !bd) || (center && !cd))
+        return false;
+    nb_tensor *s0 = nb__out(op, dev, a->dtype, 1, &s[1]);
+    nb_tensor *s1 = s0 ? nb__out(op, dev, a->dtype, 1, &s[1]) : NULL;
+    if (!s1) {
+        nb__release(s0);
+        return false;
+    }
+    nb_view v0 = nb__view(s0), v1 = nb__view(s1), va = nb__view(ad), vb = bd ? nb__view(bd) : (nb_view){0},
+            vc = cd ? nb__view(cd) : (nb_view){0};
+    nb_status st = dev->backend->channel_moments(dev, s, &v0, &v1, &va, bd ? &vb : NULL, cd ? &vc : NULL);
+    *sum = nb__own(s0);
+    *moment = nb__own(s1);
+    return st == NB_OK;
+}
+
+/* a sc + b t + u per channel: a tensor of a's shape owned by the current scope. */
+static nb_tensor *affine(const char *op, const int64_t s[3], const nb_tensor *a, const nb_tensor *sc,
+                         const nb_tensor *b, const nb_tensor *t, const nb_tensor *u)
+{
+    nb_device *dev = a->device;
+    const nb_tensor *ad = dense(a), *sd = dense(sc), *bd = dense(b), *td = dense(t), *ud = dense(u);
+    if (!ad || !sd || !ud || (b && (!bd || !td)))
+        return NULL;
+    nb_tensor *out = nb__out(op, dev, a->dtype, a->ndim, a->shape);
+    if (!out)
+        return NULL;
+    nb_view vo = nb__view(out), va = nb__view(ad), vs = nb__view(sd), vu = nb__view(ud),
+            vb = bd ? nb__view(bd) : (nb_view){0}, vt = td ? nb__view(td) : (nb_view){0};
+    if (out->numel)
+        out = nb__kernel_done(dev->backend->channel_affine(dev, s, &vo, &va, &vs, bd ? &vb : NULL, td ? &vt : NULL, &vu),
+                              out);
+    return nb__own(out);
+}
+
+/* The fused gradient (nothing records it): from the saved mean and rstd,
+ * dbeta = sum g, dgamma = rstd sum g (x - mean), and
+ * dx = k g + t x + u with k = gamma rstd, t = -k rstd^2 sum g (x - mean) / m,
+ * u = -k sum(g) / m - t mean. */
+static nb_status batch_norm_grad_fused(const nb_node *n, nb_tensor *g, nb_tensor **gi)
+{
+    const char *op = n->op->name;
+    const nb_tensor *x = n->in[0], *gamma = n->in[1];
+    const nb_tensor *mean = n->out[1], *rstd = n->out[2];
+    int64_t s[3];
+    shape3(x, (int)n->attrs.i[0], s);
+    double m = (double)(s[0] * s[2]);
+    nb_tensor *sg = NULL, *sgx = NULL;
+    if (!moments(op, s, g, x, mean, &sg, &sgx))
+        return nb__ok(NULL);
+    if (n->in[2] && nb__needs_grad(n, 2))
+        gi[2] = sg;
+    if (gamma && nb__needs_grad(n, 1) && !(gi[1] = nb_mul(sgx, rstd)))
+        return nb__ok(NULL);
+    if (!nb__needs_grad(n, 0))
+        return NB_OK;
+    nb_tensor *k = gamma ? nb_mul(rstd, gamma) : (nb_tensor *)rstd;
+    nb_tensor *t = nb_mul_scalar(nb_mul(nb_mul(k, nb_square(rstd)), sgx), -1.0 / m);
+    nb_tensor *u = nb_sub(nb_mul_scalar(nb_mul(k, sg), -1.0 / m), nb_mul(t, mean));
+    gi[0] = t && u ? affine(op, s, g, k, x, t, u) : NULL;
+    return nb__ok(gi[0]);
+}
+
 /* attrs: i[0] the channel axis; d[0] epsilon. Inputs x, gamma, beta (either
  * of the last two may be NULL). */
 static nb_status batch_norm_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
@@ -107,6 +205,8 @@ static nb_status batch_norm_grad(const nb_node *n, nb_tensor *const *g, nb_tenso
     nb_axes axes = reduced_axes(x->ndim, ca);
     nb_shape cs = {1, {x->shape[ca]}};
     gi[0] = gi[1] = gi[2] = NULL;
+    if (n->n_out == 3 && !nb__tape_recording() && fused_ok(x, gamma, n->in[2]) && g[0]->device == x->device)
+        return batch_norm_grad_fused(n, g[0], gi);
     nb_tensor *mean = nb_mean(x, axes, true);
     nb_tensor *xc = nb_sub(x, mean);
     nb_tensor *rstd = nb_rsqrt(nb_add_scalar(nb_mean(nb_square(xc), axes, true), eps));
@@ -131,6 +231,52 @@ static nb_status batch_norm_grad(const nb_node *n, nb_tensor *const *g, nb_tenso
 }
 
 static const nb_op_def batch_norm_def = {"batch_norm_train", batch_norm_grad};
+
+/* The fused forward: the channel sums, the sums of squared deviations, then
+ * y = x scale + shift. Recorded with the mean and rstd as two more outputs
+ * (nobody else sees them), which the fused gradient reads back. */
+static nb_tensor *batch_norm_fused(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta,
+                                   double epsilon, int ca, nb_tensor **batch_mean, nb_tensor **batch_var)
+{
+    const char *op = batch_norm_def.name;
+    int64_t s[3];
+    shape3(x, ca, s);
+    double m = (double)(s[0] * s[2]);
+    int token = nb__tapes_pause();
+    nb_tensor *sum = NULL, *sq = NULL, *dev = NULL, *y = NULL, *mean = NULL, *rstd = NULL, *bm = NULL, *bv = NULL;
+    /* f32 sums are accumulated in double, so the deviations about the mean
+     * come from the same pass (the kernel's sum x^2 - sum^2 / m, in double);
+     * other dtypes take a second pass about the mean. */
+    bool one_pass = x->dtype == NB_F32;
+    if (moments(op, s, x, NULL, NULL, &sum, &dev) && (mean = nb_mul_scalar(sum, 1.0 / m)) &&
+        (one_pass || moments(op, s, x, NULL, mean, &sq, &dev))) {
+        rstd = nb_rsqrt(nb_add_scalar(nb_mul_scalar(dev, 1.0 / m), epsilon));
+        nb_tensor *scale = gamma && rstd ? nb_mul(rstd, gamma) : rstd;
+        nb_tensor *shift = nb_neg(nb_mul(mean, scale));
+        if (beta && shift)
+            shift = nb_add(shift, beta);
+        y = scale && shift ? affine(op, s, x, scale, NULL, NULL, shift) : NULL;
+        if (y && batch_mean)
+            bm = nb_mul_scalar(mean, 1.0);
+        if (y && batch_var)
+            bv = nb_mul_scalar(dev, 1.0 / (m - 1));
+    }
+    nb__tapes_resume(token);
+    if (!y || (batch_mean && !bm) || (batch_var && !bv))
+        return NULL;
+    nb_op_attrs attrs = {0};
+    attrs.i[0] = ca;
+    attrs.d[0] = epsilon;
+    const nb_tensor *in[3] = {x, gamma, beta};
+    nb_tensor *out[3] = {y, mean, rstd};
+    if (nb__record(&batch_norm_def, 3, in, 3, out, &attrs))
+        return NULL;
+    if (batch_mean)
+        *batch_mean = bm;
+    if (batch_var)
+        *batch_var = bv;
+    return y;
+}
 
 nb_tensor *nb_batch_norm_train(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta, double epsilon,
                                nb_data_format format, nb_tensor **batch_mean, nb_tensor **batch_var)
@@ -158,6 +304,8 @@ nb_tensor *nb_batch_norm_train(const nb_tensor *x, const nb_tensor *gamma, const
     }
     nb_axes axes = reduced_axes(x->ndim, ca);
     nb_shape cs = {1, {C}};
+    if (fused_ok(x, gamma, beta))
+        return batch_norm_fused(x, gamma, beta, epsilon, ca, batch_mean, batch_var);
     int token = nb__tapes_pause();
     nb_tensor *mean = nb_mean(x, axes, true);
     nb_tensor *var = nb_mean(nb_square(nb_sub(x, mean)), axes, true);

@@ -2966,6 +2966,112 @@ static void kernel_max_pool2d_grad(void) { run_pool_kernel(1); }
 static void kernel_avg_pool2d(void) { run_pool_kernel(2); }
 static void kernel_avg_pool2d_grad(void) { run_pool_kernel(3); }
 
+/* ================================ per-channel kernels (batch_norm_train) ==================== */
+
+/* Reached through batch_norm_train: its values (channel_moments twice, then
+ * channel_affine) and its gradient for x (channel_moments, channel_affine),
+ * against double references of the formulas. */
+typedef struct bn_bo_case {
+    nb_shape x;
+    nb_data_format f;
+    layout lay;
+} bn_bo_case;
+
+static const bn_bo_case bn_bo_cases[] = {
+    {{4, {2, 5, 3, 7}}, NB_NHWC, L_CONTIG},
+    {{4, {3, 4, 5, 2}}, NB_NCHW, L_CONTIG},
+    {{2, {33, 5}}, NB_NHWC, L_REVERSED},
+    {{4, {4, 6, 6, 40}}, NB_NHWC, L_CONTIG},
+};
+
+typedef struct bn_bo_ctx {
+    const bn_bo_case *c;
+    bool grad;
+} bn_bo_ctx;
+
+static nb_tensor *apply_bn(int n, nb_tensor *const *in, const void *ctx)
+{
+    (void)n;
+    const bn_bo_ctx *c = ctx;
+    if (!c->grad)
+        return nb_batch_norm_train(in[0], in[1], in[2], 1e-3, c->c->f, NULL, NULL);
+    nb_tape *tape = nb_tape_begin();
+    nb_tape_watch(tape, in[0]);
+    nb_tensor *y = nb_batch_norm_train(in[0], in[1], in[2], 1e-3, c->c->f, NULL, NULL), *g = NULL;
+    if (!y || nb_tape_gradient(tape, nb_sum_all(nb_mul(y, in[3])), 1, in, &g))
+        return NULL;
+    return g;
+}
+
+static double *ref_bn(int n, const input *in, const void *ctx, nb_shape *shape)
+{
+    (void)n;
+    const bn_bo_ctx *c = ctx;
+    nb_shape s = in[0].shape;
+    int ca = c->c->f == NB_NCHW && s.ndim > 2 ? 1 : s.ndim - 1;
+    int64_t C = s.dims[ca], inner = 1, total = numel(s);
+    for (int i = ca + 1; i < s.ndim; i++)
+        inner *= s.dims[i];
+    double m = (double)(total / C);
+    double *out = alloc_values(total);
+    for (int64_t ch = 0; ch < C; ch++) {
+        double mu = 0, var = 0, sg = 0, sgx = 0;
+        for (int64_t i = 0; i < total; i++)
+            if ((i / inner) % C == ch)
+                mu += in[0].v[i];
+        mu /= m;
+        for (int64_t i = 0; i < total; i++)
+            if ((i / inner) % C == ch)
+                var += (in[0].v[i] - mu) * (in[0].v[i] - mu);
+        double rstd = 1 / sqrt(var / m + 1e-3), gm = in[1].v[ch], bt = in[2].v[ch];
+        if (c->grad)
+            for (int64_t i = 0; i < total; i++)
+                if ((i / inner) % C == ch) {
+                    sg += in[3].v[i];
+                    sgx += in[3].v[i] * (in[0].v[i] - mu) * rstd;
+                }
+        for (int64_t i = 0; i < total; i++)
+            if ((i / inner) % C == ch) {
+                double xh = (in[0].v[i] - mu) * rstd;
+                out[i] = c->grad ? gm * rstd * (in[3].v[i] - sg / m - xh * sgx / m) : gm * xh + bt;
+            }
+    }
+    *shape = s;
+    return out;
+}
+
+static void run_bn_kernel(bool grad)
+{
+    for (nb_dtype dt = 0; dt < NB_DTYPE_COUNT; dt++) {
+        plan p = plan_for(FLOATS_MASK, grad ? NB_K_CHANNEL_AFFINE : NB_K_CHANNEL_MOMENTS, 0, dt);
+        static const bn_bo_case probe_case = {{2, {2, 1}}, NB_NHWC, L_CONTIG};
+        bn_bo_ctx pc0 = {&probe_case, false};
+        double two[2] = {1, 2}, one = 1, zero = 0;
+        input probe[3] = {{dt, {2, {2, 1}}, two, L_CONTIG}, {dt, {1, {1}}, &one, L_CONTIG}, {dt, {1, {1}}, &zero, L_CONTIG}};
+        if (!refusal(p, grad ? "batch_norm_train gradient" : "batch_norm_train", dt, 3, probe, apply_bn, &pc0))
+            continue;
+        for (size_t k = 0; k < sizeof bn_bo_cases / sizeof *bn_bo_cases; k++) {
+            const bn_bo_case *c = &bn_bo_cases[k];
+            bn_bo_ctx pc = {c, grad};
+            int ca = c->f == NB_NCHW && c->x.ndim > 2 ? 1 : c->x.ndim - 1;
+            nb_shape cs = {1, {c->x.dims[ca]}};
+            case_begin("batch_norm_train%s %s %s%s", grad ? " gradient" : "", nb_dtype_name(dt), shape_str(c->x),
+                       layout_names[c->lay]);
+            double *v = gen(numel(c->x), dt, (range){R_REAL, -2, 3, 0, 0, false});
+            double *gm = gen(cs.dims[0], dt, (range){R_REAL, 0.5, 2, 0, 0, false});
+            double *bt = gen(cs.dims[0], dt, RANGE_DEFAULT);
+            double *w = gen(numel(c->x), dt, RANGE_DEFAULT);
+            input in[4] = {{dt, c->x, v, c->lay}, {dt, cs, gm, L_CONTIG}, {dt, cs, bt, L_CONTIG}, {dt, c->x, w, L_CONTIG}};
+            run_values(grad ? 4 : 3, in, apply_bn, ref_bn, &pc, dt, T_ACC);
+            free(v), free(gm), free(bt), free(w);
+            case_end();
+        }
+    }
+}
+
+static void kernel_channel_moments(void) { run_bn_kernel(false); }
+static void kernel_channel_affine(void) { run_bn_kernel(true); }
+
 /* ================================ the matrix ================================================ */
 
 /* Every kernel entry of the list has its cases here. */

@@ -437,6 +437,27 @@ static void batch_norm_values(void)
     }
 }
 
+/* f32 statistics far from 0: the one-pass variance cancels in double. */
+static void batch_norm_offset(void)
+{
+    const int64_t N = 40, C = 3, n = N * 5 * C;
+    double *x = random_values(n, -1, 1);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = (float)(1000 + x[i]);
+    double *y = malloc(sizeof(double) * (size_t)n), mean[3], var[3];
+    bn_reference(x, N, C, 5, false, NULL, NULL, 1e-5, y, mean, var);
+    for (int f = 0; f < 2; f++) {
+        nb_tensor *bm = NULL, *bv = NULL;
+        nb_tensor *xt = tensor_of(NB_F32, f ? NB_SHAPE(N, 5, C) : NB_SHAPE(N * 5, C), x);
+        nb_tensor *yt = nb_batch_norm_train(xt, NULL, NULL, 1e-5, NB_NHWC, &bm, &bv);
+        /* y = x scale + shift: f32 rounding of x scale ~ 1700 */
+        CHECK(check_max_error(yt, y, n) <= 1e-3);
+        CHECK(check_max_error(bv, var, C) <= 1e-5);
+        CHECK(check_max_error(bm, mean, C) <= 1e-7);
+    }
+    free(x), free(y);
+}
+
 typedef struct bn_ctx {
     nb_data_format f;
     int which; /* 0 train, 1 infer, 2 layer_norm */
@@ -689,6 +710,7 @@ int main(void)
     RUN(global_avg_pool);
     RUN(pool_errors);
     RUN(batch_norm_values);
+    RUN(batch_norm_offset);
     RUN(norm_gradient_check);
     RUN(layer_norm_values);
     RUN(norm_errors);

@@ -238,6 +238,21 @@ struct nb_backend {
      * transpose. */
     nb_status (*avg_pool2d_grad)(nb_device *dev, const nb_pool2d_desc *d, const nb_view *out, const nb_view *dy);
 
+    /* ---- per-channel kernels (batch normalisation) ----
+     * The contiguous inputs a and b are [outer, C, inner] (NHWC: inner 1;
+     * NCHW: outer N, inner H * W); per-channel operands and outputs are [C],
+     * all of one floating dtype. */
+    /* sum[c] = the sum of a over channel c's elements; moment[c] = the sum of
+     * a (b - center[c]) (center NULL: 0), or with b NULL of (a - center[c])^2,
+     * center NULL meaning the channel's own mean (one pass: the sum of a^2
+     * less sum^2 / count, cancelling in the accumulator). Accumulated in
+     * double (float on the GPU for f16/bf16). */
+    nb_status (*channel_moments)(nb_device *dev, const int64_t shape[3], const nb_view *sum, const nb_view *moment,
+                                 const nb_view *a, const nb_view *b, const nb_view *center);
+    /* out = a s[c] + b t[c] + u[c], out like a (b and t NULL: no b term). */
+    nb_status (*channel_affine)(nb_device *dev, const int64_t shape[3], const nb_view *out, const nb_view *a,
+                                const nb_view *s, const nb_view *b, const nb_view *t, const nb_view *u);
+
     /* ---- convolutions (d: nb_conv2d_desc above) ----
      * Every view is contiguous: x, dx [N, H, W, C] (or NCHW), w, dw [R, S, C /
      * groups, K], y, dy [N, P, Q, K] (or NKPQ); one floating dtype. */

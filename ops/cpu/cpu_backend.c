@@ -88,4 +88,6 @@ const nb_backend nb__cpu_backend = {
     .max_pool2d_grad = nb__cpu_max_pool2d_grad,
     .avg_pool2d = nb__cpu_avg_pool2d,
     .avg_pool2d_grad = nb__cpu_avg_pool2d_grad,
+    .channel_moments = nb__cpu_channel_moments,
+    .channel_affine = nb__cpu_channel_affine,
 };

@@ -175,6 +175,11 @@ nb_status nb__cpu_max_pool2d_grad(nb_device *dev, const nb_pool2d_desc *d, const
                                   const nb_view *dy);
 nb_status nb__cpu_avg_pool2d(nb_device *dev, const nb_pool2d_desc *d, const nb_view *out, const nb_view *x);
 nb_status nb__cpu_avg_pool2d_grad(nb_device *dev, const nb_pool2d_desc *d, const nb_view *out, const nb_view *dy);
+/* Per-channel sums and affine maps for batch normalisation (cpu_pool.c). */
+nb_status nb__cpu_channel_moments(nb_device *dev, const int64_t shape[3], const nb_view *sum, const nb_view *moment,
+                                  const nb_view *a, const nb_view *b, const nb_view *center);
+nb_status nb__cpu_channel_affine(nb_device *dev, const int64_t shape[3], const nb_view *out, const nb_view *a,
+                                 const nb_view *s, const nb_view *b, const nb_view *t, const nb_view *u);
 /* ---- convolutions (cpu_conv.c, cpu_conv_dnnl.c) -------------------------------- */
 
 nb_status nb__cpu_conv2d(nb_device *dev, const nb_conv2d_desc *d, const nb_view *y, const nb_view *x,

@@ -251,3 +251,199 @@ nb_status nb__cpu_avg_pool2d_grad(nb_device *dev, const nb_pool2d_desc *d, const
     RUN(avg_bwd, dy->dtype, planes(d), work, &c);
     return NB_OK;
 }
+
+/* ---- per-channel kernels (batch normalisation) ------------------------------------ */
+
+typedef struct chan_ctx {
+    int64_t outer, C, inner, chunk;
+    const void *a, *b, *center, *s, *t, *u;
+    void *out;
+    double *part; /* NHWC moments: 2 * C partial sums per chunk of rows */
+    bool square;  /* moments with b NULL: (a - center)^2 */
+} chan_ctx;
+
+#define DEFINE_CHANNEL(T)                                                                           \
+    /* NHWC: chunks [b, e) of rows, each into its own partial sums */                              \
+    static void moments_rows_##T(void *vctx, int64_t b, int64_t e)                                  \
+    {                                                                                               \
+        const chan_ctx *c = vctx;                                                                   \
+        const int64_t C = c->C;                                                                     \
+        const T *a = c->a, *bb = c->b, *ctr = c->center;                                           \
+        for (int64_t k = b; k < e; k++) {                                                           \
+            double *s0 = c->part + 2 * C * k, *s1 = s0 + C;                                         \
+            for (int64_t ch = 0; ch < C; ch++)                                                      \
+                s0[ch] = s1[ch] = 0;                                                                \
+            int64_t r0 = k * c->chunk, r1 = r0 + c->chunk < c->outer ? r0 + c->chunk : c->outer;    \
+            for (int64_t r = r0; r < r1; r++) {                                                     \
+                const T *ar = a + r * C, *br = bb ? bb + r * C : NULL;                              \
+                if (br) {                                                                           \
+                    for (int64_t ch = 0; ch < C; ch++) {                                            \
+                        double x = ar[ch];                                                          \
+                        s0[ch] += x;                                                                \
+                        s1[ch] += x * ((double)br[ch] - (ctr ? (double)ctr[ch] : 0.0));             \
+                    }                                                                               \
+                } else {                                                                            \
+                    for (int64_t ch = 0; ch < C; ch++) {                                            \
+                        double x = ar[ch], d = x - (ctr ? (double)ctr[ch] : 0.0);                   \
+                        s0[ch] += x;                                                                \
+                        s1[ch] += d * d;                                                            \
+                    }                                                                               \
+                }                                                                                   \
+            }                                                                                       \
+        }                                                                                           \
+    }                                                                                               \
+    /* NCHW: channels [b, e), each summed over its planes */                                       \
+    static void moments_planes_##T(void *vctx, int64_t b, int64_t e)                               \
+    {                                                                                               \
+        const chan_ctx *c = vctx;                                                                   \
+        const T *a = c->a, *bb = c->b, *ctr = c->center;                                           \
+        T *out = c->out;                                                                            \
+        for (int64_t ch = b; ch < e; ch++) {                                                        \
+            double s0 = 0, s1 = 0, m = ctr ? (double)ctr[ch] : 0.0;                                 \
+            for (int64_t o = 0; o < c->outer; o++) {                                                \
+                const T *ap = a + (o * c->C + ch) * c->inner, *bp = bb ? bb + (o * c->C + ch) * c->inner : NULL; \
+                double p0 = 0, p1 = 0;                                                              \
+                if (bp)                                                                             \
+                    for (int64_t i = 0; i < c->inner; i++) {                                        \
+                        p0 += ap[i];                                                                \
+                        p1 += (double)ap[i] * ((double)bp[i] - m);                                  \
+                    }                                                                               \
+                else                                                                                \
+                    for (int64_t i = 0; i < c->inner; i++) {                                        \
+                        double d = (double)ap[i] - m;                                               \
+                        p0 += ap[i];                                                                \
+                        p1 += d * d;                                                                \
+                    }                                                                               \
+                s0 += p0;                                                                           \
+                s1 += p1;                                                                           \
+            }                                                                                       \
+            if (!bb && !ctr) { /* about the channel's own mean */                                    \
+                s1 -= s0 * s0 / (double)(c->outer * c->inner);                                      \
+                s1 = s1 > 0 ? s1 : 0;                                                               \
+            }                                                                                       \
+            out[ch] = (T)s0;                                                                        \
+            out[c->C + ch] = (T)s1;                                                                 \
+        }                                                                                           \
+    }                                                                                               \
+    /* rows [b, e) of outer * C planes of inner elements (NHWC: planes of C) */                    \
+    static void affine_##T(void *vctx, int64_t b, int64_t e)                                        \
+    {                                                                                               \
+        const chan_ctx *c = vctx;                                                                   \
+        const T *a = c->a, *bb = c->b, *s = c->s, *t = c->t, *u = c->u;                             \
+        T *out = c->out;                                                                            \
+        if (c->inner == 1) {                                                                        \
+            const int64_t C = c->C;                                                                 \
+            for (int64_t r = b; r < e; r++) {                                                       \
+                const T *ar = a + r * C;                                                            \
+                T *o = out + r * C;                                                                 \
+                if (bb) {                                                                           \
+                    const T *br = bb + r * C;                                                       \
+                    for (int64_t ch = 0; ch < C; ch++)                                              \
+                        o[ch] = ar[ch] * s[ch] + br[ch] * t[ch] + u[ch];                            \
+                } else {                                                                            \
+                    for (int64_t ch = 0; ch < C; ch++)                                              \
+                        o[ch] = ar[ch] * s[ch] + u[ch];                                             \
+                }                                                                                   \
+            }                                                                                       \
+            return;                                                                                 \
+        }                                                                                           \
+        for (int64_t pl = b; pl < e; pl++) {                                                        \
+            const int64_t ch = pl % c->C, n = c->inner;                                             \
+            const T *ap = a + pl * n;                                                               \
+            T *o = out + pl * n;                                                                    \
+            const T sv = s[ch], uv = u[ch];                                                         \
+            if (bb) {                                                                               \
+                const T *bp = bb + pl * n, tv = t[ch];                                              \
+                for (int64_t i = 0; i < n; i++)                                                     \
+                    o[i] = ap[i] * sv + bp[i] * tv + uv;                                            \
+            } else {                                                                                \
+                for (int64_t i = 0; i < n; i++)                                                     \
+                    o[i] = ap[i] * sv + uv;                                                         \
+            }                                                                                       \
+        }                                                                                           \
+    }
+
+DEFINE_CHANNEL(float)
+DEFINE_CHANNEL(double)
+
+nb_status nb__cpu_channel_moments(nb_device *dev, const int64_t shape[3], const nb_view *sum, const nb_view *moment,
+                                  const nb_view *a, const nb_view *b, const nb_view *center)
+{
+    nb_dtype dt = a->dtype;
+    if (dt != NB_F32 && dt != NB_F64)
+        return nb__cpu_unsupported(dev, "channel_moments", dt);
+    const int64_t outer = shape[0], C = shape[1], inner = shape[2];
+    const size_t es = (size_t)nb__cpu_esize(dt);
+    chan_ctx c = {outer, C, inner, 0, a->data, b ? b->data : NULL, center ? center->data : NULL,
+                  NULL, NULL, NULL, NULL, NULL, b == NULL};
+    int64_t total = outer * C * inner;
+    if (inner > 1 || C == 0) {
+        /* the two sums side by side, then copied into their outputs */
+        void *tmp = nb__cpu_alloc_quiet(2 * (size_t)C * es + 1);
+        if (!tmp)
+            return nb__fail(NB_ERR_OUT_OF_MEMORY, "channel_moments: out of memory");
+        c.out = tmp;
+        int64_t grain = total / (C ? C : 1) ? NB_CPU_GRAIN / (total / (C ? C : 1)) : 1;
+        if (dt == NB_F32)
+            nb__parallel_for(C, grain < 1 ? 1 : grain, moments_planes_float, &c);
+        else
+            nb__parallel_for(C, grain < 1 ? 1 : grain, moments_planes_double, &c);
+        memcpy(sum->data, tmp, (size_t)C * es);
+        memcpy(moment->data, (char *)tmp + (size_t)C * es, (size_t)C * es);
+        nb__cpu_free(dev, tmp, 2 * (size_t)C * es + 1);
+        return NB_OK;
+    }
+    /* NHWC: chunks of rows with partial sums, combined in chunk order */
+    int64_t threads = nb__thread_serial() ? 1 : nb__thread_count();
+    int64_t chunks = total < 2 * NB_CPU_GRAIN ? 1 : threads * 4;
+    if (chunks > outer)
+        chunks = outer ? outer : 1;
+    c.chunk = (outer + chunks - 1) / chunks;
+    chunks = c.chunk ? (outer + c.chunk - 1) / c.chunk : 1;
+    size_t pbytes = sizeof(double) * 2 * (size_t)C * (size_t)(chunks ? chunks : 1);
+    c.part = nb__cpu_alloc_quiet(pbytes);
+    if (!c.part)
+        return nb__fail(NB_ERR_OUT_OF_MEMORY, "channel_moments: out of memory");
+    if (outer == 0)
+        memset(c.part, 0, pbytes);
+    else if (dt == NB_F32)
+        nb__parallel_for(chunks, 1, moments_rows_float, &c);
+    else
+        nb__parallel_for(chunks, 1, moments_rows_double, &c);
+    for (int64_t ch = 0; ch < C; ch++) {
+        double s0 = 0, s1 = 0;
+        for (int64_t k = 0; k < chunks; k++) {
+            s0 += c.part[2 * C * k + ch];
+            s1 += c.part[2 * C * k + C + ch];
+        }
+        if (!b && !center) /* about the channel's own mean */
+            s1 = s1 - s0 * s0 / (double)outer > 0 ? s1 - s0 * s0 / (double)outer : 0;
+        if (dt == NB_F32) {
+            ((float *)sum->data)[ch] = (float)s0;
+            ((float *)moment->data)[ch] = (float)s1;
+        } else {
+            ((double *)sum->data)[ch] = s0;
+            ((double *)moment->data)[ch] = s1;
+        }
+    }
+    nb__cpu_free(dev, c.part, pbytes);
+    return NB_OK;
+}
+
+nb_status nb__cpu_channel_affine(nb_device *dev, const int64_t shape[3], const nb_view *out, const nb_view *a,
+                                 const nb_view *s, const nb_view *b, const nb_view *t, const nb_view *u)
+{
+    nb_dtype dt = a->dtype;
+    if (dt != NB_F32 && dt != NB_F64)
+        return nb__cpu_unsupported(dev, "channel_affine", dt);
+    chan_ctx c = {shape[0], shape[1], shape[2], 0, a->data, b ? b->data : NULL, NULL,
+                  s->data, t ? t->data : NULL, u->data, out->data, NULL, false};
+    int64_t rows = shape[2] == 1 ? shape[0] : shape[0] * shape[1];
+    int64_t per = shape[2] == 1 ? shape[1] : shape[2];
+    int64_t grain = per ? NB_CPU_GRAIN / per : 1;
+    if (dt == NB_F32)
+        nb__parallel_for(rows, grain < 1 ? 1 : grain, affine_float, &c);
+    else
+        nb__parallel_for(rows, grain < 1 ? 1 : grain, affine_double, &c);
+    return NB_OK;
+}
