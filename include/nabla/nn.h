@@ -64,7 +64,11 @@ nb_tensor *nb_conv2d_transpose(const nb_tensor *dy, const nb_tensor *filter, con
 nb_tensor *nb_conv2d_filter_grad(const nb_tensor *x, const nb_tensor *dy, const int64_t filter_hw[2],
                                  const nb_conv2d_opts *opts);
 
-/* Options of 2-D pooling: window and stride (0: the window), padding as above. */
+/* Options of 2-D pooling: window (at least 1x1; NULL options are
+ * NB_ERR_INVALID_ARGUMENT) and stride (0: the window's), padding as above
+ * (EXPLICIT pads each smaller than the window, so that every window holds an
+ * element of the image). x is [N, H, W, C] (or [N, C, H, W]), floating; the
+ * result [N, P, Q, C] (or [N, C, P, Q]). */
 typedef struct nb_pool2d_opts {
     int window[2];
     int stride[2];
@@ -73,13 +77,17 @@ typedef struct nb_pool2d_opts {
     nb_data_format format;
 } nb_pool2d_opts;
 
-/* Max over each window (padding never wins; NaN propagates); the gradient
- * goes to the first maximum of each window. */
+/* Max over each window (padding never wins; a NaN in the window is its max);
+ * the gradient goes to the first maximum of each window in row-major window
+ * order (ties are not shared, unlike nb_max's). Its gradient's gradient with
+ * respect to the incoming gradient reads it at the same positions; with
+ * respect to x it is 0. */
 nb_tensor *nb_max_pool2d(const nb_tensor *x, const nb_pool2d_opts *opts);
 /* Mean over each window, counting only the elements inside the image (as
- * TensorFlow's SAME padding does). */
+ * TensorFlow's SAME padding does; PyTorch's count_include_pad = false). */
 nb_tensor *nb_avg_pool2d(const nb_tensor *x, const nb_pool2d_opts *opts);
-/* Mean over height and width: [N, H, W, C] -> [N, C] (NCHW: [N, C, H, W] -> [N, C]). */
+/* Mean over height and width: [N, H, W, C] -> [N, C] (NCHW: [N, C, H, W] -> [N, C]);
+ * nb_mean over those axes. */
 nb_tensor *nb_global_avg_pool2d(const nb_tensor *x, nb_data_format format);
 
 /* Batch normalisation in training: over every axis but the channel axis (the
@@ -88,29 +96,35 @@ nb_tensor *nb_global_avg_pool2d(const nb_tensor *x, nb_data_format format);
  * gamma and beta are [C] (either may be NULL: 1 and 0). When batch_mean /
  * batch_var are not NULL, the statistics are written there (new tensors owned
  * by the current scope, [C], variance unbiased as TensorFlow's moving
- * variance uses), for the caller's running averages. */
+ * variance uses), for the caller's running averages; no gradient flows through
+ * them. Training needs at least 2 values per channel (NB_ERR_SHAPE). The
+ * gradient is exact (batch statistics included) and differentiable again. */
 nb_tensor *nb_batch_norm_train(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta, double epsilon,
                                nb_data_format format, nb_tensor **batch_mean, nb_tensor **batch_var);
-/* Batch normalisation in inference: the same with given mean and var [C]. */
+/* Batch normalisation in inference: the same with given mean and (biased)
+ * var [C], both required; a composition of differentiable ops. */
 nb_tensor *nb_batch_norm_infer(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta,
                                const nb_tensor *mean, const nb_tensor *var, double epsilon, nb_data_format format);
 
 /* Layer normalisation over the last n_axes dims: y = gamma (x - mean) /
  * sqrt(var + epsilon) + beta, gamma and beta (either NULL) of those dims'
- * shape. */
+ * shape; n_axes in [1, ndim]. A composition of differentiable ops. */
 nb_tensor *nb_layer_norm(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta, int n_axes,
                          double epsilon);
 
 /* Inverted dropout: each element kept with probability 1 - rate and scaled by
  * 1 / (1 - rate), or zeroed. The mask depends only on (seed, element index),
- * so the same seed gives the same mask on every call and device. rate in
- * [0, 1); rate 0 returns x's values. Off in inference: simply do not call it. */
+ * so the same seed gives the same mask on every call, device and floating
+ * dtype. rate in [0, 1) (else NB_ERR_INVALID_ARGUMENT); rate 0 returns x
+ * itself (a new reference). The gradient is g * mask / (1 - rate). Off in
+ * inference: simply do not call it. */
 nb_tensor *nb_dropout(const nb_tensor *x, double rate, uint64_t seed);
 
-/* Rows of an embedding table [V, D] for integer ids of any shape: ids.shape +
- * [D]. Its gradient accumulates repeated ids (a scatter-add); an id outside
- * [0, V) is NB_ERR_INVALID_ARGUMENT (on a GPU, from the next synchronising
- * call, as nb_gather). */
+/* Rows of a floating embedding table [V, D] for integer ids of any shape:
+ * ids.shape + [D] (nb_gather, its errors naming embedding_lookup). Its
+ * gradient accumulates repeated ids (a scatter-add); an id outside [0, V) is
+ * NB_ERR_INVALID_ARGUMENT (on a GPU, from the next synchronising call, as
+ * nb_gather). */
 nb_tensor *nb_embedding_lookup(const nb_tensor *table, const nb_tensor *ids);
 
 #ifdef __cplusplus
