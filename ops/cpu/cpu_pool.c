@@ -97,7 +97,7 @@ static inline void window_cols(const nb_pool2d_desc *d, int64_t q, int64_t *w0, 
                     for (int64_t s = s0; s < s1; s++) {                                             \
                         const T *v = xi + ((h0 + r) * d->W + w0 + s) * C;                           \
                         for (int64_t ch = 0; ch < C; ch++)                                          \
-                            o[ch] = (v[ch] > o[ch] || v[ch] != v[ch]) ? v[ch] : o[ch];              \
+                            o[ch] = ((v[ch] > o[ch]) | (v[ch] != v[ch])) ? v[ch] : o[ch];           \
                     }                                                                               \
             }                                                                                       \
         }                                                                                           \
@@ -115,12 +115,45 @@ static inline void window_cols(const nb_pool2d_desc *d, int64_t q, int64_t *w0, 
             T *dx = out + img * plane;                                                              \
             memset(dx, 0, sizeof(T) * (size_t)plane);                                               \
             const T *xi = x + img * plane, *g = dy + img * oplane;                                  \
-            for (int64_t p = 0; p < d->P; p++)                                                      \
-                for (int64_t q = 0; q < d->Q; q++)                                                  \
-                    for (int64_t ch = 0; ch < C; ch++) {                                            \
-                        int64_t a = argmax_##T(d, xi + ch, C, p, q);                                \
-                        dx[a * C + ch] += g[(p * d->Q + q) * C + ch];                               \
+            if (C == 1) {                                                                           \
+                for (int64_t p = 0; p < d->P; p++)                                                  \
+                    for (int64_t q = 0; q < d->Q; q++)                                              \
+                        dx[argmax_##T(d, xi, 1, p, q)] += g[p * d->Q + q];                          \
+                continue;                                                                           \
+            }                                                                                       \
+            /* NHWC: the first maxima of a block of channels side by side */                       \
+            T m[64];                                                                                \
+            int32_t at[64];                                                                         \
+            for (int64_t p = 0; p < d->P; p++) {                                                    \
+                int64_t h0, r0, r1;                                                                 \
+                window_rows(d, p, &h0, &r0, &r1);                                                   \
+                for (int64_t q = 0; q < d->Q; q++) {                                                \
+                    int64_t w0, s0, s1;                                                             \
+                    window_cols(d, q, &w0, &s0, &s1);                                               \
+                    const T *gq = g + (p * d->Q + q) * C;                                           \
+                    for (int64_t c0 = 0; c0 < C; c0 += 64) {                                        \
+                        const int64_t nc = C - c0 < 64 ? C - c0 : 64;                               \
+                        const T *first = xi + ((h0 + r0) * d->W + w0 + s0) * C + c0;                \
+                        for (int64_t ch = 0; ch < nc; ch++) {                                       \
+                            m[ch] = first[ch];                                                      \
+                            at[ch] = (int32_t)((h0 + r0) * d->W + w0 + s0);                         \
+                        }                                                                           \
+                        for (int64_t r = r0; r < r1; r++)                                           \
+                            for (int64_t s = s0; s < s1; s++) {                                     \
+                                const int32_t o = (int32_t)((h0 + r) * d->W + w0 + s);              \
+                                const T *v = xi + (int64_t)o * C + c0;                              \
+                                for (int64_t ch = 0; ch < nc; ch++) {                               \
+                                    const T vv = v[ch], mm = m[ch];                                 \
+                                    const int up = (vv > mm) | ((vv != vv) & (mm == mm));           \
+                                    m[ch] = up ? vv : mm;                                           \
+                                    at[ch] = up ? o : at[ch];                                       \
+                                }                                                                   \
+                            }                                                                       \
+                        for (int64_t ch = 0; ch < nc; ch++)                                         \
+                            dx[(int64_t)at[ch] * C + c0 + ch] += gq[c0 + ch];                       \
                     }                                                                               \
+                }                                                                                   \
+            }                                                                                       \
         }                                                                                           \
     }                                                                                               \
                                                                                                     \
