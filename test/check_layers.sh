@@ -16,6 +16,7 @@ room_of() {
         lib/core/*) echo lib/core ;;
         lib/variable/*) echo lib/variable ;;
         lib/optim/*) echo lib/optim ;;
+        lib/layers/*) echo lib/layers ;;
         lib/data/*) echo lib/data ;;
         lib/distribute/*) echo lib/distribute ;;
         ops/*) echo ops ;; # ops/cpu is part of ops
@@ -33,7 +34,7 @@ allowed() {
         tape) echo "lib/core" ;;
         ops) echo "lib/core" ;;
         lib/variable|lib/data) echo "lib/core ops tape" ;;
-        lib/optim) echo "lib/core ops tape lib/variable" ;;
+        lib/optim|lib/layers) echo "lib/core ops tape lib/variable" ;;
         lib/distribute) echo "lib/core ops tape lib/variable lib/optim" ;;
         top) echo "lib/core gpu ops tape" ;;
     esac

@@ -8,6 +8,7 @@
 #include <nabla/device.h>
 #include <nabla/ops.h>
 #include <nabla/nn.h>
+#include <nabla/layers.h>
 #include <nabla/tape.h>
 #include <nabla/variable.h>
 #include <nabla/optimizer.h>
