@@ -167,6 +167,27 @@ static nb_status gpu_channel_affine(nb_device *dev, const int64_t shape[3], cons
     return nb__gpu_channel_affine(c, shape, out, a, s, b, t, u);
 }
 
+static nb_status gpu_conv2d(nb_device *dev, const nb_conv2d_desc *d, const nb_view *y, const nb_view *x,
+                            const nb_view *w)
+{
+    ENTER(dev, "conv2d");
+    return nb__gpu_conv2d(c, d, y, x, w);
+}
+
+static nb_status gpu_conv2d_backward_data(nb_device *dev, const nb_conv2d_desc *d, const nb_view *dx,
+                                          const nb_view *dy, const nb_view *w)
+{
+    ENTER(dev, "conv2d_backward_data");
+    return nb__gpu_conv2d_backward_data(c, d, dx, dy, w);
+}
+
+static nb_status gpu_conv2d_backward_filter(nb_device *dev, const nb_conv2d_desc *d, const nb_view *dw,
+                                            const nb_view *x, const nb_view *dy)
+{
+    ENTER(dev, "conv2d_backward_filter");
+    return nb__gpu_conv2d_backward_filter(c, d, dw, x, dy);
+}
+
 /* The ops.def list says which dtypes an elementwise op is defined for; the GPU
  * runs all of them, f16 and bf16 included (computed in float). */
 bool nb__gpu_supports(const nb_device *dev, nb_kernel k, int variant, nb_dtype dtype)
@@ -179,7 +200,8 @@ bool nb__gpu_supports(const nb_device *dev, nb_kernel k, int variant, nb_dtype d
     case NB_K_BINARY: return (nb__binary_dtypes((nb_binary_op)variant) & NB_MASK(dtype)) != 0;
     case NB_K_CONV2D:
     case NB_K_CONV2D_BACKWARD_DATA:
-    case NB_K_CONV2D_BACKWARD_FILTER: return false; /* not yet: the CPU runs them */
+    case NB_K_CONV2D_BACKWARD_FILTER: /* cuDNN: floating dtypes */
+        return dtype == NB_F32 || dtype == NB_F64 || dtype == NB_F16 || dtype == NB_BF16;
     default: return true;
     }
 }
@@ -245,4 +267,7 @@ const nb_backend nb__gpu_backend = {
     .avg_pool2d_grad = gpu_avg_pool2d_grad,
     .channel_moments = gpu_channel_moments,
     .channel_affine = gpu_channel_affine,
+    .conv2d = gpu_conv2d,
+    .conv2d_backward_data = gpu_conv2d_backward_data,
+    .conv2d_backward_filter = gpu_conv2d_backward_filter,
 };

@@ -7,6 +7,7 @@
  *   gpu_transfer.c    host <-> device and device <-> device copies, synchronize
  *   gpu_backend.c     the nb_backend table: thin wrappers that enter the device
  *   gpu_matmul.c      matmul through cuBLAS, TF32 switch
+ *   gpu_conv.c        conv2d and its gradients through cuDNN
  *   gpu_nccl.c        collectives through NCCL (when NCCL is found)
  *   gpu_*.cu          the kernels (elementwise, reduce, softmax, index, random, optim)
  *   gpu_stub.c        the whole of it when CUDA is off */
@@ -80,6 +81,7 @@ typedef struct nb_gpu_ctx {
                                  (uploads of 1 MiB or more on copy_stream, ordered before it) */
     cudaEvent_t join_event;   /* recorded on stream to order another stream after it */
     void *cublas;             /* cublasHandle_t, made by gpu_matmul.c on first matmul */
+    void *cudnn;              /* cudnnHandle_t, made by gpu_conv.c on first convolution */
     nb_gpu_index_error *index_err;      /* device memory, lazily */
     nb_gpu_index_error *index_err_host; /* pinned mirror */
     int index_armed;          /* an index check was queued since the last report (__atomic) */
@@ -218,6 +220,13 @@ nb_status nb__gpu_arg_reduce(nb_gpu_ctx *c, bool is_max, const nb_view *out, con
                              int axis);
 /* gpu_matmul.c */
 nb_status nb__gpu_matmul(nb_gpu_ctx *c, const nb_view *out, const nb_view *a, const nb_view *b);
+/* gpu_conv.c: the conv2d entries' contracts (lib/core/backend.h); f32, f64,
+ * f16, bf16 */
+nb_status nb__gpu_conv2d(nb_gpu_ctx *c, const nb_conv2d_desc *d, const nb_view *y, const nb_view *x, const nb_view *w);
+nb_status nb__gpu_conv2d_backward_data(nb_gpu_ctx *c, const nb_conv2d_desc *d, const nb_view *dx, const nb_view *dy,
+                                       const nb_view *w);
+nb_status nb__gpu_conv2d_backward_filter(nb_gpu_ctx *c, const nb_conv2d_desc *d, const nb_view *dw,
+                                         const nb_view *x, const nb_view *dy);
 /* gpu_softmax.cu */
 nb_status nb__gpu_softmax(nb_gpu_ctx *c, bool log, const nb_view *out, const nb_view *x);
 /* gpu_index.cu */
