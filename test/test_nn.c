@@ -116,6 +116,7 @@ static const pool_case pool_cases[] = {
     {1, 1, 1, 5, {{1, 1}, {1, 1}, NB_PAD_VALID, {0}, NB_NHWC}},
     {1, 2, 3, 2, {{3, 3}, {1, 1}, NB_PAD_SAME, {0}, NB_NHWC}},
     {2, 8, 8, 33, {{2, 2}, {2, 2}, NB_PAD_VALID, {0}, NB_NHWC}},
+    {1, 5, 6, 70, {{3, 3}, {2, 2}, NB_PAD_SAME, {0}, NB_NHWC}},
 };
 #define N_POOL_CASES ((int)(sizeof pool_cases / sizeof *pool_cases))
 
