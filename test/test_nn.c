@@ -3,7 +3,8 @@
  * never winning, both layouts, gradients of the first and second order),
  * global average pooling, batch_norm (training and inference, statistics,
  * gradients), layer_norm, dropout and embedding_lookup, and their errors.
- * Where a GPU is present, the pooling results are compared with the CPU's. */
+ * Where a GPU is present, pooling, batch_norm_train and dropout are compared
+ * with the CPU's. */
 #include "check.h"
 
 static uint64_t rng = 0x1234567ull;
@@ -701,6 +702,43 @@ static void gpu_matches_cpu(void)
     }
 }
 
+/* batch_norm_train's values and gradients, and dropout's mask, on the GPU
+ * against the CPU. */
+static void gpu_norm_matches_cpu(void)
+{
+    if (nb_device_count(NB_DEVICE_GPU) == 0)
+        return;
+    const char *gpu = nb_device_name(NB_DEVICE_GPU, 0);
+    for (int f = 0; f < 2; f++) {
+        nb_shape s = f ? NB_SHAPE(3, 5, 4, 6) : NB_SHAPE(3, 4, 6, 5);
+        int64_t n = numel_of(s);
+        double *v = random_values(n, -2, 3), *gm = random_values(5, 0.5, 2), *bt = random_values(5, -1, 1);
+        nb_tensor *in_c[3] = {nb_from_buffer(NB_F64, s, v), nb_from_buffer(NB_F64, NB_SHAPE(5), gm),
+                              nb_from_buffer(NB_F64, NB_SHAPE(5), bt)};
+        nb_tensor *in_g[3] = {nb_to_device(in_c[0], gpu), nb_to_device(in_c[1], gpu), nb_to_device(in_c[2], gpu)};
+        nb_tensor *yv[2] = {0}, *gr[2][3] = {{0}};
+        for (int d = 0; d < 2; d++) {
+            nb_tensor **in = d ? in_g : in_c;
+            nb_tape *t = nb_tape_begin();
+            for (int i = 0; i < 3; i++)
+                CHECK_OK(nb_tape_watch(t, in[i]));
+            yv[d] = nb_batch_norm_train(in[0], in[1], in[2], 1e-3, f ? NB_NCHW : NB_NHWC, NULL, NULL);
+            CHECK_OK(nb_tape_gradient(t, nb_sum_all(nb_mul(yv[d], nb_sin(in[0]))), 3, in, gr[d]));
+        }
+        CHECK(on_device(yv[1], gpu));
+        nb_tensor *pairs[4][2] = {{yv[0], yv[1]}, {gr[0][0], gr[1][0]}, {gr[0][1], gr[1][1]}, {gr[0][2], gr[1][2]}};
+        for (int i = 0; i < 4; i++) {
+            double *want = pairs[i][0] ? check_values(pairs[i][0]) : NULL;
+            CHECKF(want && check_max_error(nb_to_device(pairs[i][1], "/cpu:0"), want, nb_tensor_numel(pairs[i][0])) <= 1e-12,
+                   "batch_norm %s %d", f ? "NCHW" : "NHWC", i);
+            free(want);
+        }
+        free(v), free(gm), free(bt);
+    }
+    nb_tensor *ones = nb_ones(NB_F32, NB_SHAPE(1000));
+    CHECK(same_bits(nb_dropout(ones, 0.4, 9), nb_to_device(nb_dropout(nb_to_device(ones, gpu), 0.4, 9), "/cpu:0")));
+}
+
 int main(void)
 {
     RUN(pool_values);
@@ -718,5 +756,6 @@ int main(void)
     RUN(dropout);
     RUN(embedding);
     RUN(gpu_matches_cpu);
+    RUN(gpu_norm_matches_cpu);
     return check_finish();
 }
