@@ -404,6 +404,7 @@ static void batch_norm_values(void)
     } cases[] = {
         {4, 3, 5 * 4, 3, NB_NHWC, true}, {4, 2, 3 * 7, 5, NB_NCHW, true}, {2, 9, 1, 4, NB_NHWC, true},
         {2, 6, 1, 3, NB_NCHW, false},   {4, 4, 2 * 3, 7, NB_NHWC, false},
+        {4, 16, 256 * 4, 5, NB_NHWC, true}, /* 82k elements: the CPU's rows split into chunks */
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         int64_t N = cases[k].N, HW = cases[k].HW, C = cases[k].C, n = N * HW * C;

@@ -292,32 +292,36 @@ typedef struct chan_ctx {
     const void *a, *b, *center, *s, *t, *u;
     void *out;
     double *part; /* NHWC moments: 2 * C partial sums per chunk of rows */
+    double *dcenter; /* NHWC moments: the center as doubles (zeros for none) */
     bool square;  /* moments with b NULL: (a - center)^2 */
 } chan_ctx;
 
 #define DEFINE_CHANNEL(T)                                                                           \
-    /* NHWC: chunks [b, e) of rows, each into its own partial sums */                              \
+    /* NHWC: chunks [b, e) of rows, each into its own partial sums (the    \
+     * center read as a row of doubles, so the inner loops vectorise) */  \
     static void moments_rows_##T(void *vctx, int64_t b, int64_t e)                                  \
     {                                                                                               \
         const chan_ctx *c = vctx;                                                                   \
         const int64_t C = c->C;                                                                     \
-        const T *a = c->a, *bb = c->b, *ctr = c->center;                                           \
+        const T *a = c->a, *bb = c->b;                                                              \
+        const double *restrict m = c->dcenter;                                                      \
         for (int64_t k = b; k < e; k++) {                                                           \
-            double *s0 = c->part + 2 * C * k, *s1 = s0 + C;                                         \
+            double *restrict s0 = c->part + 2 * C * k, *restrict s1 = s0 + C;                       \
             for (int64_t ch = 0; ch < C; ch++)                                                      \
                 s0[ch] = s1[ch] = 0;                                                                \
             int64_t r0 = k * c->chunk, r1 = r0 + c->chunk < c->outer ? r0 + c->chunk : c->outer;    \
             for (int64_t r = r0; r < r1; r++) {                                                     \
-                const T *ar = a + r * C, *br = bb ? bb + r * C : NULL;                              \
-                if (br) {                                                                           \
+                const T *restrict ar = a + r * C;                                                   \
+                if (bb) {                                                                           \
+                    const T *restrict br = bb + r * C;                                              \
                     for (int64_t ch = 0; ch < C; ch++) {                                            \
                         double x = ar[ch];                                                          \
                         s0[ch] += x;                                                                \
-                        s1[ch] += x * ((double)br[ch] - (ctr ? (double)ctr[ch] : 0.0));             \
+                        s1[ch] += x * ((double)br[ch] - m[ch]);                                     \
                     }                                                                               \
                 } else {                                                                            \
                     for (int64_t ch = 0; ch < C; ch++) {                                            \
-                        double x = ar[ch], d = x - (ctr ? (double)ctr[ch] : 0.0);                   \
+                        double x = ar[ch], d = x - m[ch];                                           \
                         s0[ch] += x;                                                                \
                         s1[ch] += d * d;                                                            \
                     }                                                                               \
@@ -408,7 +412,7 @@ nb_status nb__cpu_channel_moments(nb_device *dev, const int64_t shape[3], const 
     const int64_t outer = shape[0], C = shape[1], inner = shape[2];
     const size_t es = (size_t)nb__cpu_esize(dt);
     chan_ctx c = {outer, C, inner, 0, a->data, b ? b->data : NULL, center ? center->data : NULL,
-                  NULL, NULL, NULL, NULL, NULL, b == NULL};
+                  NULL, NULL, NULL, NULL, NULL, NULL, b == NULL};
     int64_t total = outer * C * inner;
     if (inner > 1 || C == 0) {
         /* the two sums side by side, then copied into their outputs */
@@ -433,10 +437,14 @@ nb_status nb__cpu_channel_moments(nb_device *dev, const int64_t shape[3], const 
         chunks = outer ? outer : 1;
     c.chunk = (outer + chunks - 1) / chunks;
     chunks = c.chunk ? (outer + c.chunk - 1) / c.chunk : 1;
-    size_t pbytes = sizeof(double) * 2 * (size_t)C * (size_t)(chunks ? chunks : 1);
+    size_t pbytes = sizeof(double) * (2 * (size_t)C * (size_t)(chunks ? chunks : 1) + (size_t)C);
     c.part = nb__cpu_alloc_quiet(pbytes);
     if (!c.part)
         return nb__fail(NB_ERR_OUT_OF_MEMORY, "channel_moments: out of memory");
+    c.dcenter = c.part + 2 * C * (chunks ? chunks : 1);
+    for (int64_t ch = 0; ch < C; ch++)
+        c.dcenter[ch] = !center ? 0.0 : dt == NB_F32 ? (double)((const float *)center->data)[ch]
+                                                     : ((const double *)center->data)[ch];
     if (outer == 0)
         memset(c.part, 0, pbytes);
     else if (dt == NB_F32)
@@ -470,7 +478,7 @@ nb_status nb__cpu_channel_affine(nb_device *dev, const int64_t shape[3], const n
     if (dt != NB_F32 && dt != NB_F64)
         return nb__cpu_unsupported(dev, "channel_affine", dt);
     chan_ctx c = {shape[0], shape[1], shape[2], 0, a->data, b ? b->data : NULL, NULL,
-                  s->data, t ? t->data : NULL, u->data, out->data, NULL, false};
+                  s->data, t ? t->data : NULL, u->data, out->data, NULL, NULL, false};
     int64_t rows = shape[2] == 1 ? shape[0] : shape[0] * shape[1];
     int64_t per = shape[2] == 1 ? shape[1] : shape[2];
     int64_t grain = per ? NB_CPU_GRAIN / per : 1;
