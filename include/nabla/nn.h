@@ -46,21 +46,36 @@ typedef struct nb_conv2d_opts {
 /* y = x (*) filter: x [N, H, W, C] (NHWC) or [N, C, H, W], filter
  * [R, S, C / groups, K]; y [N, P, Q, K] (or [N, K, P, Q]) with
  * P = (H + pads - dilation (R - 1) - 1) / stride + 1 (floor), the same for Q.
+ * A cross-correlation, as tf.nn.conv2d: y[n, p, q, k] sums x[n, p stride -
+ * top + r dilation, q stride - left + s dilation, g C/groups + c] times
+ * filter[r, s, c, k] over r, s and c, where g = k / (K / groups) is output
+ * channel k's group and positions outside the image count as zeros.
  * opts may be NULL (stride 1, VALID, NHWC). x and filter share one floating
- * dtype and one device. */
+ * dtype and one device (f32 and f64 on the CPU; f16 and bf16 too on a GPU).
+ * Errors name the op and the shapes: NB_ERR_SHAPE for a tensor that is not
+ * 4-d, channels that do not match the filter, or an output smaller than 1x1;
+ * NB_ERR_INVALID_ARGUMENT for a negative stride, dilation, group count or
+ * explicit pad, or groups that do not divide C and K. */
 nb_tensor *nb_conv2d(const nb_tensor *x, const nb_tensor *filter, const nb_conv2d_opts *opts);
 
 /* The transpose of nb_conv2d with the same filter and options (its gradient
  * with respect to x; a "deconvolution"): dy [N, P, Q, K] -> [N, H, W, C],
  * where input_hw = {H, W} picks the output size (several sizes give the same
- * P, Q when stride > 1; tf.nn.conv2d_transpose's output_shape). NB_ERR_SHAPE
- * when input_hw is not one of them. */
+ * P, Q when stride > 1; tf.nn.conv2d_transpose's output_shape), and SAME
+ * padding is worked out from it. NB_ERR_SHAPE when input_hw is not one of
+ * them or dy's channels are not the filter's K; NULL input_hw is
+ * NB_ERR_INVALID_ARGUMENT. Its gradients are a conv2d (for dy) and a filter
+ * gradient (for the filter). */
 nb_tensor *nb_conv2d_transpose(const nb_tensor *dy, const nb_tensor *filter, const int64_t input_hw[2],
                                const nb_conv2d_opts *opts);
 
 /* The gradient of nb_conv2d with respect to its filter: from x [N, H, W, C]
- * and dy [N, P, Q, K], the [R, S, C / groups, K] filter gradient, with
- * filter_hw = {R, S}. Used by conv2d's gradient; public for custom layers. */
+ * and dy [N, P, Q, K], the [R, S, C / groups, K] filter gradient (summed over
+ * the batch), with filter_hw = {R, S} and opts.groups giving C / groups.
+ * NB_ERR_SHAPE when x with that filter size would not give dy's P and Q, or
+ * the batch sizes differ. Used by conv2d's gradient; public for custom
+ * layers. Its gradients are a conv2d_transpose (for x) and a conv2d (for
+ * dy). */
 nb_tensor *nb_conv2d_filter_grad(const nb_tensor *x, const nb_tensor *dy, const int64_t filter_hw[2],
                                  const nb_conv2d_opts *opts);
 
