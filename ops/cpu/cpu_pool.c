@@ -287,6 +287,14 @@ nb_status nb__cpu_avg_pool2d_grad(nb_device *dev, const nb_pool2d_desc *d, const
 
 /* ---- per-channel kernels (batch normalisation) ------------------------------------ */
 
+/* Four doubles (GCC's vector extension), and four elements loaded as them
+ * (macros: a function returning a vector would warn about AVX's ABI). */
+typedef double v4d __attribute__((vector_size(32)));
+typedef float v4f_u __attribute__((vector_size(16), aligned(4), __may_alias__));
+typedef double v4d_u __attribute__((vector_size(32), aligned(8), __may_alias__));
+#define load4_float(p) __builtin_convertvector(*(const v4f_u *)(const void *)(p), v4d)
+#define load4_double(p) ((v4d)(*(const v4d_u *)(const void *)(p)))
+
 typedef struct chan_ctx {
     int64_t outer, C, inner, chunk;
     const void *a, *b, *center, *s, *t, *u;
@@ -299,7 +307,7 @@ typedef struct chan_ctx {
 #define DEFINE_CHANNEL(T)                                                                           \
     /* NHWC: chunks [b, e) of rows, each into its own partial sums (the    \
      * center read as a row of doubles, so the inner loops vectorise) */  \
-    static void moments_rows_##T(void *vctx, int64_t b, int64_t e)                                  \
+    static inline __attribute__((always_inline)) void moments_rows_body_##T(void *vctx, int64_t b, int64_t e) \
     {                                                                                               \
         const chan_ctx *c = vctx;                                                                   \
         const int64_t C = c->C;                                                                     \
@@ -330,7 +338,7 @@ typedef struct chan_ctx {
         }                                                                                           \
     }                                                                                               \
     /* NCHW: channels [b, e), each summed over its planes */                                       \
-    static void moments_planes_##T(void *vctx, int64_t b, int64_t e)                               \
+    static inline __attribute__((always_inline)) void moments_planes_body_##T(void *vctx, int64_t b, int64_t e) \
     {                                                                                               \
         const chan_ctx *c = vctx;                                                                   \
         const T *a = c->a, *bb = c->b, *ctr = c->center;                                           \
@@ -339,20 +347,37 @@ typedef struct chan_ctx {
             double s0 = 0, s1 = 0, m = ctr ? (double)ctr[ch] : 0.0;                                 \
             for (int64_t o = 0; o < c->outer; o++) {                                                \
                 const T *ap = a + (o * c->C + ch) * c->inner, *bp = bb ? bb + (o * c->C + ch) * c->inner : NULL; \
-                double p0 = 0, p1 = 0;                                                              \
-                if (bp)                                                                             \
-                    for (int64_t i = 0; i < c->inner; i++) {                                        \
-                        p0 += ap[i];                                                                \
-                        p1 += (double)ap[i] * ((double)bp[i] - m);                                  \
+                /* vectors of four double sums, two of each side by side */                         \
+                v4d a0 = {0}, a1 = {0}, q0 = {0}, q1 = {0};                                         \
+                const v4d mv = {m, m, m, m};                                                        \
+                const int64_t n = c->inner, n8 = n - n % 8;                                         \
+                if (bp) {                                                                           \
+                    for (int64_t i = 0; i < n8; i += 8) {                                           \
+                        v4d x0 = load4_##T(ap + i), x1 = load4_##T(ap + i + 4);                     \
+                        a0 += x0, a1 += x1;                                                         \
+                        q0 += x0 * (load4_##T(bp + i) - mv);                                        \
+                        q1 += x1 * (load4_##T(bp + i + 4) - mv);                                    \
                     }                                                                               \
-                else                                                                                \
-                    for (int64_t i = 0; i < c->inner; i++) {                                        \
-                        double d = (double)ap[i] - m;                                               \
-                        p0 += ap[i];                                                                \
-                        p1 += d * d;                                                                \
+                } else {                                                                            \
+                    for (int64_t i = 0; i < n8; i += 8) {                                           \
+                        v4d x0 = load4_##T(ap + i), x1 = load4_##T(ap + i + 4);                     \
+                        v4d d0 = x0 - mv, d1 = x1 - mv;                                             \
+                        a0 += x0, a1 += x1;                                                         \
+                        q0 += d0 * d0, q1 += d1 * d1;                                               \
                     }                                                                               \
-                s0 += p0;                                                                           \
-                s1 += p1;                                                                           \
+                }                                                                                   \
+                double l0[8], l1[8];                                                                \
+                memcpy(l0, &a0, 32), memcpy(l0 + 4, &a1, 32);                                       \
+                memcpy(l1, &q0, 32), memcpy(l1 + 4, &q1, 32);                                       \
+                for (int64_t i = n8; i < n; i++) {                                                  \
+                    double x = ap[i], d = bp ? (double)bp[i] - m : x - m;                           \
+                    l0[0] += x;                                                                     \
+                    l1[0] += bp ? x * d : d * d;                                                    \
+                }                                                                                   \
+                for (int j = 0; j < 8; j++) {                                                       \
+                    s0 += l0[j];                                                                    \
+                    s1 += l1[j];                                                                    \
+                }                                                                                   \
             }                                                                                       \
             if (!bb && !ctr) { /* about the channel's own mean */                                    \
                 s1 -= s0 * s0 / (double)(c->outer * c->inner);                                      \
@@ -363,7 +388,7 @@ typedef struct chan_ctx {
         }                                                                                           \
     }                                                                                               \
     /* rows [b, e) of outer * C planes of inner elements (NHWC: planes of C) */                    \
-    static void affine_##T(void *vctx, int64_t b, int64_t e)                                        \
+    static inline __attribute__((always_inline)) void affine_body_##T(void *vctx, int64_t b, int64_t e) \
     {                                                                                               \
         const chan_ctx *c = vctx;                                                                   \
         const T *a = c->a, *bb = c->b, *s = c->s, *t = c->t, *u = c->u;                             \
@@ -400,8 +425,46 @@ typedef struct chan_ctx {
         }                                                                                           \
     }
 
+/* The two streaming kernels twice: for AVX2 (chosen at run time, as the
+ * gemm's micro-kernels are) and for the build's baseline. */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define DEFINE_CHANNEL_ENTRY(name, T)                                                               \
+    __attribute__((target("avx2,fma"))) static void name##_avx2_##T(void *ctx, int64_t b, int64_t e) \
+    {                                                                                               \
+        name##_body_##T(ctx, b, e);                                                                 \
+    }                                                                                               \
+    static void name##_base_##T(void *ctx, int64_t b, int64_t e) { name##_body_##T(ctx, b, e); }    \
+    static void name##_##T(void *ctx, int64_t b, int64_t e)                                         \
+    {                                                                                               \
+        if (has_avx2())                                                                             \
+            name##_avx2_##T(ctx, b, e);                                                             \
+        else                                                                                        \
+            name##_base_##T(ctx, b, e);                                                             \
+    }
+static bool has_avx2(void)
+{
+    static int known; /* 0 not asked, 1 no, 2 yes */
+    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (!k) {
+        __builtin_cpu_init();
+        k = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 2 : 1;
+        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
+    }
+    return k == 2;
+}
+#else
+#define DEFINE_CHANNEL_ENTRY(name, T)                                                               \
+    static void name##_##T(void *ctx, int64_t b, int64_t e) { name##_body_##T(ctx, b, e); }
+#endif
+
 DEFINE_CHANNEL(float)
 DEFINE_CHANNEL(double)
+DEFINE_CHANNEL_ENTRY(moments_rows, float)
+DEFINE_CHANNEL_ENTRY(moments_rows, double)
+DEFINE_CHANNEL_ENTRY(moments_planes, float)
+DEFINE_CHANNEL_ENTRY(moments_planes, double)
+DEFINE_CHANNEL_ENTRY(affine, float)
+DEFINE_CHANNEL_ENTRY(affine, double)
 
 nb_status nb__cpu_channel_moments(nb_device *dev, const int64_t shape[3], const nb_view *sum, const nb_view *moment,
                                   const nb_view *a, const nb_view *b, const nb_view *center)
