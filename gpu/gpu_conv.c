@@ -26,8 +26,9 @@
  * data gradient is computed padded and its interior copied out).
  *
  * Algorithms: chosen once per (direction, shape, dtype, math, determinism,
- * card) by cuDNN's heuristics (the _v7 queries: the first that works, a
- * deterministic one in deterministic mode) and cached; the workspace comes
+ * card) by cuDNN's heuristics (the _v7 queries: the first that works with a
+ * workspace of at most an eighth of the card, 1 GiB at most, a deterministic
+ * one in deterministic mode) and cached; the workspace comes
  * from the caching allocator, in stream order. f32 uses TF32 tensor cores only
  * when nb_gpu_tf32() (CUDNN_DEFAULT_MATH, else CUDNN_FMA_MATH); f64; f16 and
  * bf16 with float accumulation and tensor-op math. */
@@ -98,11 +99,20 @@ typedef struct algo_entry {
 static algo_entry *g_algos[ALGO_BUCKETS];
 static pthread_mutex_t g_algo_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Field by field: a struct's padding bytes are not part of the key. */
+static bool same_desc(const nb_conv2d_desc *a, const nb_conv2d_desc *b)
+{
+    return a->N == b->N && a->H == b->H && a->W == b->W && a->C == b->C && a->K == b->K && a->R == b->R &&
+           a->S == b->S && a->P == b->P && a->Q == b->Q && a->stride[0] == b->stride[0] &&
+           a->stride[1] == b->stride[1] && a->dilation[0] == b->dilation[0] && a->dilation[1] == b->dilation[1] &&
+           a->pad[0] == b->pad[0] && a->pad[1] == b->pad[1] && a->groups == b->groups && a->nchw == b->nchw;
+}
+
 static bool same_key(const algo_entry *e, int which, int ordinal, nb_dtype dt, bool tf32, bool det,
                      const nb_conv2d_desc *d)
 {
     return e->which == which && e->ordinal == ordinal && e->dtype == dt && e->tf32 == tf32 && e->det == det &&
-           memcmp(&e->d, d, sizeof *d) == 0;
+           same_desc(&e->d, d);
 }
 
 static unsigned key_hash(int which, const nb_conv2d_desc *d)
@@ -114,6 +124,25 @@ static unsigned key_hash(int which, const nb_conv2d_desc *d)
         h = (h ^ (uint64_t)v[i]) * 1099511628211ull;
     return (unsigned)(h % ALGO_BUCKETS);
 }
+
+/* The first usable algorithm of cuDNN's ranking (a deterministic one when
+ * det) whose workspace fits under limit; else the usable one needing the
+ * least workspace; -1 when none is usable. */
+#define PICK_ALGO(perf, found, det, limit, pick)                                                        \
+    do {                                                                                                \
+        int least_ = -1;                                                                                \
+        for (int i_ = 0; i_ < (found) && (pick) < 0; i_++) {                                            \
+            if ((perf)[i_].status != CUDNN_STATUS_SUCCESS ||                                            \
+                ((det) && (perf)[i_].determinism != CUDNN_DETERMINISTIC))                               \
+                continue;                                                                               \
+            if ((perf)[i_].memory <= (limit))                                                           \
+                (pick) = i_;                                                                            \
+            else if (least_ < 0 || (perf)[i_].memory < (perf)[least_].memory)                           \
+                least_ = i_;                                                                            \
+        }                                                                                               \
+        if ((pick) < 0)                                                                                 \
+            (pick) = least_;                                                                            \
+    } while (0)
 
 /* ---- views for the layout copies ---- */
 
@@ -270,13 +299,15 @@ static nb_status conv(nb_gpu_ctx *c, int which, const nb_conv2d_desc *d, const n
         memset(&ne, 0, sizeof ne);
         ne.which = which, ne.ordinal = c->ordinal, ne.dtype = dt, ne.tf32 = tf32, ne.det = det, ne.d = *d;
         int found = 0, pick = -1;
+        /* a workspace of at most an eighth of the card (1 GiB at most) */
+        size_t ws_limit = c->phys->total_memory / 8;
+        if (ws_limit > ((size_t)1 << 30) || ws_limit == 0)
+            ws_limit = (size_t)1 << 30;
         if (which == 0) {
             cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
             CUDNN_CALL(c, cudnnGetConvolutionForwardAlgorithm_v7(h, xd, wd, cd, yd, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
                                                                  &found, perf));
-            for (int i = 0; i < found && pick < 0; i++)
-                if (perf[i].status == CUDNN_STATUS_SUCCESS && (!det || perf[i].determinism == CUDNN_DETERMINISTIC))
-                    pick = i;
+            PICK_ALGO(perf, found, det, ws_limit, pick);
             if (pick >= 0)
                 ne.algo = perf[pick].algo, ne.math = perf[pick].mathType, ne.ws = perf[pick].memory;
         } else if (which == 1) {
@@ -284,9 +315,7 @@ static nb_status conv(nb_gpu_ctx *c, int which, const nb_conv2d_desc *d, const n
             CUDNN_CALL(c, cudnnGetConvolutionBackwardDataAlgorithm_v7(h, wd, yd, cd, xd,
                                                                       CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found,
                                                                       perf));
-            for (int i = 0; i < found && pick < 0; i++)
-                if (perf[i].status == CUDNN_STATUS_SUCCESS && (!det || perf[i].determinism == CUDNN_DETERMINISTIC))
-                    pick = i;
+            PICK_ALGO(perf, found, det, ws_limit, pick);
             if (pick >= 0)
                 ne.algo = perf[pick].algo, ne.math = perf[pick].mathType, ne.ws = perf[pick].memory;
         } else {
@@ -294,9 +323,7 @@ static nb_status conv(nb_gpu_ctx *c, int which, const nb_conv2d_desc *d, const n
             CUDNN_CALL(c, cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, xd, yd, cd, wd,
                                                                         CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
                                                                         &found, perf));
-            for (int i = 0; i < found && pick < 0; i++)
-                if (perf[i].status == CUDNN_STATUS_SUCCESS && (!det || perf[i].determinism == CUDNN_DETERMINISTIC))
-                    pick = i;
+            PICK_ALGO(perf, found, det, ws_limit, pick);
             if (pick >= 0)
                 ne.algo = perf[pick].algo, ne.math = perf[pick].mathType, ne.ws = perf[pick].memory;
         }
