@@ -62,9 +62,9 @@ static void model_init(model *m)
     nb_batch_norm_init(&m->bn1, "bn1", 32, 0.99, 1e-3, NB_NHWC, NB_F32);
     nb_conv2d_init(&m->conv2, "conv2", 32, 64, 3, 3, NULL, false, NB_F32, 2);
     nb_batch_norm_init(&m->bn2, "bn2", 64, 0.99, 1e-3, NB_NHWC, NB_F32);
-    nb_dropout_init(&m->drop1, 0.25, 3);
+    nb_dropout_init(&m->drop1, 0.1, 3);
     nb_dense_init(&m->fc1, "dense1", 7 * 7 * 64, 128, true, NB_F32, 4);
-    nb_dropout_init(&m->drop2, 0.4, 5);
+    nb_dropout_init(&m->drop2, 0.3, 5);
     nb_dense_init(&m->fc2, "dense2", 128, 10, true, NB_F32, 6);
 }
 
