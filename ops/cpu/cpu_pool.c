@@ -61,7 +61,7 @@ static inline void window_cols(const nb_pool2d_desc *d, int64_t q, int64_t *w0, 
 #define DEFINE_POOL(T)                                                                              \
     DEFINE_ARGMAX(T)                                                                                \
     /* rows [b, e) of N * P (NHWC) or N * C * P (NCHW) */                                          \
-    static void max_fwd_##T(void *vctx, int64_t b, int64_t e)                                       \
+    static inline __attribute__((always_inline)) void max_fwd_body_##T(void *vctx, int64_t b, int64_t e) \
     {                                                                                               \
         const pool_ctx *c = vctx;                                                                   \
         const nb_pool2d_desc *d = c->d;                                                             \
@@ -104,7 +104,7 @@ static inline void window_cols(const nb_pool2d_desc *d, int64_t q, int64_t *w0, 
     }                                                                                               \
                                                                                                     \
     /* planes [b, e): images (NHWC) or (image, channel) pairs (NCHW) */                            \
-    static void max_bwd_##T(void *vctx, int64_t b, int64_t e)                                       \
+    static inline __attribute__((always_inline)) void max_bwd_body_##T(void *vctx, int64_t b, int64_t e) \
     {                                                                                               \
         const pool_ctx *c = vctx;                                                                   \
         const nb_pool2d_desc *d = c->d;                                                             \
@@ -157,7 +157,7 @@ static inline void window_cols(const nb_pool2d_desc *d, int64_t q, int64_t *w0, 
         }                                                                                           \
     }                                                                                               \
                                                                                                     \
-    static void avg_fwd_##T(void *vctx, int64_t b, int64_t e)                                       \
+    static inline __attribute__((always_inline)) void avg_fwd_body_##T(void *vctx, int64_t b, int64_t e) \
     {                                                                                               \
         const pool_ctx *c = vctx;                                                                   \
         const nb_pool2d_desc *d = c->d;                                                             \
@@ -188,7 +188,7 @@ static inline void window_cols(const nb_pool2d_desc *d, int64_t q, int64_t *w0, 
         }                                                                                           \
     }                                                                                               \
                                                                                                     \
-    static void avg_bwd_##T(void *vctx, int64_t b, int64_t e)                                       \
+    static inline __attribute__((always_inline)) void avg_bwd_body_##T(void *vctx, int64_t b, int64_t e) \
     {                                                                                               \
         const pool_ctx *c = vctx;                                                                   \
         const nb_pool2d_desc *d = c->d;                                                             \
@@ -218,8 +218,48 @@ static inline void window_cols(const nb_pool2d_desc *d, int64_t q, int64_t *w0, 
         }                                                                                           \
     }
 
+/* The streaming kernels twice: for AVX2 (chosen at run time, as the gemm's
+ * micro-kernels are) and for the build's baseline. */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define DEFINE_CHANNEL_ENTRY(name, T)                                                               \
+    __attribute__((target("avx2,fma"))) static void name##_avx2_##T(void *ctx, int64_t b, int64_t e) \
+    {                                                                                               \
+        name##_body_##T(ctx, b, e);                                                                 \
+    }                                                                                               \
+    static void name##_base_##T(void *ctx, int64_t b, int64_t e) { name##_body_##T(ctx, b, e); }    \
+    static void name##_##T(void *ctx, int64_t b, int64_t e)                                         \
+    {                                                                                               \
+        if (has_avx2())                                                                             \
+            name##_avx2_##T(ctx, b, e);                                                             \
+        else                                                                                        \
+            name##_base_##T(ctx, b, e);                                                             \
+    }
+static bool has_avx2(void)
+{
+    static int known; /* 0 not asked, 1 no, 2 yes */
+    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (!k) {
+        __builtin_cpu_init();
+        k = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 2 : 1;
+        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
+    }
+    return k == 2;
+}
+#else
+#define DEFINE_CHANNEL_ENTRY(name, T)                                                               \
+    static void name##_##T(void *ctx, int64_t b, int64_t e) { name##_body_##T(ctx, b, e); }
+#endif
+
 DEFINE_POOL(float)
 DEFINE_POOL(double)
+DEFINE_CHANNEL_ENTRY(max_fwd, float)
+DEFINE_CHANNEL_ENTRY(max_fwd, double)
+DEFINE_CHANNEL_ENTRY(max_bwd, float)
+DEFINE_CHANNEL_ENTRY(max_bwd, double)
+DEFINE_CHANNEL_ENTRY(avg_fwd, float)
+DEFINE_CHANNEL_ENTRY(avg_fwd, double)
+DEFINE_CHANNEL_ENTRY(avg_bwd, float)
+DEFINE_CHANNEL_ENTRY(avg_bwd, double)
 
 /* Rows of output for the forward kernels (N * P, or N * C * P for NCHW), and
  * planes for the gradients (N, or N * C for NCHW). */
@@ -424,38 +464,6 @@ typedef struct chan_ctx {
             }                                                                                       \
         }                                                                                           \
     }
-
-/* The two streaming kernels twice: for AVX2 (chosen at run time, as the
- * gemm's micro-kernels are) and for the build's baseline. */
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define DEFINE_CHANNEL_ENTRY(name, T)                                                               \
-    __attribute__((target("avx2,fma"))) static void name##_avx2_##T(void *ctx, int64_t b, int64_t e) \
-    {                                                                                               \
-        name##_body_##T(ctx, b, e);                                                                 \
-    }                                                                                               \
-    static void name##_base_##T(void *ctx, int64_t b, int64_t e) { name##_body_##T(ctx, b, e); }    \
-    static void name##_##T(void *ctx, int64_t b, int64_t e)                                         \
-    {                                                                                               \
-        if (has_avx2())                                                                             \
-            name##_avx2_##T(ctx, b, e);                                                             \
-        else                                                                                        \
-            name##_base_##T(ctx, b, e);                                                             \
-    }
-static bool has_avx2(void)
-{
-    static int known; /* 0 not asked, 1 no, 2 yes */
-    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
-    if (!k) {
-        __builtin_cpu_init();
-        k = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 2 : 1;
-        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
-    }
-    return k == 2;
-}
-#else
-#define DEFINE_CHANNEL_ENTRY(name, T)                                                               \
-    static void name##_##T(void *ctx, int64_t b, int64_t e) { name##_body_##T(ctx, b, e); }
-#endif
 
 DEFINE_CHANNEL(float)
 DEFINE_CHANNEL(double)
