@@ -13,8 +13,10 @@
  * matter of this file alone.
  *
  * Layout: images are passed in their own format (CUDNN_TENSOR_NHWC or
- * CUDNN_TENSOR_NCHW). cuDNN has no HWIO filter layout: it wants KRSC for an
- * NHWC filter and KCRS for an NCHW one, so the HWIO filter is transposed into
+ * CUDNN_TENSOR_NCHW), except f64 NHWC ones, which go through NCHW scratch
+ * copies (cuDNN's NHWC support for double is partial). cuDNN has no HWIO
+ * filter layout: it wants KRSC for an NHWC filter and KCRS for an NCHW one,
+ * so the HWIO filter is transposed into
  * scratch from the caching allocator first (and the filter gradient computed
  * in that layout and transposed back into HWIO); a filter is small next to the
  * images, and the copies are queued on the same stream.
@@ -167,10 +169,10 @@ static nb_view view_of(void *data, nb_dtype dt, const int64_t shape[4], const in
 }
 
 /* The HWIO filter [R, S, Cg, K] seen as cuDNN's order (KRSC or KCRS). */
-static nb_view filter_as_cudnn(void *hwio, nb_dtype dt, const nb_conv2d_desc *d)
+static nb_view filter_as_cudnn(void *hwio, nb_dtype dt, bool nchw, const nb_conv2d_desc *d)
 {
     const int64_t Cg = d->C / d->groups, K = d->K;
-    if (d->nchw) {
+    if (nchw) {
         int64_t shape[4] = {K, Cg, d->R, d->S}, st[4] = {1, K, d->S * Cg * K, Cg * K};
         return view_of(hwio, dt, shape, st);
     }
@@ -194,6 +196,20 @@ static nb_view image_view(void *data, nb_dtype dt, bool nchw, int64_t N, int64_t
     st[3] = 1;
     for (int i = 2; i >= 0; i--)
         st[i] = st[i + 1] * shape[i + 1];
+    return view_of(data, dt, shape, st);
+}
+
+/* An image [N, h, w, ch] stored NCHW (stored_nchw) or NHWC, seen in the
+ * logical order of as_nchw: the strided view a copy converts through. */
+static nb_view image_logical(void *data, nb_dtype dt, bool stored_nchw, bool as_nchw, int64_t N, int64_t h,
+                             int64_t w, int64_t ch)
+{
+    int64_t sn = h * w * ch, sc = stored_nchw ? h * w : 1, sh = stored_nchw ? w : w * ch, sw = stored_nchw ? 1 : ch;
+    if (as_nchw) {
+        int64_t shape[4] = {N, ch, h, w}, st[4] = {sn, sc, sh, sw};
+        return view_of(data, dt, shape, st);
+    }
+    int64_t shape[4] = {N, h, w, ch}, st[4] = {sn, sh, sw, sc};
     return view_of(data, dt, shape, st);
 }
 
@@ -262,12 +278,16 @@ static nb_status conv(nb_gpu_ctx *c, int which, const nb_conv2d_desc *d, const n
         return st;
     const size_t es = nb_dtype_size(dt);
     const cudnnDataType_t cdt = cudnn_dtype(dt);
-    const cudnnTensorFormat_t fmt = d->nchw ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC;
+    /* The layout cuDNN computes in: the images' own, except f64, which runs
+     * NCHW (cuDNN's NHWC support for double is partial, so frameworks keep
+     * double convolutions NCHW too): NHWC f64 images go through scratch. */
+    const bool cn = d->nchw || dt == NB_F64, relayout = cn != d->nchw;
+    const cudnnTensorFormat_t fmt = cn ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC;
     const bool tf32 = dt == NB_F32 && nb_gpu_tf32(), det = nb_deterministic();
     cudnnTensorDescriptor_t xd = NULL, yd = NULL;
     cudnnFilterDescriptor_t wd = NULL;
     cudnnConvolutionDescriptor_t cd = NULL;
-    void *wbuf = NULL, *xpad = NULL, *ws = NULL;
+    void *wbuf = NULL, *xpad = NULL, *ws = NULL, *xtmp = NULL, *ytmp = NULL;
     const size_t wbytes = (size_t)(d->R * d->S * Cg * d->K) * es;
     const size_t xpad_bytes = sym ? 0 : (size_t)(d->N * Hc * Wc * d->C) * es;
 
@@ -372,25 +392,46 @@ static nb_status conv(nb_gpu_ctx *c, int which, const nb_conv2d_desc *d, const n
         st = NB_ERR_OUT_OF_MEMORY;
         goto done;
     }
-    nb_view user_w = filter_as_cudnn(which == 2 ? out->data : b->data, dt, d);
+    nb_view user_w = filter_as_cudnn(which == 2 ? out->data : b->data, dt, cn, d);
     nb_view cw = contiguous_like(wbuf, &user_w);
     if (which != 2 && (st = nb__gpu_copy(c, &cw, &user_w)))
         goto done;
-    /* the padded image, when cuDNN cannot pad as asked */
-    const void *x_for = which == 0 || which == 2 ? a->data : NULL;
+    /* The images as cuDNN reads them: in the compute layout (a scratch copy
+     * when it is not the tensors' own), x zero-padded when cuDNN cannot pad
+     * as asked. Logical views in the compute layout over the tensors' data: */
+    const nb_view xv = image_logical(which == 1 ? out->data : a->data, dt, d->nchw, cn, d->N, d->H, d->W, d->C);
+    const nb_view yv = image_logical(which == 0 ? out->data : which == 1 ? a->data : b->data, dt, d->nchw, cn,
+                                     d->N, d->P, d->Q, d->K);
+    void *x_for = which == 1 ? out->data : a->data, *y_for = which == 0 ? out->data : which == 1 ? a->data : b->data;
     if (!sym) {
         if (!(xpad = nb__gpu_malloc(c, xpad_bytes))) {
             st = NB_ERR_OUT_OF_MEMORY;
             goto done;
         }
-        nb_view full = image_view(xpad, dt, d->nchw, d->N, Hc, Wc, d->C);
-        nb_view in = interior(xpad, dt, d->nchw, d->N, Hc, Wc, d->C, d->H, d->W, d->pad[0], d->pad[1]);
-        if (which != 1) {
-            nb_view xv = image_view(a->data, dt, d->nchw, d->N, d->H, d->W, d->C);
-            if ((st = nb__gpu_fill(c, &full, 0.0)) || (st = nb__gpu_copy(c, &in, &xv)))
-                goto done;
-            x_for = xpad;
+        nb_view full = image_view(xpad, dt, cn, d->N, Hc, Wc, d->C);
+        nb_view in = interior(xpad, dt, cn, d->N, Hc, Wc, d->C, d->H, d->W, d->pad[0], d->pad[1]);
+        if (which != 1 && ((st = nb__gpu_fill(c, &full, 0.0)) || (st = nb__gpu_copy(c, &in, &xv))))
+            goto done;
+        x_for = xpad;
+    } else if (relayout) {
+        if (!(xtmp = nb__gpu_malloc(c, (size_t)xv.numel * es))) {
+            st = NB_ERR_OUT_OF_MEMORY;
+            goto done;
         }
+        nb_view t = contiguous_like(xtmp, &xv);
+        if (which != 1 && (st = nb__gpu_copy(c, &t, &xv)))
+            goto done;
+        x_for = xtmp;
+    }
+    if (relayout) {
+        if (!(ytmp = nb__gpu_malloc(c, (size_t)yv.numel * es))) {
+            st = NB_ERR_OUT_OF_MEMORY;
+            goto done;
+        }
+        nb_view t = contiguous_like(ytmp, &yv);
+        if (which != 0 && (st = nb__gpu_copy(c, &t, &yv)))
+            goto done;
+        y_for = ytmp;
     }
     const float one_f = 1.0f, zero_f = 0.0f;
     const double one_d = 1.0, zero_d = 0.0;
@@ -398,20 +439,21 @@ static nb_status conv(nb_gpu_ctx *c, int which, const nb_conv2d_desc *d, const n
     const void *zero = dt == NB_F64 ? (const void *)&zero_d : (const void *)&zero_f;
     if (which == 0) {
         CUDNN_CALL(c, cudnnConvolutionForward(h, one, xd, x_for, wd, wbuf, cd, (cudnnConvolutionFwdAlgo_t)e->algo, ws,
-                                              ws_bytes, zero, yd, out->data));
+                                              ws_bytes, zero, yd, y_for));
+        nb_view t = contiguous_like(ytmp, &yv);
+        if (relayout && (st = nb__gpu_copy(c, &yv, &t)))
+            goto done;
     } else if (which == 1) {
-        void *dx_for = sym ? out->data : xpad;
-        CUDNN_CALL(c, cudnnConvolutionBackwardData(h, one, wd, wbuf, yd, a->data, cd,
+        CUDNN_CALL(c, cudnnConvolutionBackwardData(h, one, wd, wbuf, yd, y_for, cd,
                                                    (cudnnConvolutionBwdDataAlgo_t)e->algo, ws, ws_bytes, zero, xd,
-                                                   dx_for));
-        if (!sym) {
-            nb_view in = interior(xpad, dt, d->nchw, d->N, Hc, Wc, d->C, d->H, d->W, d->pad[0], d->pad[1]);
-            nb_view dxv = image_view(out->data, dt, d->nchw, d->N, d->H, d->W, d->C);
-            if ((st = nb__gpu_copy(c, &dxv, &in)))
-                goto done;
-        }
+                                                   x_for));
+        /* out of the padded block or the scratch copy */
+        nb_view from = !sym ? interior(xpad, dt, cn, d->N, Hc, Wc, d->C, d->H, d->W, d->pad[0], d->pad[1])
+                            : contiguous_like(xtmp, &xv);
+        if ((!sym || relayout) && (st = nb__gpu_copy(c, &xv, &from)))
+            goto done;
     } else {
-        CUDNN_CALL(c, cudnnConvolutionBackwardFilter(h, one, xd, x_for, yd, b->data, cd,
+        CUDNN_CALL(c, cudnnConvolutionBackwardFilter(h, one, xd, x_for, yd, y_for, cd,
                                                      (cudnnConvolutionBwdFilterAlgo_t)e->algo, ws, ws_bytes, zero, wd,
                                                      wbuf));
         if ((st = nb__gpu_copy(c, &user_w, &cw)))
@@ -425,6 +467,10 @@ done:
         nb__gpu_free(c, wbuf);
     if (xpad)
         nb__gpu_free(c, xpad);
+    if (xtmp)
+        nb__gpu_free(c, xtmp);
+    if (ytmp)
+        nb__gpu_free(c, ytmp);
     if (cd)
         cudnnDestroyConvolutionDescriptor(cd);
     if (wd)
