@@ -167,6 +167,17 @@ static nb_tensor *affine(const char *op, const int64_t s[3], const nb_tensor *a,
     return nb__own(out);
 }
 
+/* f16 and bf16 as f32 (their channel sums would overflow or round away in
+ * their own dtype); other tensors, and NULL, as they are. */
+static const nb_tensor *as_f32(const nb_tensor *t)
+{
+    return t && (t->dtype == NB_F16 || t->dtype == NB_BF16) ? nb_cast(t, NB_F32) : t;
+}
+static nb_tensor *to_dtype(nb_tensor *t, nb_dtype dt)
+{
+    return t && t->dtype != dt ? nb_cast(t, dt) : t;
+}
+
 /* The fused gradient (nothing records it): from the saved mean and rstd,
  * dbeta = sum g, dgamma = rstd sum g (x - mean), and
  * dx = k g + t x + u with k = gamma rstd, t = -k rstd^2 sum g (x - mean) / m,
@@ -176,22 +187,28 @@ static nb_status batch_norm_grad_fused(const nb_node *n, nb_tensor *g, nb_tensor
     const char *op = n->op->name;
     const nb_tensor *x = n->in[0], *gamma = n->in[1];
     const nb_tensor *mean = n->out[1], *rstd = n->out[2];
+    /* f16 and bf16 work in f32 (see batch_norm_fused) */
+    nb_dtype dt = x->dtype;
+    const nb_tensor *xw = as_f32(x), *gw = as_f32(gamma);
+    nb_tensor *gg = (nb_tensor *)as_f32(g);
+    if (!xw || !gg || (gamma && !gw))
+        return nb__ok(NULL);
     int64_t s[3];
     shape3(x, (int)n->attrs.i[0], s);
     double m = (double)(s[0] * s[2]);
     nb_tensor *sg = NULL, *sgx = NULL;
-    if (!moments(op, s, g, x, mean, &sg, &sgx))
+    if (!moments(op, s, gg, xw, mean, &sg, &sgx))
         return nb__ok(NULL);
-    if (n->in[2] && nb__needs_grad(n, 2))
-        gi[2] = sg;
-    if (gamma && nb__needs_grad(n, 1) && !(gi[1] = nb_mul(sgx, rstd)))
+    if (n->in[2] && nb__needs_grad(n, 2) && !(gi[2] = to_dtype(sg, dt)))
+        return nb__ok(NULL);
+    if (gamma && nb__needs_grad(n, 1) && !(gi[1] = to_dtype(nb_mul(sgx, rstd), dt)))
         return nb__ok(NULL);
     if (!nb__needs_grad(n, 0))
         return NB_OK;
-    nb_tensor *k = gamma ? nb_mul(rstd, gamma) : (nb_tensor *)rstd;
+    nb_tensor *k = gamma ? nb_mul(rstd, gw) : (nb_tensor *)rstd;
     nb_tensor *t = nb_mul_scalar(nb_mul(nb_mul(k, nb_square(rstd)), sgx), -1.0 / m);
     nb_tensor *u = nb_sub(nb_mul_scalar(nb_mul(k, sg), -1.0 / m), nb_mul(t, mean));
-    gi[0] = t && u ? affine(op, s, g, k, x, t, u) : NULL;
+    gi[0] = t && u ? to_dtype(affine(op, s, gg, k, xw, t, u), dt) : NULL;
     return nb__ok(gi[0]);
 }
 
@@ -244,22 +261,26 @@ static nb_tensor *batch_norm_fused(const nb_tensor *x, const nb_tensor *gamma, c
     double m = (double)(s[0] * s[2]);
     int token = nb__tapes_pause();
     nb_tensor *sum = NULL, *sq = NULL, *dev = NULL, *y = NULL, *mean = NULL, *rstd = NULL, *bm = NULL, *bv = NULL;
+    /* f16 and bf16 are normalised in f32 (one rounding at the end), with the
+     * mean and rstd kept in f32 for the gradient. */
+    nb_dtype dt = x->dtype;
+    const nb_tensor *xw = as_f32(x), *gw = as_f32(gamma), *bw = as_f32(beta);
     /* f32 sums are accumulated in double, so the deviations about the mean
      * come from the same pass (the kernel's sum x^2 - sum^2 / m, in double);
-     * other dtypes take a second pass about the mean. */
-    bool one_pass = x->dtype == NB_F32;
-    if (moments(op, s, x, NULL, NULL, &sum, &dev) && (mean = nb_mul_scalar(sum, 1.0 / m)) &&
-        (one_pass || moments(op, s, x, NULL, mean, &sq, &dev))) {
+     * f64 takes a second pass about the mean. */
+    bool one_pass = xw && xw->dtype == NB_F32;
+    if (xw && (!gamma || gw) && (!beta || bw) && moments(op, s, xw, NULL, NULL, &sum, &dev) &&
+        (mean = nb_mul_scalar(sum, 1.0 / m)) && (one_pass || moments(op, s, xw, NULL, mean, &sq, &dev))) {
         rstd = nb_rsqrt(nb_add_scalar(nb_mul_scalar(dev, 1.0 / m), epsilon));
-        nb_tensor *scale = gamma && rstd ? nb_mul(rstd, gamma) : rstd;
+        nb_tensor *scale = gw && rstd ? nb_mul(rstd, gw) : rstd;
         nb_tensor *shift = nb_neg(nb_mul(mean, scale));
-        if (beta && shift)
-            shift = nb_add(shift, beta);
-        y = scale && shift ? affine(op, s, x, scale, NULL, NULL, shift) : NULL;
+        if (bw && shift)
+            shift = nb_add(shift, bw);
+        y = scale && shift ? to_dtype(affine(op, s, xw, scale, NULL, NULL, shift), dt) : NULL;
         if (y && batch_mean)
-            bm = nb_mul_scalar(mean, 1.0);
+            bm = dt != mean->dtype ? nb_cast(mean, dt) : nb_mul_scalar(mean, 1.0);
         if (y && batch_var)
-            bv = nb_mul_scalar(dev, 1.0 / (m - 1));
+            bv = to_dtype(nb_mul_scalar(dev, 1.0 / (m - 1)), dt);
     }
     nb__tapes_resume(token);
     if (!y || (batch_mean && !bm) || (batch_var && !bv))
