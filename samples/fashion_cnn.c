@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fashion_data.h"
 #include "progress.h"
 
 #define BATCH 64
@@ -25,27 +26,7 @@ static bool quick; /* --quick: a short run; missing data then skips (exit 77) */
  * the first `limit` rows (all when limit <= 0). */
 static nb_tensor *load(const char *dir, const char *name, bool images, int64_t limit)
 {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr,
-                "fashion_cnn: cannot open %s\n"
-                "  Install the data set with `apt-get install dataset-fashion-mnist`, or pass\n"
-                "  --data DIR naming a folder with the four *-ubyte.gz files of Fashion-MNIST.\n",
-                path);
-        exit(quick ? 77 : 1); /* 77: meson counts the quick test as skipped */
-    }
-    fclose(f);
-    nb_tensor *t = nb_idx_read(path); /* u8 on the CPU: [n, 28, 28] or [n] */
-    int64_t n = nb_tensor_dim(t, 0);
-    if (limit > 0 && limit < n)
-        n = limit;
-    if (images) {
-        t = nb_slice(nb_reshape(t, NB_SHAPE(-1, 28, 28, 1)), NB_SHAPE(0, 0, 0, 0), NB_SHAPE(n, 28, 28, 1));
-        return nb_mul_scalar(nb_cast(t, NB_F32), 1.0 / 255);
-    }
-    return nb_cast(nb_slice(t, NB_SHAPE(0), NB_SHAPE(n)), NB_I64);
+    return fashion_load("fashion_cnn", dir, name, images, NB_SHAPE(28, 28, 1), limit, quick);
 }
 
 typedef struct model {

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fashion_data.h"
 #include "progress.h"
 
 #define BATCH 128
@@ -41,12 +42,7 @@ static int64_t convert(const char *dir, const char *images, const char *labels, 
     snprintf(lp, sizeof lp, "%s/%s", dir, labels);
     struct stat st;
     if (stat(ip, &st) != 0 || stat(lp, &st) != 0) {
-        fprintf(stderr,
-                "fashion_tfrecord: cannot find %s\n"
-                "  Install the data set with `apt-get install dataset-fashion-mnist`, or pass\n"
-                "  --data DIR naming a folder with the four *-ubyte.gz files of Fashion-MNIST.\n",
-                ip);
-        exit(quick ? 77 : 1);
+        fashion_missing("fashion_tfrecord", stat(ip, &st) != 0 ? ip : lp, quick);
     }
     nb_scope *s = nb_scope_begin();
     nb_tensor *x = nb_reshape(nb_idx_read(ip), NB_SHAPE(-1, 784)); /* u8 on the CPU */
