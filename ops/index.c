@@ -4,27 +4,6 @@
 
 #include <string.h>
 
-/* t itself when contiguous, else a private contiguous copy on t's device (not
- * scoped, not recorded: the caller records the op with t itself), whose
- * failure names op. *tmp receives the copy to release, or NULL. */
-static const nb_tensor *dense(const char *op, const nb_tensor *t, nb_tensor **tmp)
-{
-    *tmp = NULL;
-    if (t->contiguous)
-        return t;
-    nb_device *dev = t->device;
-    nb_tensor *c = nb__tensor_new(op, dev, t->dtype, t->ndim, t->shape);
-    if (!c)
-        return NULL;
-    if (t->numel) {
-        nb_view vo = nb__view(c), vi = nb__view(t);
-        if (!(c = nb__kernel_done(dev->backend->copy(dev, &vo, &vi), c)))
-            return NULL;
-    }
-    *tmp = c;
-    return c;
-}
-
 /* ---- gather ------------------------------------------------------------------- */
 
 static nb_status gather_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
@@ -66,8 +45,8 @@ nb_tensor *nb_gather(const nb_tensor *params, const nb_tensor *indices)
         return NULL;
     if (out->numel) {
         nb_tensor *tp, *ti;
-        const nb_tensor *p = dense(op, in[0], &tp);
-        const nb_tensor *ix = p ? dense(op, in[1], &ti) : NULL;
+        const nb_tensor *p = nb__dense(op, in[0], &tp);
+        const nb_tensor *ix = p ? nb__dense(op, in[1], &ti) : NULL;
         if (ix) {
             nb_view vo = nb__view(out), vp = nb__view(p), vi = nb__view(ix);
             out = nb__kernel_done(dev->backend->gather(dev, op, &vo, &vp, &vi), out);
@@ -82,7 +61,7 @@ nb_tensor *nb_gather(const nb_tensor *params, const nb_tensor *indices)
         /* Rows of no elements ([5, 0] params): nothing to move, but the
          * indices are still checked (queued on a GPU, as the kernel's are). */
         nb_tensor *ti;
-        const nb_tensor *ix = dense(op, in[1], &ti);
+        const nb_tensor *ix = nb__dense(op, in[1], &ti);
         nb_view vi = ix ? nb__view(ix) : (nb_view){0};
         if (!ix || dev->backend->check_indices(dev, op, &vi, params->shape[0])) {
             nb__release(out);
@@ -135,8 +114,8 @@ nb_tensor *nb__scatter_add(const nb_tensor *indices, const nb_tensor *updates, i
         out = nb__kernel_done(dev->backend->fill(dev, &vo, 0.0), out);
     if (out && updates->numel) {
         nb_tensor *ti, *tu;
-        const nb_tensor *ix = dense(op, in[0], &ti);
-        const nb_tensor *u = ix ? dense(op, in[1], &tu) : NULL;
+        const nb_tensor *ix = nb__dense(op, in[0], &ti);
+        const nb_tensor *u = ix ? nb__dense(op, in[1], &tu) : NULL;
         if (u) {
             nb_view vi = nb__view(ix), vu = nb__view(u);
             out = nb__kernel_done(dev->backend->scatter_add(dev, op, &vo, &vi, &vu), out);
@@ -182,7 +161,7 @@ nb_tensor *nb_one_hot(const nb_tensor *indices, int64_t depth, nb_dtype dtype)
     if (!out || !out->numel)
         return nb__own(out);
     nb_tensor *tmp;
-    const nb_tensor *ix = dense(op, in[0], &tmp);
+    const nb_tensor *ix = nb__dense(op, in[0], &tmp);
     if (!ix) {
         nb__release(out);
         return NULL;

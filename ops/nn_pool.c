@@ -15,26 +15,6 @@
 
 #include <string.h>
 
-/* t itself when contiguous, else a private contiguous copy (not scoped, not
- * recorded); *tmp receives the copy to release, or NULL. */
-static const nb_tensor *dense(const char *op, const nb_tensor *t, nb_tensor **tmp)
-{
-    *tmp = NULL;
-    if (t->contiguous)
-        return t;
-    nb_device *dev = t->device;
-    nb_tensor *c = nb__tensor_new(op, dev, t->dtype, t->ndim, t->shape);
-    if (!c)
-        return NULL;
-    if (t->numel) {
-        nb_view vo = nb__view(c), vi = nb__view(t);
-        if (!(c = nb__kernel_done(dev->backend->copy(dev, &vo, &vi), c)))
-            return NULL;
-    }
-    *tmp = c;
-    return c;
-}
-
 /* ---- the descriptor ------------------------------------------------------------ */
 
 static void desc_to_attrs(const nb_pool2d_desc *d, nb_op_attrs *a)
@@ -227,8 +207,8 @@ static nb_tensor *run_pool(const nb_op_def *def, pool_kind kind, int n, const nb
         return NULL;
     if (out->numel) {
         nb_tensor *ta = NULL, *tb = NULL;
-        const nb_tensor *ca = dense(op, in[0], &ta);
-        const nb_tensor *cb = ca && n > 1 ? dense(op, in[1], &tb) : NULL;
+        const nb_tensor *ca = nb__dense(op, in[0], &ta);
+        const nb_tensor *cb = ca && n > 1 ? nb__dense(op, in[1], &tb) : NULL;
         if (!ca || (n > 1 && !cb)) {
             nb__release(ta);
             nb__release(out);

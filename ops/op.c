@@ -125,6 +125,24 @@ nb_device *nb__op_place_kernel(const char *op, int n, const nb_tensor **inputs, 
     return cpu;
 }
 
+const nb_tensor *nb__dense(const char *op, const nb_tensor *t, nb_tensor **tmp)
+{
+    *tmp = NULL;
+    if (t->contiguous)
+        return t;
+    nb_device *dev = t->device;
+    nb_tensor *c = nb__tensor_new(op, dev, t->dtype, t->ndim, t->shape);
+    if (!c)
+        return NULL;
+    if (t->numel) {
+        nb_view vo = nb__view(c), vi = nb__view(t);
+        if (!(c = nb__kernel_done(dev->backend->copy(dev, &vo, &vi), c)))
+            return NULL;
+    }
+    *tmp = c;
+    return c;
+}
+
 bool nb__broadcast(const char *op, const nb_tensor *a, const nb_tensor *b, int *ndim, int64_t *out)
 {
     int n = a->ndim > b->ndim ? a->ndim : b->ndim;

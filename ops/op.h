@@ -40,6 +40,12 @@ bool nb__supports(const nb_device *dev, nb_kernel k, int variant, nb_dtype dtype
 nb_device *nb__op_place_kernel(const char *op, int n, const nb_tensor **inputs, nb_kernel k, int variant,
                                nb_dtype dtype);
 
+/* t itself when contiguous, else a private contiguous copy on t's device (not
+ * scoped, not recorded: for handing a kernel contiguous data); *tmp receives
+ * the copy to nb__release afterwards, or NULL. NULL with the error recorded
+ * when the copy fails. */
+const nb_tensor *nb__dense(const char *op, const nb_tensor *t, nb_tensor **tmp);
+
 /* NumPy broadcasting of two shapes into out (ndim in *ndim); false and
  * NB_ERR_SHAPE naming both shapes when they do not broadcast. */
 bool nb__broadcast(const char *op, const nb_tensor *a, const nb_tensor *b, int *ndim, int64_t *out);
