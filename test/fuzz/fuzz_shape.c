@@ -908,10 +908,11 @@ static void op_gather(void)
         if (expect == SKIP)
             return;
         n = expect == MUST_PASS ? numel_of(nd, od) : -1;
-        /* Indices are checked when there is something to gather. */
-        if (n > 0 && !ix->v)
+        /* Indices are checked whenever there are some, rows of no elements
+         * included. */
+        if (expect == MUST_PASS && xi.numel > 0 && !ix->v)
             expect = EITHER;
-        for (int64_t i = 0; n > 0 && ix->v && i < xi.numel; i++)
+        for (int64_t i = 0; expect != MUST_FAIL && n >= 0 && ix->v && i < xi.numel; i++)
             if (!(ix->v[i] >= 0 && ix->v[i] < (double)rows))
                 expect = MUST_FAIL;
     }
