@@ -18,9 +18,85 @@
 
 #if NB_HAVE_DNNL
 
+#include <dlfcn.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <pthread.h>
 #include <stdlib.h>
+
+/* oneDNN is loaded on first use rather than linked. Debian's build runs on
+ * OpenMP, whose threads by default spin for a while after each parallel region
+ * and then take the cores from nabla's own pool (batch norm, pooling and relu
+ * between two convolutions ran a third slower on two cores). libgomp reads
+ * its spin setting when it loads, so it must be set before oneDNN is loaded:
+ * GOMP_SPINCOUNT=0 unless the program chose a wait policy itself (or had
+ * OpenMP loaded already, which then keeps its own). The functions used: */
+#define DNNL_FUNCTIONS(X) \
+    X(dnnl_engine_create) \
+    X(dnnl_engine_destroy) \
+    X(dnnl_stream_create) \
+    X(dnnl_stream_wait) \
+    X(dnnl_memory_desc_init_by_tag) \
+    X(dnnl_memory_desc_init_by_strides) \
+    X(dnnl_memory_desc_get_size) \
+    X(dnnl_memory_desc_equal) \
+    X(dnnl_memory_create) \
+    X(dnnl_memory_destroy) \
+    X(dnnl_primitive_desc_create) \
+    X(dnnl_primitive_desc_destroy) \
+    X(dnnl_primitive_desc_query_md) \
+    X(dnnl_primitive_create) \
+    X(dnnl_primitive_destroy) \
+    X(dnnl_primitive_execute) \
+    X(dnnl_reorder_primitive_desc_create) \
+    X(dnnl_dilated_convolution_forward_desc_init) \
+    X(dnnl_dilated_convolution_backward_data_desc_init) \
+    X(dnnl_dilated_convolution_backward_weights_desc_init)
+#define DECLARE(f) static __typeof__(&f) p_##f;
+DNNL_FUNCTIONS(DECLARE)
+#undef DECLARE
+
+/* Loads the library and its functions; false (logged at debug level) when it
+ * is missing or lacks one, and convolutions take the plain path. */
+static bool dnnl_load(void)
+{
+    if (!getenv("GOMP_SPINCOUNT") && !getenv("OMP_WAIT_POLICY"))
+        setenv("GOMP_SPINCOUNT", "0", 0);
+    void *lib = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        nb__log(NB_LOG_DEBUG, "conv2d: oneDNN not loaded (%s); the plain path serves f32", dlerror());
+        return false;
+    }
+#define LOAD(f)                                                                                   \
+    if (!(p_##f = (__typeof__(&f))dlsym(lib, #f))) {                                              \
+        nb__log(NB_LOG_DEBUG, "conv2d: oneDNN lacks %s; the plain path serves f32", #f);         \
+        return false;                                                                             \
+    }
+    DNNL_FUNCTIONS(LOAD)
+#undef LOAD
+    return true;
+}
+
+/* From here on each name calls through its pointer. */
+#define dnnl_engine_create (*p_dnnl_engine_create)
+#define dnnl_engine_destroy (*p_dnnl_engine_destroy)
+#define dnnl_stream_create (*p_dnnl_stream_create)
+#define dnnl_stream_wait (*p_dnnl_stream_wait)
+#define dnnl_memory_desc_init_by_tag (*p_dnnl_memory_desc_init_by_tag)
+#define dnnl_memory_desc_init_by_strides (*p_dnnl_memory_desc_init_by_strides)
+#define dnnl_memory_desc_get_size (*p_dnnl_memory_desc_get_size)
+#define dnnl_memory_desc_equal (*p_dnnl_memory_desc_equal)
+#define dnnl_memory_create (*p_dnnl_memory_create)
+#define dnnl_memory_destroy (*p_dnnl_memory_destroy)
+#define dnnl_primitive_desc_create (*p_dnnl_primitive_desc_create)
+#define dnnl_primitive_desc_destroy (*p_dnnl_primitive_desc_destroy)
+#define dnnl_primitive_desc_query_md (*p_dnnl_primitive_desc_query_md)
+#define dnnl_primitive_create (*p_dnnl_primitive_create)
+#define dnnl_primitive_destroy (*p_dnnl_primitive_destroy)
+#define dnnl_primitive_execute (*p_dnnl_primitive_execute)
+#define dnnl_reorder_primitive_desc_create (*p_dnnl_reorder_primitive_desc_create)
+#define dnnl_dilated_convolution_forward_desc_init (*p_dnnl_dilated_convolution_forward_desc_init)
+#define dnnl_dilated_convolution_backward_data_desc_init (*p_dnnl_dilated_convolution_backward_data_desc_init)
+#define dnnl_dilated_convolution_backward_weights_desc_init (*p_dnnl_dilated_convolution_backward_weights_desc_init)
 
 typedef struct dnnl_entry {
     struct dnnl_entry *next;
@@ -163,7 +239,7 @@ static dnnl_entry *entry_new(int which, const nb_conv2d_desc *d)
 
 static void engine_init(void)
 {
-    if (dnnl_engine_create(&g_engine, dnnl_cpu, 0) != dnnl_success) {
+    if (!dnnl_load() || dnnl_engine_create(&g_engine, dnnl_cpu, 0) != dnnl_success) {
         g_state = -1;
         return;
     }
