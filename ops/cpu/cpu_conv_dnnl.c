@@ -23,6 +23,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#if NB_DNNL_DLOPEN
 /* oneDNN is loaded on first use rather than linked. Debian's build runs on
  * OpenMP, whose threads by default spin for a while after each parallel region
  * and then take the cores from nabla's own pool (batch norm, pooling and relu
@@ -97,6 +98,11 @@ static bool dnnl_load(void)
 #define dnnl_dilated_convolution_forward_desc_init (*p_dnnl_dilated_convolution_forward_desc_init)
 #define dnnl_dilated_convolution_backward_data_desc_init (*p_dnnl_dilated_convolution_backward_data_desc_init)
 #define dnnl_dilated_convolution_backward_weights_desc_init (*p_dnnl_dilated_convolution_backward_weights_desc_init)
+#else
+/* Linked as usual (the sanitizer builds: LeakSanitizer cannot scan the threads
+ * of an OpenMP runtime that came in through dlopen). */
+static bool dnnl_load(void) { return true; }
+#endif
 
 typedef struct dnnl_entry {
     struct dnnl_entry *next;
