@@ -193,11 +193,9 @@ static nb_status gpu_conv2d_backward_filter(nb_device *dev, const nb_conv2d_desc
 bool nb__gpu_supports(const nb_device *dev, nb_kernel k, int variant, nb_dtype dtype)
 {
     (void)dev;
-    if ((unsigned)dtype >= NB_DTYPE_COUNT)
+    if (!nb__list_defines(k, variant, dtype))
         return false;
     switch (k) {
-    case NB_K_UNARY: return (nb__unary_dtypes((nb_unary_op)variant) & NB_MASK(dtype)) != 0;
-    case NB_K_BINARY: return (nb__binary_dtypes((nb_binary_op)variant) & NB_MASK(dtype)) != 0;
     case NB_K_CONV2D:
     case NB_K_CONV2D_BACKWARD_DATA:
     case NB_K_CONV2D_BACKWARD_FILTER: /* cuDNN: floating dtypes */

@@ -100,9 +100,8 @@ static nb_status maximum_grad(const nb_node *n, nb_tensor *const *g, nb_tensor *
 static nb_status minimum_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi) { return select_grad(n, g, gi, false); }
 
 /* Comparisons: NB_BOOL results, never recorded. */
-#define CMP_GRAD NULL
 #define GRAD_OF_ARITH(name) name##_grad
-#define GRAD_OF_CMP(name) CMP_GRAD
+#define GRAD_OF_CMP(name) NULL
 static const nb_op_def binary_defs[NB_BIN_COUNT] = {
 #define NB_BINARY(ID, name, dtypes, kind, api) [NB_BIN_##ID] = {#name, GRAD_OF_##kind(name)},
 #include "lib/core/ops.def"

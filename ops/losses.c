@@ -59,11 +59,14 @@ nb_tensor *nb_sparse_softmax_cross_entropy(const nb_tensor *logits, const nb_ten
         /* A label outside [0, C) would silently give a zero row: refused. On a
          * GPU the check is queued, and a bad label is reported at the next
          * synchronising call, so the step does not wait for it. */
-        nb_tensor *flat = nb_contiguous(labels);
+        nb_tensor *tmp;
+        const nb_tensor *flat = nb__dense(op, labels, &tmp);
         if (!flat)
             return NULL;
         nb_view vl = nb__view(flat);
-        if (flat->device->backend->check_indices(flat->device, op, &vl, C))
+        nb_status st = flat->device->backend->check_indices(flat->device, op, &vl, C);
+        nb__release(tmp);
+        if (st)
             return NULL;
     }
     if (C == 0) /* no classes, so no labels (checked above): an empty loss */

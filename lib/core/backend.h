@@ -50,6 +50,10 @@ const char *nb__reduce_name(nb_reduce_op op);
  * A backend may support fewer (its supports entry says). */
 unsigned nb__unary_dtypes(nb_unary_op op);
 unsigned nb__binary_dtypes(nb_binary_op op);
+/* Whether the list defines kernel k's variant for dtype: the unary and binary
+ * ops' dtype masks; true for the other kernels, whose dtypes their backends
+ * decide. The start of every backend's supports answer. */
+bool nb__list_defines(nb_kernel k, int variant, nb_dtype dtype);
 /* Unary ops whose per-element cost is a libm call. */
 bool nb__unary_heavy(nb_unary_op op);
 /* Comparisons: out is NB_BOOL. */

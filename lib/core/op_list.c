@@ -54,4 +54,15 @@ const char *nb__binary_name(nb_binary_op op) { return NAME_OF(binary_names, op);
 const char *nb__reduce_name(nb_reduce_op op) { return NAME_OF(reduce_names, op); }
 unsigned nb__unary_dtypes(nb_unary_op op) { return (unsigned)op < NB_UN_COUNT ? unary_masks[op] : 0; }
 unsigned nb__binary_dtypes(nb_binary_op op) { return (unsigned)op < NB_BIN_COUNT ? binary_masks[op] : 0; }
+bool nb__list_defines(nb_kernel k, int variant, nb_dtype dtype)
+{
+    if ((unsigned)dtype >= NB_DTYPE_COUNT)
+        return false;
+    switch (k) {
+    case NB_K_UNARY: return (nb__unary_dtypes((nb_unary_op)variant) & NB_MASK(dtype)) != 0;
+    case NB_K_BINARY: return (nb__binary_dtypes((nb_binary_op)variant) & NB_MASK(dtype)) != 0;
+    default: return true;
+    }
+}
+
 bool nb__unary_heavy(nb_unary_op op) { return (unsigned)op < NB_UN_COUNT && unary_heavy[op]; }

@@ -25,27 +25,23 @@ static nb_variable *make(const char *var, nb_shape shape, nb_dtype dtype, nb_ini
     return v;
 }
 
-/* Closes the scope; on failure frees the fields made so far (count variables
- * from first) and returns the pending error. */
-static nb_status layer_end(nb_variable **first, int count, bool ok)
-{
-    nb_status err = ok ? NB_OK : nb_error() ? nb_error() : NB_ERR_INTERNAL;
-    nb_variable_scope_pop();
-    if (!err)
-        return NB_OK;
-    for (int i = 0; i < count; i++) {
-        nb_variable_free(first[i]);
-        first[i] = NULL;
-    }
-    return err;
-}
-
 static void free_fields(nb_variable **first, int count)
 {
     for (int i = 0; i < count; i++) {
         nb_variable_free(first[i]);
         first[i] = NULL;
     }
+}
+
+/* Closes the scope; on failure frees the fields made so far (count variables
+ * from first) and returns the pending error. */
+static nb_status layer_end(nb_variable **first, int count, bool ok)
+{
+    nb_status err = ok ? NB_OK : nb_error() ? nb_error() : NB_ERR_INTERNAL;
+    nb_variable_scope_pop();
+    if (err)
+        free_fields(first, count);
+    return err;
 }
 
 static bool positive(const char *who, const char *name, const char *what, int64_t v)

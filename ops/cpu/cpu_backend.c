@@ -33,11 +33,9 @@ static int cpu_physical_count(void) { return 1; }
 static bool cpu_supports(const nb_device *dev, nb_kernel k, int variant, nb_dtype dtype)
 {
     (void)dev;
-    if ((unsigned)dtype >= NB_DTYPE_COUNT || !(nb__cpu_backend.dtypes & NB_MASK(dtype)))
+    if (!nb__list_defines(k, variant, dtype) || !(nb__cpu_backend.dtypes & NB_MASK(dtype)))
         return false;
     switch (k) {
-    case NB_K_UNARY: return (nb__unary_dtypes((nb_unary_op)variant) & NB_MASK(dtype)) != 0;
-    case NB_K_BINARY: return (nb__binary_dtypes((nb_binary_op)variant) & NB_MASK(dtype)) != 0;
     case NB_K_CONV2D:
     case NB_K_CONV2D_BACKWARD_DATA:
     case NB_K_CONV2D_BACKWARD_FILTER: return dtype == NB_F32 || dtype == NB_F64;
