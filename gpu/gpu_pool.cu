@@ -238,32 +238,106 @@ extern "C" nb_status nb__gpu_avg_pool2d_grad(nb_gpu_ctx *c, const nb_pool2d_desc
 
 // ---- per-channel kernels (batch normalisation) --------------------------------------
 //
-// channel_moments: one block per channel, its threads striding over the
-// channel's outer * inner elements, then a shared-memory tree; double sums for
-// f64 and f32, float for f16/bf16 (their Acc). channel_affine: one thread per
-// element.
+// channel_moments: two passes. The first writes per-block partial sums (p0 =
+// sum a, p1 = the moment's sum) in the accumulator type into scratch laid out
+// [C][L], a channel's L partials side by side; the second gives each channel a
+// warp that adds them in a fixed order (no float atomics, so the result is the
+// same from run to run) and applies the final formula. How the first pass cuts
+// the work depends on inner:
+//   inner < 32 (NHWC: inner 1): the tensor is rows of K = C * inner columns. A
+//     block covers up to 32 neighbouring columns of a chunk of rows, so a warp
+//     reads contiguous memory; one block per channel would read with stride
+//     C and leave most of the card idle for small C. L = inner * row chunks.
+//   otherwise (NCHW): each channel's outer planes of inner contiguous elements
+//     are cut into L ranges, a block each, so that few channels still fill
+//     the card.
+// Sums are double for f64 and f32, float for f16/bf16 (MomentAcc).
+// channel_affine: one thread per element.
 
 namespace {
 
 template <nb_dtype D, class A>
+__device__ __forceinline__ void moment_add(const T_of<D> *a, const T_of<D> *b, int64_t at, A m, A &p0, A &p1)
+{
+    const A x = static_cast<A>(ld<D>(a[at]));
+    p0 += x;
+    if (b) {
+        p1 += x * (static_cast<A>(ld<D>(b[at])) - m);
+    } else {
+        const A d = x - m;
+        p1 += d * d;
+    }
+}
+
+// Rows [s * chunk, (s + 1) * chunk) of an [outer, K] tensor (K = C * inner),
+// s = blockIdx.y, for tiles of tx columns; thread t takes column t % tx and
+// every ty-th row from t / tx. tx * ty <= blockDim.x; tx = K when K < 32, so
+// that a warp still reads contiguous rows. Column k's partial goes to
+// part[k * S + s] (and part[K * S + k * S + s]).
+template <nb_dtype D, class A>
 __global__ void __launch_bounds__(kThreads)
-    k_channel_moments(int64_t outer, int64_t C, int64_t inner, const T_of<D> *a, const T_of<D> *b,
-                      const T_of<D> *center, T_of<D> *sum, T_of<D> *moment)
+    k_moments_rows(int64_t outer, int64_t K, int64_t inner, int64_t chunk, int64_t S, int tx, int ty,
+                   const T_of<D> *a, const T_of<D> *b, const T_of<D> *center, A *part)
 {
     __shared__ A s0[kThreads], s1[kThreads];
-    for (int64_t ch = blockIdx.x; ch < C; ch += gridDim.x) {
+    const int t = threadIdx.x, x = t % tx, y = t / tx;
+    const int64_t s = blockIdx.y, r0 = s * chunk, r1 = outer - r0 < chunk ? outer : r0 + chunk;
+    const int64_t ntiles = (K + tx - 1) / tx, step = (int64_t)ty * K;
+    int top = 1; // the largest power of two below ty (1 when ty is 1)
+    while (2 * top < ty)
+        top *= 2;
+    for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+        const int64_t k = tile * tx + x;
+        A p0 = A(0), p1 = A(0);
+        if (y < ty && k < K) {
+            const int64_t ch = inner == 1 ? k : k / inner;
+            const A m = center ? static_cast<A>(ld<D>(center[ch])) : A(0);
+            for (int64_t r = r0 + y, at = r * K + k; r < r1; r += ty, at += step)
+                moment_add<D, A>(a, b, at, m, p0, p1);
+        }
+        s0[t] = p0;
+        s1[t] = p1;
+        __syncthreads();
+        // Rows folded onto the first: the same tree whatever the data.
+        for (int w = top; w > 0; w >>= 1) {
+            if (y < w && y + w < ty) {
+                s0[t] += s0[t + w * tx];
+                s1[t] += s1[t + w * tx];
+            }
+            __syncthreads();
+        }
+        if (y == 0 && k < K) {
+            part[k * S + s] = s0[t];
+            part[K * S + k * S + s] = s1[t];
+        }
+        __syncthreads(); // before the next tile overwrites s0, s1
+    }
+}
+
+// Range g of G (each chunk elements) of channel ch's n = outer * inner
+// elements, for tasks ch * G + g; its partial goes to part[ch * G + g] (and
+// part[C * G + ch * G + g]). The (plane, offset) pair is stepped without a
+// division per element.
+template <nb_dtype D, class A>
+__global__ void __launch_bounds__(kThreads)
+    k_moments_planes(int64_t C, int64_t inner, int64_t n, int64_t chunk, int64_t G, const T_of<D> *a,
+                     const T_of<D> *b, const T_of<D> *center, A *part)
+{
+    __shared__ A s0[kThreads], s1[kThreads];
+    const int64_t dplane = (int64_t)blockDim.x / inner, doff = (int64_t)blockDim.x % inner;
+    for (int64_t task = blockIdx.x; task < C * G; task += gridDim.x) {
+        const int64_t ch = task / G, g = task - ch * G;
+        const int64_t j0 = g * chunk, j1 = n - j0 < chunk ? n : j0 + chunk;
         const A m = center ? static_cast<A>(ld<D>(center[ch])) : A(0);
         A p0 = A(0), p1 = A(0);
-        const int64_t n = outer * inner;
-        for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-            const int64_t o = j / inner, i = j - o * inner, at = (o * C + ch) * inner + i;
-            const A x = static_cast<A>(ld<D>(a[at]));
-            p0 += x;
-            if (b) {
-                p1 += x * (static_cast<A>(ld<D>(b[at])) - m);
-            } else {
-                const A d = x - m;
-                p1 += d * d;
+        int64_t j = j0 + threadIdx.x, o = j / inner, i = j - o * inner;
+        for (; j < j1; j += blockDim.x) {
+            moment_add<D, A>(a, b, (o * C + ch) * inner + i, m, p0, p1);
+            o += dplane;
+            i += doff;
+            if (i >= inner) {
+                i -= inner;
+                o++;
             }
         }
         s0[threadIdx.x] = p0;
@@ -277,15 +351,39 @@ __global__ void __launch_bounds__(kThreads)
             __syncthreads();
         }
         if (threadIdx.x == 0) {
-            A m1 = s1[0];
-            if (!b && !center) { // about the channel's own mean
-                m1 -= s0[0] * s0[0] / static_cast<A>(n);
-                m1 = m1 > A(0) ? m1 : A(0);
-            }
-            sum[ch] = st<D>(s0[0]);
-            moment[ch] = st<D>(m1);
+            part[task] = s0[0];
+            part[C * G + task] = s1[0];
         }
         __syncthreads();
+    }
+}
+
+// A warp per channel adds its L partials (lane-strided, then a shuffle tree:
+// a fixed order) and stores sum and moment; L = 0 (no elements) gives zeros.
+template <nb_dtype D, class A>
+__global__ void __launch_bounds__(kThreads)
+    k_moments_final(int64_t C, int64_t L, int64_t n, bool own_mean, const A *part, T_of<D> *sum, T_of<D> *moment)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t nwarps = gstride() >> 5;
+    for (int64_t ch = gtid() >> 5; ch < C; ch += nwarps) {
+        A q0 = A(0), q1 = A(0);
+        for (int64_t l = lane; l < L; l += 32) {
+            q0 += part[ch * L + l];
+            q1 += part[C * L + ch * L + l];
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            q0 += __shfl_down_sync(0xffffffffu, q0, o);
+            q1 += __shfl_down_sync(0xffffffffu, q1, o);
+        }
+        if (lane == 0) {
+            if (own_mean && n > 0) { // about the channel's own mean
+                q1 -= q0 * q0 / static_cast<A>(n);
+                q1 = q1 > A(0) ? q1 : A(0);
+            }
+            sum[ch] = st<D>(q0);
+            moment[ch] = st<D>(q1);
+        }
     }
 }
 
@@ -296,7 +394,7 @@ __global__ void __launch_bounds__(kThreads)
 {
     using Cc = C_of<D>;
     for (int64_t i = gtid(); i < total; i += gstride()) {
-        const int64_t ch = (i / inner) % C;
+        const int64_t ch = inner == 1 ? i % C : (i / inner) % C; // NHWC: one division
         Cc v = ld<D>(a[i]) * ld<D>(s[ch]) + ld<D>(u[ch]);
         if (b)
             v += ld<D>(b[i]) * ld<D>(t[ch]);
@@ -314,6 +412,8 @@ template <> struct MomentAcc<NB_BF16> {
     using T = float;
 };
 
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 } // namespace
 
 extern "C" nb_status nb__gpu_channel_moments(nb_gpu_ctx *c, const int64_t shape[3], const nb_view *sum,
@@ -323,14 +423,55 @@ extern "C" nb_status nb__gpu_channel_moments(nb_gpu_ctx *c, const int64_t shape[
     const int64_t outer = shape[0], C = shape[1], inner = shape[2];
     if (C <= 0)
         return NB_OK;
-    const unsigned blocks = (unsigned)(C < 65535 ? C : 65535);
+    // outer * C * inner is the element count, so with n > 0 neither C * inner
+    // nor C * L (L <= outer * inner) overflows.
+    const int64_t n = outer > 0 && inner > 0 ? outer * inner : 0;
+    const int64_t target = (int64_t)c->phys->sm_count * (2048 / kThreads); // blocks for one full wave
+    const bool rows = inner < 32;
+    int64_t L = 0, S = 0, chunk = 0, ntiles = 0;
+    int tx = 0, ty = 0;
+    if (n > 0 && rows) {
+        const int64_t K = C * inner;
+        tx = K < 32 ? (int)K : 32;
+        ty = kThreads / tx;
+        ntiles = ceil_div(K, tx);
+        // Row chunks to fill the card, each at least 4 rows per thread.
+        S = std::min(std::min(ceil_div(target, ntiles), ceil_div(outer, 4 * (int64_t)ty)), (int64_t)65535);
+        chunk = ceil_div(outer, S);
+        S = ceil_div(outer, chunk);
+        L = inner * S;
+    } else if (n > 0) {
+        // Ranges of at least 8 elements per thread.
+        S = std::min(ceil_div(target, C), ceil_div(n, 8 * (int64_t)kThreads));
+        chunk = ceil_div(n, S);
+        S = ceil_div(n, chunk);
+        L = S;
+    }
     return dispatch_float(a->dtype, c, "channel_moments", [&](auto tag) -> nb_status {
         constexpr nb_dtype D = decltype(tag)::value;
-        k_channel_moments<D, typename MomentAcc<D>::T><<<blocks, kThreads, 0, c->stream>>>(
-            outer, C, inner, static_cast<const T_of<D> *>(a->data),
-            b ? static_cast<const T_of<D> *>(b->data) : nullptr,
-            center ? static_cast<const T_of<D> *>(center->data) : nullptr, static_cast<T_of<D> *>(sum->data),
-            static_cast<T_of<D> *>(moment->data));
+        using A = typename MomentAcc<D>::T;
+        using T = T_of<D>;
+        const T *ap = static_cast<const T *>(a->data), *bp = b ? static_cast<const T *>(b->data) : nullptr,
+                *cp = center ? static_cast<const T *>(center->data) : nullptr;
+        Scratch part(c, (size_t)(2 * C * L) * sizeof(A));
+        if (L > 0 && !part.p)
+            return nb_error() ? nb_error() : NB_ERR_OUT_OF_MEMORY;
+        A *pp = static_cast<A *>(part.p);
+        if (L > 0 && rows) {
+            const dim3 grid((unsigned)std::min(ntiles, (int64_t)INT32_MAX), (unsigned)S);
+            k_moments_rows<D, A><<<grid, kThreads, 0, c->stream>>>(outer, C * inner, inner, chunk, S, tx, ty, ap,
+                                                                    bp, cp, pp);
+        } else if (L > 0) {
+            const unsigned blocks = (unsigned)std::min(C * S, (int64_t)INT32_MAX);
+            k_moments_planes<D, A><<<blocks, kThreads, 0, c->stream>>>(C, inner, n, chunk, S, ap, bp, cp, pp);
+        }
+        if (L > 0) {
+            nb_status st = nb__gpu_launched(c, "channel_moments");
+            if (st)
+                return st;
+        }
+        k_moments_final<D, A><<<grid_for(c, C * 32), kThreads, 0, c->stream>>>(
+            C, L, n, !b && !center, pp, static_cast<T *>(sum->data), static_cast<T *>(moment->data));
         return nb__gpu_launched(c, "channel_moments");
     });
 }
