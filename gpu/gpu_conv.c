@@ -1,150 +1,141 @@
-/* The conv2d entries through cuDNN.
+/* The conv2d entries through cuDNN's graph API.
  *
- * API: cuDNN's convolution API of cudnn_cnn (tensor, filter and convolution
- * descriptors, cudnnGetConvolution*Algorithm_v7, cudnnConvolutionForward,
- * cudnnConvolutionBackwardData, cudnnConvolutionBackwardFilter). cuDNN 9
- * marks these deprecated in favour of the graph API (cudnn_graph /
- * cudnnBackend*): cudnnConvolutionDescriptor_t and its Create/Set/Destroy
- * (cudnnSetConvolution2dDescriptor, cudnnSetConvolutionGroupCount,
- * cudnnSetConvolutionMathType), the three _v7 algorithm queries, the
- * workspace-size queries and the three convolution calls. They remain in
- * cuDNN 9 (libcudnn_cnn) and give the same kernels; the tensor and filter
- * descriptors (cudnn_ops) are not deprecated. Moving to the graph API is a
- * matter of this file alone.
+ * API: one convolution operation (forward, backward data or backward filter)
+ * per operation graph, planned once per problem through gpu_cudnn.c (the
+ * heuristics' first engine the switches allow, cached) and run with the
+ * tensors' pointers. No deprecated cuDNN entry point is used.
  *
- * Layout: images are passed in their own format (CUDNN_TENSOR_NHWC or
- * CUDNN_TENSOR_NCHW), except f64 NHWC ones, which go through NCHW scratch
- * copies (cuDNN's NHWC support for double is partial). cuDNN has no HWIO
- * filter layout: it wants KRSC for an NHWC filter and KCRS for an NCHW one,
- * so the HWIO filter is transposed into
- * scratch from the caching allocator first (and the filter gradient computed
- * in that layout and transposed back into HWIO); a filter is small next to the
- * images, and the copies are queued on the same stream.
+ * Layout: images are described in their own format (NHWC or NCHW strides),
+ * except f64 NHWC ones, which go through NCHW scratch copies (cuDNN's
+ * engines for double are NCHW ones). cuDNN's engines want the filter as KRSC
+ * beside an NHWC image and KCRS beside an NCHW one, not TensorFlow's HWIO, so
+ * the HWIO filter is transposed into scratch from the caching allocator
+ * first (and the filter gradient computed in that layout and transposed
+ * back); a filter is small next to the images, and the copies are queued on
+ * the same stream. Groups need no setting: the filter's input channels
+ * (C / groups) say them.
  *
- * Padding: cuDNN pads both sides of a dim alike. When the top/left pad alone
- * does not give the output size (TensorFlow's SAME with an odd total pad puts
- * the extra row at the bottom; explicit pads may differ), the image is copied
- * into a zero-padded scratch block and the convolution runs unpadded (the
- * data gradient is computed padded and its interior copied out).
+ * Padding: the plan pads both sides of a dim alike. When the top/left pad
+ * alone does not give the output size (TensorFlow's SAME with an odd total
+ * pad puts the extra row at the bottom; explicit pads may differ), the image
+ * is copied into a zero-padded scratch block and the convolution runs
+ * unpadded (the data gradient is computed padded and its interior copied
+ * out): engines for unequal pre- and post-paddings are few.
  *
- * Algorithms: chosen once per (direction, shape, dtype, math, determinism,
- * card) by cuDNN's heuristics (the _v7 queries: the first that works with a
- * workspace of at most an eighth of the card, 1 GiB at most, a deterministic
- * one in deterministic mode) and cached; the workspace comes
- * from the caching allocator, in stream order. f32 uses TF32 tensor cores only
- * when nb_gpu_tf32() (CUDNN_DEFAULT_MATH, else CUDNN_FMA_MATH); f64; f16 and
- * bf16 with float accumulation and tensor-op math. */
-#include "gpu_internal.h"
+ * Numerics: f32 uses tensor-core (TF32) engines only when nb_gpu_tf32();
+ * no engine that converts inputs down or reduces in lower precision; f16 and
+ * bf16 accumulate in float; deterministic mode refuses engines cuDNN notes
+ * as nondeterministic. */
+#include "gpu_cudnn.h"
 
-#include <cudnn.h>
-#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const char *const conv_names[3] = {"conv2d", "conv2d_backward_data", "conv2d_backward_filter"};
 
-static nb_status cudnn_fail(const nb_gpu_ctx *c, const char *call, cudnnStatus_t s)
-{
-    return nb__fail(NB_ERR_BACKEND, "%s failed on %s: %s", call, c->dev->name, cudnnGetErrorString(s));
-}
+/* ---- the graph of one convolution ---- */
 
-#define CUDNN_CALL(c, call)                                                                        \
-    do {                                                                                           \
-        cudnnStatus_t s_ = (call);                                                                 \
-        if (s_ != CUDNN_STATUS_SUCCESS) {                                                          \
-            st = cudnn_fail((c), #call, s_);                                                       \
-            goto done;                                                                             \
-        }                                                                                          \
-    } while (0)
+enum { UID_X = 1, UID_W = 2, UID_Y = 3 };
 
-/* The device's cuDNN handle, bound to its stream, made on first use. */
-static nb_status handle_of(nb_gpu_ctx *c, cudnnHandle_t *out)
-{
-    cudnnHandle_t h = __atomic_load_n((cudnnHandle_t *)&c->cudnn, __ATOMIC_ACQUIRE);
-    if (h) {
-        *out = h;
-        return NB_OK;
-    }
-    nb_status st = NB_OK;
-    pthread_mutex_lock(&c->lock);
-    if (!c->cudnn) {
-        cudnnStatus_t s = cudnnCreate(&h);
-        if (s != CUDNN_STATUS_SUCCESS) {
-            st = cudnn_fail(c, "cudnnCreate", s);
-        } else if ((s = cudnnSetStream(h, c->stream)) != CUDNN_STATUS_SUCCESS) {
-            st = cudnn_fail(c, "cudnnSetStream", s);
-            cudnnDestroy(h);
-        } else {
-            __atomic_store_n((cudnnHandle_t *)&c->cudnn, h, __ATOMIC_RELEASE);
-        }
-    }
-    h = c->cudnn;
-    pthread_mutex_unlock(&c->lock);
-    *out = h;
-    return st;
-}
-
-/* ---- the algorithm cache ---- */
-
-typedef struct algo_entry {
-    struct algo_entry *next;
-    int which, ordinal;
+/* What a plan depends on, as the key gpu_cudnn.c caches it by. */
+typedef struct conv_problem {
+    int which;               /* 0 forward, 1 backward data, 2 backward filter */
     nb_dtype dtype;
-    bool tf32, det;
-    nb_conv2d_desc d;
-    int algo;            /* cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t */
-    cudnnMathType_t math;
-    size_t ws;
-} algo_entry;
+    bool cn;                 /* computed NCHW (else NHWC) */
+    int64_t align;           /* bytes every pointer is aligned to */
+    int64_t N, C, H, W;      /* the image cuDNN sees (padded when needed) */
+    int64_t K, Cg, R, S, P, Q;
+    int64_t pad[2], stride[2], dilation[2];
+} conv_problem;
 
-#define ALGO_BUCKETS 64
-static algo_entry *g_algos[ALGO_BUCKETS];
-static pthread_mutex_t g_algo_lock = PTHREAD_MUTEX_INITIALIZER;
-
-/* Field by field: a struct's padding bytes are not part of the key. */
-static bool same_desc(const nb_conv2d_desc *a, const nb_conv2d_desc *b)
+#define CONV_KEY_LEN 22
+static void conv_key(const conv_problem *p, unsigned flags, int64_t key[CONV_KEY_LEN])
 {
-    return a->N == b->N && a->H == b->H && a->W == b->W && a->C == b->C && a->K == b->K && a->R == b->R &&
-           a->S == b->S && a->P == b->P && a->Q == b->Q && a->stride[0] == b->stride[0] &&
-           a->stride[1] == b->stride[1] && a->dilation[0] == b->dilation[0] && a->dilation[1] == b->dilation[1] &&
-           a->pad[0] == b->pad[0] && a->pad[1] == b->pad[1] && a->groups == b->groups && a->nchw == b->nchw;
+    const int64_t k[CONV_KEY_LEN] = {
+        'c', p->which, p->dtype, p->cn, p->align, flags, p->N, p->C, p->H, p->W, p->K,
+        p->Cg, p->R, p->S, p->P, p->Q, p->pad[0], p->pad[1], p->stride[0], p->stride[1], p->dilation[0],
+        p->dilation[1]};
+    memcpy(key, k, sizeof k);
 }
 
-static bool same_key(const algo_entry *e, int which, int ordinal, nb_dtype dt, bool tf32, bool det,
-                     const nb_conv2d_desc *d)
+/* Dims [n, c, h, w] with the strides of the layout (cn: NCHW, else NHWC). */
+static void dims_strides(bool cn, int64_t n, int64_t c, int64_t h, int64_t w, int64_t dims[4], int64_t st[4])
 {
-    return e->which == which && e->ordinal == ordinal && e->dtype == dt && e->tf32 == tf32 && e->det == det &&
-           same_desc(&e->d, d);
+    dims[0] = n, dims[1] = c, dims[2] = h, dims[3] = w;
+    if (cn) {
+        st[3] = 1, st[2] = w, st[1] = h * w, st[0] = c * h * w;
+    } else {
+        st[1] = 1, st[3] = c, st[2] = w * c, st[0] = h * w * c;
+    }
 }
 
-static unsigned key_hash(int which, const nb_conv2d_desc *d)
+static nb_status conv_build(const nb_gpu_ctx *c, nb_cudnn_descs *keep, cudnnBackendDescriptor_t *ops, int *nops,
+                            const void *arg)
 {
-    const int64_t v[] = {which, d->N, d->H, d->W, d->C, d->K, d->R, d->S, d->stride[0], d->stride[1],
-                         d->dilation[0], d->dilation[1], d->pad[0], d->pad[1], d->groups, d->nchw};
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < sizeof v / sizeof *v; i++)
-        h = (h ^ (uint64_t)v[i]) * 1099511628211ull;
-    return (unsigned)(h % ALGO_BUCKETS);
-}
+    const conv_problem *p = arg;
+    const cudnnDataType_t dt = nb__cudnn_dtype(p->dtype);
+    const cudnnDataType_t comp = p->dtype == NB_F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+    int64_t dims[4], st[4];
+    cudnnBackendDescriptor_t x, w, y, cd, op;
+    nb_status s;
+    dims_strides(p->cn, p->N, p->C, p->H, p->W, dims, st);
+    if ((s = nb__cudnn_tensor(c, keep, UID_X, dt, 4, dims, st, p->align, &x)))
+        return s;
+    dims_strides(p->cn, p->K, p->Cg, p->R, p->S, dims, st);
+    if ((s = nb__cudnn_tensor(c, keep, UID_W, dt, 4, dims, st, p->align, &w)))
+        return s;
+    dims_strides(p->cn, p->N, p->K, p->P, p->Q, dims, st);
+    if ((s = nb__cudnn_tensor(c, keep, UID_Y, dt, 4, dims, st, p->align, &y)))
+        return s;
 
-/* The first usable algorithm of cuDNN's ranking (a deterministic one when
- * det) whose workspace fits under limit; else the usable one needing the
- * least workspace; -1 when none is usable. */
-#define PICK_ALGO(perf, found, det, limit, pick)                                                        \
-    do {                                                                                                \
-        int least_ = -1;                                                                                \
-        for (int i_ = 0; i_ < (found) && (pick) < 0; i_++) {                                            \
-            if ((perf)[i_].status != CUDNN_STATUS_SUCCESS ||                                            \
-                ((det) && (perf)[i_].determinism != CUDNN_DETERMINISTIC))                               \
-                continue;                                                                               \
-            if ((perf)[i_].memory <= (limit))                                                           \
-                (pick) = i_;                                                                            \
-            else if (least_ < 0 || (perf)[i_].memory < (perf)[least_].memory)                           \
-                least_ = i_;                                                                            \
-        }                                                                                               \
-        if ((pick) < 0)                                                                                 \
-            (pick) = least_;                                                                            \
-    } while (0)
+    const int64_t spatial = 2;
+    const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
+    if ((s = nb__cudnn_make(c, keep, CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, &cd)) ||
+        (s = nb__cudnn_set(c, cd, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp)) ||
+        (s = nb__cudnn_set(c, cd, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode)) ||
+        (s = nb__cudnn_set(c, cd, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial)) ||
+        (s = nb__cudnn_set(c, cd, CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, p->dilation)) ||
+        (s = nb__cudnn_set(c, cd, CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, p->stride)) ||
+        (s = nb__cudnn_set(c, cd, CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, p->pad)) ||
+        (s = nb__cudnn_set(c, cd, CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, p->pad)) ||
+        (s = nb__cudnn_finalize(c, cd, "the convolution descriptor")))
+        return s;
+
+    /* y = 1 * conv + 0 * y: the scalars in the compute type */
+    const float one_f = 1.0f, zero_f = 0.0f;
+    const double one_d = 1.0, zero_d = 0.0;
+    const bool dbl = p->dtype == NB_F64;
+    const cudnnBackendAttributeType_t st_type = dbl ? CUDNN_TYPE_DOUBLE : CUDNN_TYPE_FLOAT;
+    const void *one = dbl ? (const void *)&one_d : (const void *)&one_f;
+    const void *zero = dbl ? (const void *)&zero_d : (const void *)&zero_f;
+    static const cudnnBackendDescriptorType_t kinds[3] = {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+                                                          CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+                                                          CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR};
+    /* per direction: the attributes of x, w, y, the convolution, alpha, beta */
+    static const cudnnBackendAttributeName_t attr[3][6] = {
+        {CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+         CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+         CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA},
+        {CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+         CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+         CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA},
+        {CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+         CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+         CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA},
+    };
+    const cudnnBackendAttributeName_t *a = attr[p->which];
+    if ((s = nb__cudnn_make(c, keep, kinds[p->which], &op)) ||
+        (s = nb__cudnn_set(c, op, a[0], CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &x)) ||
+        (s = nb__cudnn_set(c, op, a[1], CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &w)) ||
+        (s = nb__cudnn_set(c, op, a[2], CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &y)) ||
+        (s = nb__cudnn_set(c, op, a[3], CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cd)) ||
+        (s = nb__cudnn_set(c, op, a[4], st_type, 1, one)) || (s = nb__cudnn_set(c, op, a[5], st_type, 1, zero)) ||
+        (s = nb__cudnn_finalize(c, op, "the convolution operation")))
+        return s;
+    ops[0] = op;
+    *nops = 1;
+    return NB_OK;
+}
 
 /* ---- views for the layout copies ---- */
 
@@ -226,18 +217,6 @@ static nb_view interior(void *padded, nb_dtype dt, bool nchw, int64_t N, int64_t
     return view_of((char *)padded + (top * Wp + left) * C * es, dt, shape, st);
 }
 
-static bool fits_int(int64_t v) { return v >= 0 && v <= INT_MAX; }
-
-static cudnnDataType_t cudnn_dtype(nb_dtype dt)
-{
-    switch (dt) {
-    case NB_F64: return CUDNN_DATA_DOUBLE;
-    case NB_F16: return CUDNN_DATA_HALF;
-    case NB_BF16: return CUDNN_DATA_BFLOAT16;
-    default: return CUDNN_DATA_FLOAT;
-    }
-}
-
 /* out/a/b as the table gives them: 0 (y, x, w), 1 (dx, dy, w), 2 (dw, x, dy). */
 static nb_status conv(nb_gpu_ctx *c, int which, const nb_conv2d_desc *d, const nb_view *out, const nb_view *a,
                       const nb_view *b)
@@ -251,13 +230,13 @@ static nb_status conv(nb_gpu_ctx *c, int which, const nb_conv2d_desc *d, const n
                         nb_dtype_name(b->dtype), nb_dtype_name(dt));
     if (out->numel == 0)
         return NB_OK;
-    /* The padding cuDNN can do itself: the top/left pad on both sides gives P and Q. */
+    /* The padding the plan can do itself: the top/left pad on both sides gives P and Q. */
     const int64_t span_h = (int64_t)d->dilation[0] * (d->R - 1) + 1, span_w = (int64_t)d->dilation[1] * (d->S - 1) + 1;
     bool sym = d->H + 2 * (int64_t)d->pad[0] >= span_h && d->W + 2 * (int64_t)d->pad[1] >= span_w &&
                (d->H + 2 * (int64_t)d->pad[0] - span_h) / d->stride[0] + 1 == d->P &&
                (d->W + 2 * (int64_t)d->pad[1] - span_w) / d->stride[1] + 1 == d->Q;
     int64_t Hc = d->H, Wc = d->W; /* the image cuDNN sees */
-    int pad_h = d->pad[0], pad_w = d->pad[1];
+    int64_t pad_h = d->pad[0], pad_w = d->pad[1];
     if (!sym) {
         int64_t bh = (d->P - 1) * d->stride[0] + span_h - d->H - d->pad[0];
         int64_t bw = (d->Q - 1) * d->stride[1] + span_w - d->W - d->pad[1];
@@ -266,203 +245,99 @@ static nb_status conv(nb_gpu_ctx *c, int which, const nb_conv2d_desc *d, const n
         pad_h = pad_w = 0;
     }
     const int64_t Cg = d->C / d->groups;
-    if (!fits_int(d->N) || !fits_int(d->C) || !fits_int(d->K) || !fits_int(Hc) || !fits_int(Wc) ||
-        !fits_int(d->N * Hc * Wc * d->C) || !fits_int(d->N * d->P * d->Q * d->K) ||
-        !fits_int(d->R * d->S * Cg * d->K))
-        return nb__fail(NB_ERR_UNSUPPORTED, "%s: a tensor of %lld x %lld x %lld x %lld is too large for cuDNN on %s",
-                        op, (long long)d->N, (long long)Hc, (long long)Wc, (long long)d->C, c->dev->name);
-
-    cudnnHandle_t h;
-    nb_status st = handle_of(c, &h);
-    if (st)
-        return st;
     const size_t es = nb_dtype_size(dt);
-    const cudnnDataType_t cdt = cudnn_dtype(dt);
     /* The layout cuDNN computes in: the images' own, except f64, which runs
-     * NCHW (cuDNN's NHWC support for double is partial, so frameworks keep
-     * double convolutions NCHW too): NHWC f64 images go through scratch. */
+     * NCHW (cuDNN's engines for double are NCHW ones, as frameworks keep
+     * double convolutions NCHW): NHWC f64 images go through scratch. */
     const bool cn = d->nchw || dt == NB_F64, relayout = cn != d->nchw;
-    const cudnnTensorFormat_t fmt = cn ? CUDNN_TENSOR_NCHW : CUDNN_TENSOR_NHWC;
     const bool tf32 = dt == NB_F32 && nb_gpu_tf32(), det = nb_deterministic();
-    cudnnTensorDescriptor_t xd = NULL, yd = NULL;
-    cudnnFilterDescriptor_t wd = NULL;
-    cudnnConvolutionDescriptor_t cd = NULL;
-    void *wbuf = NULL, *xpad = NULL, *ws = NULL, *xtmp = NULL, *ytmp = NULL;
+    const unsigned flags = NB_CUDNN_EXACT_INPUTS | (dt != NB_F32 || tf32 ? NB_CUDNN_ALLOW_TENSOR_CORE : 0) |
+                           (det ? NB_CUDNN_DETERMINISTIC : 0);
+    /* sizes of the scratch blocks: the callers checked that the tensors' fit */
+    const int64_t padded_shape[4] = {d->N, Hc, Wc, d->C};
+    int64_t xpad_n = sym ? 0 : nb__shape_numel(4, padded_shape);
+    if (xpad_n < 0 || __builtin_mul_overflow(xpad_n, (int64_t)es, &xpad_n))
+        return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: a padded image of %lld x %lld x %lld x %lld is too large", op,
+                        (long long)d->N, (long long)Hc, (long long)Wc, (long long)d->C);
     const size_t wbytes = (size_t)(d->R * d->S * Cg * d->K) * es;
-    const size_t xpad_bytes = sym ? 0 : (size_t)(d->N * Hc * Wc * d->C) * es;
+    void *wbuf = NULL, *xpad = NULL, *xtmp = NULL, *ytmp = NULL;
+    nb_status st = NB_OK;
 
-    CUDNN_CALL(c, cudnnCreateTensorDescriptor(&xd));
-    CUDNN_CALL(c, cudnnCreateTensorDescriptor(&yd));
-    CUDNN_CALL(c, cudnnCreateFilterDescriptor(&wd));
-    CUDNN_CALL(c, cudnnCreateConvolutionDescriptor(&cd));
-    CUDNN_CALL(c, cudnnSetTensor4dDescriptor(xd, fmt, cdt, (int)d->N, (int)d->C, (int)Hc, (int)Wc));
-    CUDNN_CALL(c, cudnnSetTensor4dDescriptor(yd, fmt, cdt, (int)d->N, (int)d->K, (int)d->P, (int)d->Q));
-    CUDNN_CALL(c, cudnnSetFilter4dDescriptor(wd, cdt, fmt, (int)d->K, (int)Cg, (int)d->R, (int)d->S));
-    CUDNN_CALL(c, cudnnSetConvolution2dDescriptor(cd, pad_h, pad_w, d->stride[0], d->stride[1], d->dilation[0],
-                                                  d->dilation[1], CUDNN_CROSS_CORRELATION,
-                                                  dt == NB_F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT));
-    CUDNN_CALL(c, cudnnSetConvolutionGroupCount(cd, d->groups));
-    const cudnnMathType_t math = dt == NB_F32 ? (tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH)
-                                 : dt == NB_F64 ? CUDNN_DEFAULT_MATH
-                                                : CUDNN_TENSOR_OP_MATH;
-    CUDNN_CALL(c, cudnnSetConvolutionMathType(cd, math));
-
-    /* the algorithm, cached */
-    algo_entry *e;
-    pthread_mutex_lock(&g_algo_lock);
-    unsigned hk = key_hash(which, d);
-    for (e = g_algos[hk]; e && !same_key(e, which, c->ordinal, dt, tf32, det, d); e = e->next)
-        ;
-    pthread_mutex_unlock(&g_algo_lock);
-    if (!e) {
-        algo_entry ne;
-        memset(&ne, 0, sizeof ne);
-        ne.which = which, ne.ordinal = c->ordinal, ne.dtype = dt, ne.tf32 = tf32, ne.det = det, ne.d = *d;
-        int found = 0, pick = -1;
-        /* a workspace of at most an eighth of the card (1 GiB at most) */
-        size_t ws_limit = c->phys->total_memory / 8;
-        if (ws_limit > ((size_t)1 << 30) || ws_limit == 0)
-            ws_limit = (size_t)1 << 30;
-        if (which == 0) {
-            cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-            CUDNN_CALL(c, cudnnGetConvolutionForwardAlgorithm_v7(h, xd, wd, cd, yd, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
-                                                                 &found, perf));
-            PICK_ALGO(perf, found, det, ws_limit, pick);
-            if (pick >= 0)
-                ne.algo = perf[pick].algo, ne.math = perf[pick].mathType, ne.ws = perf[pick].memory;
-        } else if (which == 1) {
-            cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
-            CUDNN_CALL(c, cudnnGetConvolutionBackwardDataAlgorithm_v7(h, wd, yd, cd, xd,
-                                                                      CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &found,
-                                                                      perf));
-            PICK_ALGO(perf, found, det, ws_limit, pick);
-            if (pick >= 0)
-                ne.algo = perf[pick].algo, ne.math = perf[pick].mathType, ne.ws = perf[pick].memory;
-        } else {
-            cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-            CUDNN_CALL(c, cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, xd, yd, cd, wd,
-                                                                        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-                                                                        &found, perf));
-            PICK_ALGO(perf, found, det, ws_limit, pick);
-            if (pick >= 0)
-                ne.algo = perf[pick].algo, ne.math = perf[pick].mathType, ne.ws = perf[pick].memory;
-        }
-        if (pick < 0) {
-            st = nb__fail(NB_ERR_UNSUPPORTED, "%s: cuDNN has no %salgorithm for this %s convolution on %s", op,
-                          det ? "deterministic " : "", nb_dtype_name(dt), c->dev->name);
-            goto done;
-        }
-        /* f32 without TF32 must not be given a tensor-op algorithm */
-        if (dt == NB_F32 && !tf32)
-            ne.math = CUDNN_FMA_MATH;
-        pthread_mutex_lock(&g_algo_lock);
-        for (e = g_algos[hk]; e && !same_key(e, which, c->ordinal, dt, tf32, det, d); e = e->next)
-            ;
-        if (!e && (e = malloc(sizeof *e))) {
-            *e = ne;
-            e->next = g_algos[hk];
-            g_algos[hk] = e;
-        }
-        pthread_mutex_unlock(&g_algo_lock);
-        if (!e) {
-            st = nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
-            goto done;
-        }
-    }
-    CUDNN_CALL(c, cudnnSetConvolutionMathType(cd, e->math));
-    /* the workspace the chosen algorithm needs with these descriptors */
-    size_t ws_bytes = 0;
-    if (which == 0)
-        CUDNN_CALL(c, cudnnGetConvolutionForwardWorkspaceSize(h, xd, wd, cd, yd, (cudnnConvolutionFwdAlgo_t)e->algo,
-                                                              &ws_bytes));
-    else if (which == 1)
-        CUDNN_CALL(c, cudnnGetConvolutionBackwardDataWorkspaceSize(h, wd, yd, cd, xd,
-                                                                   (cudnnConvolutionBwdDataAlgo_t)e->algo, &ws_bytes));
-    else
-        CUDNN_CALL(c, cudnnGetConvolutionBackwardFilterWorkspaceSize(h, xd, yd, cd, wd,
-                                                                     (cudnnConvolutionBwdFilterAlgo_t)e->algo,
-                                                                     &ws_bytes));
-    if (ws_bytes && !(ws = nb__gpu_malloc(c, ws_bytes))) {
-        st = NB_ERR_OUT_OF_MEMORY;
-        goto done;
-    }
-
-    /* the filter in cuDNN's order */
-    if (!(wbuf = nb__gpu_malloc(c, wbytes))) {
-        st = NB_ERR_OUT_OF_MEMORY;
-        goto done;
-    }
-    nb_view user_w = filter_as_cudnn(which == 2 ? out->data : b->data, dt, cn, d);
-    nb_view cw = contiguous_like(wbuf, &user_w);
-    if (which != 2 && (st = nb__gpu_copy(c, &cw, &user_w)))
-        goto done;
-    /* The images as cuDNN reads them: in the compute layout (a scratch copy
-     * when it is not the tensors' own), x zero-padded when cuDNN cannot pad
-     * as asked. Logical views in the compute layout over the tensors' data: */
+    /* The views in the compute layout over the tensors' data, and the
+     * pointers cuDNN reads or writes: scratch copies in the compute layout
+     * when it is not the tensors' own, x zero-padded when the plan cannot pad
+     * as asked, the filter in cuDNN's order. */
     const nb_view xv = image_logical(which == 1 ? out->data : a->data, dt, d->nchw, cn, d->N, d->H, d->W, d->C);
     const nb_view yv = image_logical(which == 0 ? out->data : which == 1 ? a->data : b->data, dt, d->nchw, cn,
                                      d->N, d->P, d->Q, d->K);
     void *x_for = which == 1 ? out->data : a->data, *y_for = which == 0 ? out->data : which == 1 ? a->data : b->data;
-    if (!sym) {
-        if (!(xpad = nb__gpu_malloc(c, xpad_bytes))) {
-            st = NB_ERR_OUT_OF_MEMORY;
-            goto done;
-        }
+    if (!(wbuf = nb__gpu_malloc(c, wbytes)) || (!sym && !(xpad = nb__gpu_malloc(c, (size_t)xpad_n))) ||
+        (sym && relayout && !(xtmp = nb__gpu_malloc(c, (size_t)xv.numel * es))) ||
+        (relayout && !(ytmp = nb__gpu_malloc(c, (size_t)yv.numel * es)))) {
+        st = NB_ERR_OUT_OF_MEMORY;
+        goto done;
+    }
+    x_for = xpad ? xpad : xtmp ? xtmp : x_for;
+    y_for = ytmp ? ytmp : y_for;
+
+    /* the plan, cached per problem */
+    void *ptrs[3] = {x_for, wbuf, y_for};
+    const conv_problem prob = {
+        .which = which, .dtype = dt, .cn = cn, .align = nb__cudnn_alignment(es, 3, ptrs),
+        .N = d->N, .C = d->C, .H = Hc, .W = Wc, .K = d->K, .Cg = Cg, .R = d->R, .S = d->S, .P = d->P, .Q = d->Q,
+        .pad = {pad_h, pad_w}, .stride = {d->stride[0], d->stride[1]}, .dilation = {d->dilation[0], d->dilation[1]},
+    };
+    int64_t key[CONV_KEY_LEN];
+    conv_key(&prob, flags, key);
+    const nb_cudnn_plan *plan;
+    if ((st = nb__cudnn_plan_for(c, op, key, CONV_KEY_LEN, flags, conv_build, &prob, &plan))) {
+        if (st == NB_ERR_UNSUPPORTED)
+            nb__fail(st, "%s: cuDNN has no %sengine for this %s convolution (%lld x %lld x %lld x %lld, %lldx%lld "
+                         "filter, %lld groups) on %s",
+                     op, det ? "deterministic " : "", nb_dtype_name(dt), (long long)d->N, (long long)d->H,
+                     (long long)d->W, (long long)d->C, (long long)d->R, (long long)d->S, (long long)d->groups,
+                     c->dev->name);
+        goto done;
+    }
+
+    /* inputs into the compute layout */
+    nb_view user_w = filter_as_cudnn(which == 2 ? out->data : b->data, dt, cn, d);
+    nb_view cw = contiguous_like(wbuf, &user_w);
+    if (which != 2 && (st = nb__gpu_copy(c, &cw, &user_w)))
+        goto done;
+    if (xpad) {
         nb_view full = image_view(xpad, dt, cn, d->N, Hc, Wc, d->C);
         nb_view in = interior(xpad, dt, cn, d->N, Hc, Wc, d->C, d->H, d->W, d->pad[0], d->pad[1]);
         if (which != 1 && ((st = nb__gpu_fill(c, &full, 0.0)) || (st = nb__gpu_copy(c, &in, &xv))))
             goto done;
-        x_for = xpad;
-    } else if (relayout) {
-        if (!(xtmp = nb__gpu_malloc(c, (size_t)xv.numel * es))) {
-            st = NB_ERR_OUT_OF_MEMORY;
-            goto done;
-        }
+    } else if (xtmp) {
         nb_view t = contiguous_like(xtmp, &xv);
         if (which != 1 && (st = nb__gpu_copy(c, &t, &xv)))
             goto done;
-        x_for = xtmp;
     }
-    if (relayout) {
-        if (!(ytmp = nb__gpu_malloc(c, (size_t)yv.numel * es))) {
-            st = NB_ERR_OUT_OF_MEMORY;
-            goto done;
-        }
+    if (ytmp) {
         nb_view t = contiguous_like(ytmp, &yv);
         if (which != 0 && (st = nb__gpu_copy(c, &t, &yv)))
             goto done;
-        y_for = ytmp;
     }
-    const float one_f = 1.0f, zero_f = 0.0f;
-    const double one_d = 1.0, zero_d = 0.0;
-    const void *one = dt == NB_F64 ? (const void *)&one_d : (const void *)&one_f;
-    const void *zero = dt == NB_F64 ? (const void *)&zero_d : (const void *)&zero_f;
-    if (which == 0) {
-        CUDNN_CALL(c, cudnnConvolutionForward(h, one, xd, x_for, wd, wbuf, cd, (cudnnConvolutionFwdAlgo_t)e->algo, ws,
-                                              ws_bytes, zero, yd, y_for));
+
+    static const int64_t uids[3] = {UID_X, UID_W, UID_Y};
+    if ((st = nb__cudnn_run(c, op, plan, 3, uids, ptrs)))
+        goto done;
+
+    /* the result out of the compute layout */
+    if (which == 0 && ytmp) {
         nb_view t = contiguous_like(ytmp, &yv);
-        if (relayout && (st = nb__gpu_copy(c, &yv, &t)))
-            goto done;
-    } else if (which == 1) {
-        CUDNN_CALL(c, cudnnConvolutionBackwardData(h, one, wd, wbuf, yd, y_for, cd,
-                                                   (cudnnConvolutionBwdDataAlgo_t)e->algo, ws, ws_bytes, zero, xd,
-                                                   x_for));
-        /* out of the padded block or the scratch copy */
-        nb_view from = !sym ? interior(xpad, dt, cn, d->N, Hc, Wc, d->C, d->H, d->W, d->pad[0], d->pad[1])
+        st = nb__gpu_copy(c, &yv, &t);
+    } else if (which == 1 && (xpad || xtmp)) {
+        nb_view from = xpad ? interior(xpad, dt, cn, d->N, Hc, Wc, d->C, d->H, d->W, d->pad[0], d->pad[1])
                             : contiguous_like(xtmp, &xv);
-        if ((!sym || relayout) && (st = nb__gpu_copy(c, &xv, &from)))
-            goto done;
-    } else {
-        CUDNN_CALL(c, cudnnConvolutionBackwardFilter(h, one, xd, x_for, yd, y_for, cd,
-                                                     (cudnnConvolutionBwdFilterAlgo_t)e->algo, ws, ws_bytes, zero, wd,
-                                                     wbuf));
-        if ((st = nb__gpu_copy(c, &user_w, &cw)))
-            goto done;
+        st = nb__gpu_copy(c, &xv, &from);
+    } else if (which == 2) {
+        st = nb__gpu_copy(c, &user_w, &cw);
     }
 done:
     /* stream-ordered frees: the queued work still owns these blocks */
-    if (ws)
-        nb__gpu_free(c, ws);
     if (wbuf)
         nb__gpu_free(c, wbuf);
     if (xpad)
@@ -471,14 +346,6 @@ done:
         nb__gpu_free(c, xtmp);
     if (ytmp)
         nb__gpu_free(c, ytmp);
-    if (cd)
-        cudnnDestroyConvolutionDescriptor(cd);
-    if (wd)
-        cudnnDestroyFilterDescriptor(wd);
-    if (yd)
-        cudnnDestroyTensorDescriptor(yd);
-    if (xd)
-        cudnnDestroyTensorDescriptor(xd);
     return st;
 }
 

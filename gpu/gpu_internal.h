@@ -7,6 +7,7 @@
  *   gpu_transfer.c    host <-> device and device <-> device copies, synchronize
  *   gpu_backend.c     the nb_backend table: thin wrappers that enter the device
  *   gpu_matmul.c      matmul through cuBLAS, TF32 switch
+ *   gpu_cudnn.c       cuDNN's graph API: handle, descriptors, the plan cache
  *   gpu_conv.c        conv2d and its gradients through cuDNN
  *   gpu_nccl.c        collectives through NCCL (when NCCL is found)
  *   gpu_*.cu          the kernels (elementwise, reduce, softmax, index, random, optim)
@@ -81,7 +82,8 @@ typedef struct nb_gpu_ctx {
                                  (uploads of 1 MiB or more on copy_stream, ordered before it) */
     cudaEvent_t join_event;   /* recorded on stream to order another stream after it */
     void *cublas;             /* cublasHandle_t, made by gpu_matmul.c on first matmul */
-    void *cudnn;              /* cudnnHandle_t, made by gpu_conv.c on first convolution */
+    void *cudnn;              /* cudnnHandle_t, made by gpu_cudnn.c on first use */
+    void *cudnn_prop;         /* its device-property descriptor (NULL before cuDNN 9.8) */
     nb_gpu_index_error *index_err;      /* device memory, lazily */
     nb_gpu_index_error *index_err_host; /* pinned mirror */
     int index_armed;          /* an index check was queued since the last report (__atomic) */

@@ -1,0 +1,98 @@
+/* cuDNN's graph API (cudnn_graph, the cudnnBackend* descriptors) as the GPU
+ * backend's files use it: the device's handle, tensor descriptors, an
+ * execution plan chosen once per problem and cached, and running a plan.
+ *
+ * A caller describes its problem by a key of int64s (its kind first, then
+ * every number that changes the plan: shapes, strides, dtypes, alignment,
+ * math and determinism switches) and asks nb__cudnn_plan_for for the plan;
+ * on a miss its build function makes the operation descriptors and
+ * nb__cudnn_plan_for runs the heuristics, keeps the first engine
+ * configuration the filter allows that finalizes (preferring one whose
+ * workspace fits the limit) and caches it with every descriptor it refers to.
+ * Internal to gpu/. */
+#ifndef NB_GPU_CUDNN_H
+#define NB_GPU_CUDNN_H
+
+#include "gpu_internal.h"
+
+/* The graph library's header alone: the legacy convolution, pooling and
+ * normalisation calls (cudnn_ops.h, cudnn_cnn.h), which cuDNN 9 deprecates,
+ * are not even declared here. */
+#include <cudnn_graph.h>
+
+/* The device's cuDNN handle, bound to its stream, made on first use.
+ * NB_ERR_BACKEND when cuDNN cannot be started on the device. */
+nb_status nb__cudnn_handle(nb_gpu_ctx *c, cudnnHandle_t *out);
+
+/* cuDNN's failure as an nb_status (NB_ERR_BACKEND) naming the call and device. */
+nb_status nb__cudnn_fail(const nb_gpu_ctx *c, const char *call, cudnnStatus_t s);
+
+/* cuDNN's data type for a floating nb_dtype (f32 for any other). */
+cudnnDataType_t nb__cudnn_dtype(nb_dtype dt);
+
+/* The largest of 16, 8, 4, 2 bytes dividing every pointer given, at least
+ * the element size: the alignment a tensor descriptor may promise. */
+int64_t nb__cudnn_alignment(size_t elem_size, int n, void *const *ptrs);
+
+/* The descriptors one plan is built from, kept alive as long as the plan. */
+#define NB_CUDNN_MAX_DESCS 16
+typedef struct nb_cudnn_descs {
+    cudnnBackendDescriptor_t d[NB_CUDNN_MAX_DESCS];
+    int n;
+} nb_cudnn_descs;
+
+/* Makes a finalized tensor descriptor (dims and strides in elements, nd of
+ * them) and keeps it in keep. NB_ERR_BACKEND on cuDNN's refusal;
+ * NB_ERR_OUT_OF_MEMORY when keep is full. */
+nb_status nb__cudnn_tensor(const nb_gpu_ctx *c, nb_cudnn_descs *keep, int64_t uid, cudnnDataType_t dt, int nd,
+                           const int64_t *dims, const int64_t *strides, int64_t alignment,
+                           cudnnBackendDescriptor_t *out);
+
+/* Makes a descriptor of the given type and keeps it in keep (not finalized). */
+nb_status nb__cudnn_make(const nb_gpu_ctx *c, nb_cudnn_descs *keep, cudnnBackendDescriptorType_t type,
+                         cudnnBackendDescriptor_t *out);
+
+/* cudnnBackendSetAttribute as an nb_status naming the attribute. */
+nb_status nb__cudnn_set(const nb_gpu_ctx *c, cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
+                        cudnnBackendAttributeType_t type, int64_t count, const void *values);
+
+/* cudnnBackendFinalize as an nb_status naming what was finalized; a
+ * "not supported" refusal is NB_ERR_UNSUPPORTED and is not recorded (the
+ * caller may have another way). */
+nb_status nb__cudnn_finalize(const nb_gpu_ctx *c, cudnnBackendDescriptor_t d, const char *what);
+
+/* Which engine configurations a plan may use. */
+enum {
+    NB_CUDNN_ALLOW_TENSOR_CORE = 1, /* tensor-core engines (TF32 for f32) */
+    NB_CUDNN_DETERMINISTIC = 2,     /* refuse engines cuDNN notes as nondeterministic */
+    NB_CUDNN_EXACT_INPUTS = 4,      /* refuse engines that down-convert inputs or reduce in lower precision */
+};
+
+/* Builds the operation descriptors of a problem into keep and returns them in
+ * ops (at most 8, *nops of them); NB_ERR_UNSUPPORTED, not recorded, for a
+ * problem cuDNN cannot take. */
+typedef nb_status (*nb_cudnn_build_fn)(const nb_gpu_ctx *c, nb_cudnn_descs *keep, cudnnBackendDescriptor_t *ops,
+                                       int *nops, const void *arg);
+
+/* A cached plan: run it with nb__cudnn_run. Owned by the cache (the process's
+ * lifetime). */
+typedef struct nb_cudnn_plan {
+    cudnnBackendDescriptor_t plan;
+    int64_t workspace; /* bytes */
+} nb_cudnn_plan;
+
+/* The plan for key (nkey int64s; key[0] the caller's kind) on c's card,
+ * built with build(arg) and chosen under the flags on a miss. op names the
+ * op in messages. NB_ERR_UNSUPPORTED, not recorded, when cuDNN has no engine
+ * for it: the caller falls back to its own kernels or records the error (the
+ * miss is cached too, so asking again is cheap); NB_ERR_BACKEND or
+ * NB_ERR_OUT_OF_MEMORY, recorded, otherwise. */
+nb_status nb__cudnn_plan_for(nb_gpu_ctx *c, const char *op, const int64_t *key, int nkey, unsigned flags,
+                             nb_cudnn_build_fn build, const void *arg, const nb_cudnn_plan **out);
+
+/* Runs plan on c's stream with the n (uid, pointer) pairs and a workspace
+ * from the caching allocator (freed in stream order). */
+nb_status nb__cudnn_run(nb_gpu_ctx *c, const char *op, const nb_cudnn_plan *plan, int n, const int64_t *uids,
+                        void *const *ptrs);
+
+#endif
