@@ -144,13 +144,15 @@ static nb_status gpu_max_pool2d_grad(nb_device *dev, const nb_pool2d_desc *d, co
 static nb_status gpu_avg_pool2d(nb_device *dev, const nb_pool2d_desc *d, const nb_view *out, const nb_view *x)
 {
     ENTER(dev, "avg_pool2d");
-    return nb__gpu_avg_pool2d(c, d, out, x);
+    nb_status st = nb__cudnn_avg_pool2d(c, d, out, x);
+    return st == NB_ERR_UNSUPPORTED ? nb__gpu_avg_pool2d(c, d, out, x) : st;
 }
 
 static nb_status gpu_avg_pool2d_grad(nb_device *dev, const nb_pool2d_desc *d, const nb_view *out, const nb_view *dy)
 {
     ENTER(dev, "avg_pool2d_grad");
-    return nb__gpu_avg_pool2d_grad(c, d, out, dy);
+    nb_status st = nb__cudnn_avg_pool2d_grad(c, d, out, dy);
+    return st == NB_ERR_UNSUPPORTED ? nb__gpu_avg_pool2d_grad(c, d, out, dy) : st;
 }
 
 static nb_status gpu_channel_moments(nb_device *dev, const int64_t shape[3], const nb_view *sum,

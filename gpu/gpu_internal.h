@@ -9,6 +9,7 @@
  *   gpu_matmul.c      matmul through cuBLAS, TF32 switch
  *   gpu_cudnn.c       cuDNN's graph API: handle, descriptors, the plan cache
  *   gpu_conv.c        conv2d and its gradients through cuDNN
+ *   gpu_pool_cudnn.c  average pooling through cuDNN (own kernels as fallback)
  *   gpu_nccl.c        collectives through NCCL (when NCCL is found)
  *   gpu_*.cu          the kernels (elementwise, reduce, softmax, index, random, optim)
  *   gpu_stub.c        the whole of it when CUDA is off */
@@ -229,6 +230,12 @@ nb_status nb__gpu_conv2d_backward_data(nb_gpu_ctx *c, const nb_conv2d_desc *d, c
                                        const nb_view *w);
 nb_status nb__gpu_conv2d_backward_filter(nb_gpu_ctx *c, const nb_conv2d_desc *d, const nb_view *dw,
                                          const nb_view *x, const nb_view *dy);
+/* gpu_pool_cudnn.c: avg_pool2d and its gradient (the entries' contracts)
+ * through cuDNN; NB_ERR_UNSUPPORTED, not recorded, when cuDNN has no engine
+ * for the problem (or NB_POOL_PLAIN=1): the caller then uses gpu_pool.cu's. */
+nb_status nb__cudnn_avg_pool2d(nb_gpu_ctx *c, const nb_pool2d_desc *d, const nb_view *out, const nb_view *x);
+nb_status nb__cudnn_avg_pool2d_grad(nb_gpu_ctx *c, const nb_pool2d_desc *d, const nb_view *out,
+                                    const nb_view *dy);
 /* gpu_softmax.cu */
 nb_status nb__gpu_softmax(nb_gpu_ctx *c, bool log, const nb_view *out, const nb_view *x);
 /* gpu_index.cu */
