@@ -44,16 +44,22 @@ nb_status nb__cudnn_handle(nb_gpu_ctx *c, cudnnHandle_t *out)
             st = nb__cudnn_fail(c, "cudnnSetStream", s);
         } else if (has_deviceprop()) {
 #if CUDNN_VERSION >= 90800
-            /* the device's properties, for the heuristics and the plans */
-            if ((s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, &prop)) ||
-                (s = cudnnBackendSetAttribute(prop, CUDNN_ATTR_DEVICEPROP_HANDLE, CUDNN_TYPE_HANDLE, 1, &h)) ||
-                (s = cudnnBackendFinalize(prop)))
-                st = nb__cudnn_fail(c, "the cuDNN device-property descriptor", s);
+            /* the device's properties, for the heuristics and the plans; a
+             * cuDNN that will not make them is reached through the handle */
+            if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, &prop) != CUDNN_STATUS_SUCCESS)
+                prop = NULL;
+            else if (cudnnBackendSetAttribute(prop, CUDNN_ATTR_DEVICEPROP_HANDLE, CUDNN_TYPE_HANDLE, 1, &h) !=
+                         CUDNN_STATUS_SUCCESS ||
+                     cudnnBackendFinalize(prop) != CUDNN_STATUS_SUCCESS) {
+                cudnnBackendDestroyDescriptor(prop);
+                prop = NULL;
+            }
+            if (!prop)
+                nb__log(NB_LOG_DEBUG, "%s: cuDNN's device-property descriptor failed; using the handle",
+                        c->dev->name);
 #endif
         }
         if (st) {
-            if (prop)
-                cudnnBackendDestroyDescriptor(prop);
             if (h)
                 cudnnDestroy(h);
         } else {
