@@ -151,9 +151,13 @@ nb_status nb__cudnn_tensor(const nb_gpu_ctx *c, nb_cudnn_descs *keep, int64_t ui
 
 /* ---- the plan cache ---- */
 
+/* Plans are kept per logical device: two devices on one card run on their
+ * own handles and streams, possibly from two threads at once, and a plan is
+ * not shared between concurrent executions. */
 typedef struct plan_entry {
     struct plan_entry *next;
-    int ordinal, nkey;
+    const nb_gpu_ctx *owner;
+    int nkey;
     int64_t *key;
     nb_cudnn_plan plan; /* plan.plan NULL: cuDNN has no engine for it */
     nb_cudnn_descs keep;
@@ -163,19 +167,19 @@ typedef struct plan_entry {
 static plan_entry *g_plans[PLAN_BUCKETS];
 static pthread_mutex_t g_plan_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static unsigned plan_hash(int ordinal, const int64_t *key, int nkey)
+static unsigned plan_hash(const nb_gpu_ctx *owner, const int64_t *key, int nkey)
 {
-    uint64_t h = 1469598103934665603ull ^ (uint64_t)ordinal;
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)(uintptr_t)owner;
     for (int i = 0; i < nkey; i++)
         h = (h ^ (uint64_t)key[i]) * 1099511628211ull;
     return (unsigned)(h % PLAN_BUCKETS);
 }
 
 /* Under g_plan_lock. */
-static plan_entry *plan_find(unsigned b, int ordinal, const int64_t *key, int nkey)
+static plan_entry *plan_find(unsigned b, const nb_gpu_ctx *owner, const int64_t *key, int nkey)
 {
     for (plan_entry *e = g_plans[b]; e; e = e->next)
-        if (e->ordinal == ordinal && e->nkey == nkey && memcmp(e->key, key, (size_t)nkey * sizeof *key) == 0)
+        if (e->owner == owner && e->nkey == nkey && memcmp(e->key, key, (size_t)nkey * sizeof *key) == 0)
             return e;
     return NULL;
 }
@@ -362,9 +366,9 @@ nb_status nb__cudnn_plan_for(nb_gpu_ctx *c, const char *op, const int64_t *key, 
                              nb_cudnn_build_fn build, const void *arg, const nb_cudnn_plan **out)
 {
     *out = NULL;
-    const unsigned b = plan_hash(c->ordinal, key, nkey);
+    const unsigned b = plan_hash(c, key, nkey);
     pthread_mutex_lock(&g_plan_lock);
-    plan_entry *e = plan_find(b, c->ordinal, key, nkey);
+    plan_entry *e = plan_find(b, c, key, nkey);
     pthread_mutex_unlock(&g_plan_lock);
     if (!e) {
         plan_entry *ne = calloc(1, sizeof *ne);
@@ -375,7 +379,7 @@ nb_status nb__cudnn_plan_for(nb_gpu_ctx *c, const char *op, const int64_t *key, 
             return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
         }
         memcpy(k, key, (size_t)nkey * sizeof *k);
-        ne->key = k, ne->nkey = nkey, ne->ordinal = c->ordinal;
+        ne->key = k, ne->nkey = nkey, ne->owner = c;
         nb_status st = plan_build(c, flags, build, arg, ne);
         if (st) {
             if (ne->plan.plan)
@@ -386,7 +390,7 @@ nb_status nb__cudnn_plan_for(nb_gpu_ctx *c, const char *op, const int64_t *key, 
             return st;
         }
         pthread_mutex_lock(&g_plan_lock);
-        e = plan_find(b, c->ordinal, key, nkey);
+        e = plan_find(b, c, key, nkey);
         if (!e) {
             ne->next = g_plans[b];
             g_plans[b] = e = ne;

@@ -81,7 +81,7 @@ typedef struct nb_cudnn_plan {
     int64_t workspace; /* bytes */
 } nb_cudnn_plan;
 
-/* The plan for key (nkey int64s; key[0] the caller's kind) on c's card,
+/* The plan for key (nkey int64s; key[0] the caller's kind) on device c,
  * built with build(arg) and chosen under the flags on a miss. op names the
  * op in messages. NB_ERR_UNSUPPORTED, not recorded, when cuDNN has no engine
  * for it: the caller falls back to its own kernels or records the error (the
