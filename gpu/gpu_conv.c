@@ -251,8 +251,10 @@ static nb_status conv(nb_gpu_ctx *c, int which, const nb_conv2d_desc *d, const n
      * double convolutions NCHW): NHWC f64 images go through scratch. */
     const bool cn = d->nchw || dt == NB_F64, relayout = cn != d->nchw;
     const bool tf32 = dt == NB_F32 && nb_gpu_tf32(), det = nb_deterministic();
-    const unsigned flags = NB_CUDNN_EXACT_INPUTS | (dt != NB_F32 || tf32 ? NB_CUDNN_ALLOW_TENSOR_CORE : 0) |
-                           (det ? NB_CUDNN_DETERMINISTIC : 0);
+    /* f32 and f64 exactly as stored (no input converted down, no reduction
+     * in lower precision); f16 and bf16 as cuDNN sees fit, as frameworks do */
+    const unsigned flags = (dt == NB_F32 || dt == NB_F64 ? NB_CUDNN_EXACT_INPUTS : 0) |
+                           (dt != NB_F32 || tf32 ? NB_CUDNN_ALLOW_TENSOR_CORE : 0) | (det ? NB_CUDNN_DETERMINISTIC : 0);
     /* sizes of the scratch blocks: the callers checked that the tensors' fit */
     const int64_t padded_shape[4] = {d->N, Hc, Wc, d->C};
     int64_t xpad_n = sym ? 0 : nb__shape_numel(4, padded_shape);
@@ -290,13 +292,14 @@ static nb_status conv(nb_gpu_ctx *c, int which, const nb_conv2d_desc *d, const n
     int64_t key[CONV_KEY_LEN];
     conv_key(&prob, flags, key);
     const nb_cudnn_plan *plan;
-    if ((st = nb__cudnn_plan_for(c, op, key, CONV_KEY_LEN, flags, conv_build, &prob, &plan))) {
+    const char *why;
+    if ((st = nb__cudnn_plan_for(c, op, key, CONV_KEY_LEN, flags, conv_build, &prob, &plan, &why))) {
         if (st == NB_ERR_UNSUPPORTED)
-            nb__fail(st, "%s: cuDNN has no %sengine for this %s convolution (%lld x %lld x %lld x %lld, %lldx%lld "
-                         "filter, %lld groups) on %s",
+            nb__fail(st, "%s: cuDNN has no %splan for this %s convolution (%lld x %lld x %lld x %lld, %lldx%lld "
+                         "filter, %lld groups) on %s: %s",
                      op, det ? "deterministic " : "", nb_dtype_name(dt), (long long)d->N, (long long)d->H,
                      (long long)d->W, (long long)d->C, (long long)d->R, (long long)d->S, (long long)d->groups,
-                     c->dev->name);
+                     c->dev->name, why ? why : "");
         goto done;
     }
 

@@ -15,6 +15,7 @@
  * first call would otherwise pay seconds of compilation per shape. */
 #include "gpu_cudnn.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,17 +93,30 @@ int64_t nb__cudnn_alignment(size_t elem_size, int n, void *const *ptrs)
     return a < (int64_t)elem_size ? (int64_t)elem_size : a;
 }
 
+/* Why this thread's last plan could not be made: a build step's refusal is
+ * not an error of its own (the caller may have another way), so it is noted
+ * here and kept with the cached miss. */
+static _Thread_local char t_why[NB_CUDNN_WHY_MAX];
+
+static nb_status refused(const char *what, cudnnStatus_t s)
+{
+    snprintf(t_why, sizeof t_why, "%s: %s", what, cudnnGetErrorString(s));
+    return NB_ERR_UNSUPPORTED;
+}
+
 nb_status nb__cudnn_make(const nb_gpu_ctx *c, nb_cudnn_descs *keep, cudnnBackendDescriptorType_t type,
                          cudnnBackendDescriptor_t *out)
 {
+    (void)c;
     *out = NULL;
-    if (keep->n >= NB_CUDNN_MAX_DESCS)
-        return nb__fail(NB_ERR_OUT_OF_MEMORY, "cuDNN graph on %s: more than %d descriptors", c->dev->name,
-                        NB_CUDNN_MAX_DESCS);
+    if (keep->n >= NB_CUDNN_MAX_DESCS) {
+        snprintf(t_why, sizeof t_why, "more than %d descriptors in one plan", NB_CUDNN_MAX_DESCS);
+        return NB_ERR_UNSUPPORTED;
+    }
     cudnnStatus_t s = cudnnBackendCreateDescriptor(type, out);
     if (s != CUDNN_STATUS_SUCCESS) {
         *out = NULL;
-        return nb__cudnn_fail(c, "cudnnBackendCreateDescriptor", s);
+        return refused("cudnnBackendCreateDescriptor", s);
     }
     keep->d[keep->n++] = *out;
     return NB_OK;
@@ -111,22 +125,20 @@ nb_status nb__cudnn_make(const nb_gpu_ctx *c, nb_cudnn_descs *keep, cudnnBackend
 nb_status nb__cudnn_set(const nb_gpu_ctx *c, cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
                         cudnnBackendAttributeType_t type, int64_t count, const void *values)
 {
+    (void)c;
     cudnnStatus_t s = cudnnBackendSetAttribute(d, name, type, count, values);
     if (s == CUDNN_STATUS_SUCCESS)
         return NB_OK;
-    return nb__fail(NB_ERR_BACKEND, "cudnnBackendSetAttribute (attribute %d) failed on %s: %s", (int)name,
-                    c->dev->name, cudnnGetErrorString(s));
+    char what[64];
+    snprintf(what, sizeof what, "setting attribute %d", (int)name);
+    return refused(what, s);
 }
 
 nb_status nb__cudnn_finalize(const nb_gpu_ctx *c, cudnnBackendDescriptor_t d, const char *what)
 {
+    (void)c;
     cudnnStatus_t s = cudnnBackendFinalize(d);
-    if (s == CUDNN_STATUS_SUCCESS)
-        return NB_OK;
-    /* a problem no engine takes is not an error yet: the caller may fall back */
-    if (s == CUDNN_STATUS_NOT_SUPPORTED || (s >= 3000 && s < 4000))
-        return NB_ERR_UNSUPPORTED;
-    return nb__fail(NB_ERR_BACKEND, "cuDNN refused %s on %s: %s", what, c->dev->name, cudnnGetErrorString(s));
+    return s == CUDNN_STATUS_SUCCESS ? NB_OK : refused(what, s);
 }
 
 nb_status nb__cudnn_tensor(const nb_gpu_ctx *c, nb_cudnn_descs *keep, int64_t uid, cudnnDataType_t dt, int nd,
@@ -161,6 +173,7 @@ typedef struct plan_entry {
     int64_t *key;
     nb_cudnn_plan plan; /* plan.plan NULL: cuDNN has no engine for it */
     nb_cudnn_descs keep;
+    char why[NB_CUDNN_WHY_MAX]; /* with no plan, why not */
 } plan_entry;
 
 #define PLAN_BUCKETS 128
@@ -231,25 +244,64 @@ done:
     return ok;
 }
 
-/* Sets the device on a heuristics or plan descriptor: its device-property
- * descriptor, or, for a cuDNN before 9.8, the handle (a plan's only way there). */
-static cudnnStatus_t set_device(const nb_gpu_ctx *c, cudnnBackendDescriptor_t d, bool is_plan, cudnnHandle_t h)
+/* Gives the heuristics the device: its device-property descriptor, or,
+ * before cuDNN 9.8, nothing (the graph carries the handle). */
+static cudnnStatus_t heur_device(const nb_gpu_ctx *c, cudnnBackendDescriptor_t heur)
 {
 #if CUDNN_VERSION >= 90800
     if (c->cudnn_prop) {
         cudnnBackendDescriptor_t prop = c->cudnn_prop;
-        return cudnnBackendSetAttribute(d, is_plan ? CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP
-                                                   : CUDNN_ATTR_ENGINEHEUR_DEVICEPROP,
-                                        CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &prop);
+        return cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                        &prop);
     }
 #endif
-    if (!is_plan)
-        return CUDNN_STATUS_SUCCESS; /* the graph carries the handle */
-    return cudnnBackendSetAttribute(d, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+    (void)c, (void)heur;
+    return CUDNN_STATUS_SUCCESS;
+}
+
+/* An execution plan of cfg, finalized, with its workspace size; NULL when it
+ * does not finalize. Before cuDNN 9.8 a plan takes the handle (its only way);
+ * after, it is tried as cuDNN's own front end makes it (from the engine
+ * configuration alone), then with the device-property descriptor. */
+static cudnnBackendDescriptor_t make_plan(const nb_gpu_ctx *c, cudnnBackendDescriptor_t cfg, cudnnHandle_t h,
+                                          int64_t *ws, cudnnStatus_t *why)
+{
+    for (int attempt = 0; attempt < 2; attempt++) {
+        cudnnBackendDescriptor_t plan = NULL;
+        int64_t n = 0;
+        cudnnStatus_t s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan);
+        if (s != CUDNN_STATUS_SUCCESS) {
+            *why = s;
+            return NULL;
+        }
+        s = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+                                     &cfg);
+        if (s == CUDNN_STATUS_SUCCESS && !c->cudnn_prop)
+            s = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &h);
+#if CUDNN_VERSION >= 90800
+        if (s == CUDNN_STATUS_SUCCESS && c->cudnn_prop && attempt == 1) {
+            cudnnBackendDescriptor_t prop = c->cudnn_prop;
+            s = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                         1, &prop);
+        }
+#endif
+        if (s == CUDNN_STATUS_SUCCESS)
+            s = cudnnBackendFinalize(plan);
+        if (s == CUDNN_STATUS_SUCCESS)
+            s = cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, ws);
+        if (s == CUDNN_STATUS_SUCCESS && *ws >= 0)
+            return plan;
+        cudnnBackendDestroyDescriptor(plan);
+        *why = s;
+        if (!c->cudnn_prop)
+            break;
+    }
+    return NULL;
 }
 
 /* Builds the problem, runs the heuristics and finalizes the chosen plan into
- * e (e->plan.plan stays NULL when no engine takes it). */
+ * e; with no plan, e->plan.plan stays NULL and e->why says why. Fails (the
+ * error recorded) only when cuDNN cannot be started on the device. */
 static nb_status plan_build(nb_gpu_ctx *c, unsigned flags, nb_cudnn_build_fn build, const void *arg,
                             plan_entry *e)
 {
@@ -257,21 +309,19 @@ static nb_status plan_build(nb_gpu_ctx *c, unsigned flags, nb_cudnn_build_fn bui
     nb_status st = nb__cudnn_handle(c, &h);
     if (st)
         return st;
-    cudnnBackendDescriptor_t ops[8];
+    cudnnBackendDescriptor_t ops[8], graph;
     int nops = 0;
-    if ((st = build(c, &e->keep, ops, &nops, arg)))
-        return st == NB_ERR_UNSUPPORTED ? NB_OK : st; /* no plan, cached as such */
-    cudnnBackendDescriptor_t graph;
-    if ((st = nb__cudnn_make(c, &e->keep, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &graph)) ||
-        (st = nb__cudnn_set(c, graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, nops, ops)))
-        return st;
-    if (!c->cudnn_prop) {
-        /* before cuDNN 9.8 (since deprecated) */
-        if ((st = nb__cudnn_set(c, graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h)))
-            return st;
+    t_why[0] = 0;
+    if (build(c, &e->keep, ops, &nops, arg) ||
+        nb__cudnn_make(c, &e->keep, CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &graph) ||
+        nb__cudnn_set(c, graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, nops, ops) ||
+        /* before cuDNN 9.8 the graph takes the handle (since deprecated) */
+        (!c->cudnn_prop &&
+         nb__cudnn_set(c, graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &h)) ||
+        nb__cudnn_finalize(c, graph, "the operation graph")) {
+        snprintf(e->why, sizeof e->why, "%s", t_why[0] ? t_why : "the problem was not described");
+        return NB_OK; /* no plan, cached as such */
     }
-    if ((st = nb__cudnn_finalize(c, graph, "the operation graph")))
-        return st == NB_ERR_UNSUPPORTED ? NB_OK : st;
 
     size_t limit = c->phys->total_memory / 8;
     if (limit > ((size_t)1 << 30) || limit == 0)
@@ -279,6 +329,8 @@ static nb_status plan_build(nb_gpu_ctx *c, unsigned flags, nb_cudnn_build_fn bui
     cudnnBackendDescriptor_t best = NULL, best_cfg = NULL;
     int64_t best_ws = 0;
     bool best_fits = false;
+    int offered = 0, refused_by_flags = 0, unfinalized = 0;
+    cudnnStatus_t heur_status = CUDNN_STATUS_SUCCESS, plan_status = CUDNN_STATUS_SUCCESS;
     const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
     /* pass 0: precompiled engines only; pass 1 also those compiled at run time */
     for (int pass = 0; pass < 2 && !best_fits; pass++) {
@@ -292,7 +344,7 @@ static nb_status plan_build(nb_gpu_ctx *c, unsigned flags, nb_cudnn_build_fn bui
             if (s == CUDNN_STATUS_SUCCESS)
                 s = cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &modes[m]);
             if (s == CUDNN_STATUS_SUCCESS)
-                s = set_device(c, heur, false, h);
+                s = heur_device(c, heur);
             if (s == CUDNN_STATUS_SUCCESS)
                 s = cudnnBackendFinalize(heur);
             if (s == CUDNN_STATUS_SUCCESS)
@@ -309,25 +361,21 @@ static nb_status plan_build(nb_gpu_ctx *c, unsigned flags, nb_cudnn_build_fn bui
             if (s == CUDNN_STATUS_SUCCESS && made > 0)
                 s = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
                                              made, &got, cfgs);
+            if (s != CUDNN_STATUS_SUCCESS)
+                heur_status = s;
             for (int64_t i = 0; s == CUDNN_STATUS_SUCCESS && i < got && i < made && !best_fits; i++) {
                 bool jit;
-                if (!engine_allowed(cfgs[i], flags, &jit) || jit != (pass == 1))
+                if (!engine_allowed(cfgs[i], flags, &jit)) {
+                    refused_by_flags += pass == 0;
                     continue;
-                cudnnBackendDescriptor_t plan = NULL;
-                int64_t ws = 0, n = 0;
-                if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) !=
-                    CUDNN_STATUS_SUCCESS)
+                }
+                if (jit != (pass == 1))
                     continue;
-                bool ok = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
-                                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[i]) ==
-                              CUDNN_STATUS_SUCCESS &&
-                          set_device(c, plan, true, h) == CUDNN_STATUS_SUCCESS &&
-                          cudnnBackendFinalize(plan) == CUDNN_STATUS_SUCCESS &&
-                          cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64,
-                                                   1, &n, &ws) == CUDNN_STATUS_SUCCESS &&
-                          ws >= 0;
-                if (!ok) {
-                    cudnnBackendDestroyDescriptor(plan);
+                offered++;
+                int64_t ws = 0;
+                cudnnBackendDescriptor_t plan = make_plan(c, cfgs[i], h, &ws, &plan_status);
+                if (!plan) {
+                    unfinalized++;
                     continue;
                 }
                 bool fits = (uint64_t)ws <= limit;
@@ -357,15 +405,24 @@ static nb_status plan_build(nb_gpu_ctx *c, unsigned flags, nb_cudnn_build_fn bui
     } else if (best) {
         e->keep.d[e->keep.n++] = best_cfg;
     }
+    if (!best)
+        snprintf(e->why, sizeof e->why,
+                 "of the heuristics' engine configurations, %d refused by the numerics switches, %d offered, %d "
+                 "did not finalize%s%s%s%s",
+                 refused_by_flags, offered, unfinalized, unfinalized ? " (last: " : "",
+                 unfinalized ? cudnnGetErrorString(plan_status) : "", unfinalized ? ")" : "",
+                 heur_status ? "; the heuristics failed" : "");
     e->plan.plan = best;
     e->plan.workspace = best_ws;
     return NB_OK;
 }
 
 nb_status nb__cudnn_plan_for(nb_gpu_ctx *c, const char *op, const int64_t *key, int nkey, unsigned flags,
-                             nb_cudnn_build_fn build, const void *arg, const nb_cudnn_plan **out)
+                             nb_cudnn_build_fn build, const void *arg, const nb_cudnn_plan **out, const char **why)
 {
     *out = NULL;
+    if (why)
+        *why = NULL;
     const unsigned b = plan_hash(c, key, nkey);
     pthread_mutex_lock(&g_plan_lock);
     plan_entry *e = plan_find(b, c, key, nkey);
@@ -405,8 +462,11 @@ nb_status nb__cudnn_plan_for(nb_gpu_ctx *c, const char *op, const int64_t *key, 
             free(ne);
         }
     }
-    if (!e->plan.plan)
+    if (!e->plan.plan) {
+        if (why)
+            *why = e->why;
         return NB_ERR_UNSUPPORTED; /* recorded by the caller, if it has no other way */
+    }
     *out = &e->plan;
     return NB_OK;
 }

@@ -34,6 +34,9 @@ cudnnDataType_t nb__cudnn_dtype(nb_dtype dt);
  * the element size: the alignment a tensor descriptor may promise. */
 int64_t nb__cudnn_alignment(size_t elem_size, int n, void *const *ptrs);
 
+/* The longest reason a plan could not be made (nb__cudnn_plan_for's why). */
+#define NB_CUDNN_WHY_MAX 256
+
 /* The descriptors one plan is built from, kept alive as long as the plan. */
 #define NB_CUDNN_MAX_DESCS 16
 typedef struct nb_cudnn_descs {
@@ -41,9 +44,12 @@ typedef struct nb_cudnn_descs {
     int n;
 } nb_cudnn_descs;
 
+/* The helpers for build functions below return NB_OK, or NB_ERR_UNSUPPORTED
+ * without recording an error when cuDNN refuses (or keep is full): the
+ * refusal is noted as the reason nb__cudnn_plan_for gives. */
+
 /* Makes a finalized tensor descriptor (dims and strides in elements, nd of
- * them) and keeps it in keep. NB_ERR_BACKEND on cuDNN's refusal;
- * NB_ERR_OUT_OF_MEMORY when keep is full. */
+ * them) and keeps it in keep. */
 nb_status nb__cudnn_tensor(const nb_gpu_ctx *c, nb_cudnn_descs *keep, int64_t uid, cudnnDataType_t dt, int nd,
                            const int64_t *dims, const int64_t *strides, int64_t alignment,
                            cudnnBackendDescriptor_t *out);
@@ -52,13 +58,11 @@ nb_status nb__cudnn_tensor(const nb_gpu_ctx *c, nb_cudnn_descs *keep, int64_t ui
 nb_status nb__cudnn_make(const nb_gpu_ctx *c, nb_cudnn_descs *keep, cudnnBackendDescriptorType_t type,
                          cudnnBackendDescriptor_t *out);
 
-/* cudnnBackendSetAttribute as an nb_status naming the attribute. */
+/* cudnnBackendSetAttribute as an nb_status. */
 nb_status nb__cudnn_set(const nb_gpu_ctx *c, cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
                         cudnnBackendAttributeType_t type, int64_t count, const void *values);
 
-/* cudnnBackendFinalize as an nb_status naming what was finalized; a
- * "not supported" refusal is NB_ERR_UNSUPPORTED and is not recorded (the
- * caller may have another way). */
+/* cudnnBackendFinalize as an nb_status; what names the descriptor in the reason. */
 nb_status nb__cudnn_finalize(const nb_gpu_ctx *c, cudnnBackendDescriptor_t d, const char *what);
 
 /* Which engine configurations a plan may use. */
@@ -70,7 +74,7 @@ enum {
 
 /* Builds the operation descriptors of a problem into keep and returns them in
  * ops (at most 8, *nops of them); NB_ERR_UNSUPPORTED, not recorded, for a
- * problem cuDNN cannot take. */
+ * problem cuDNN cannot take (through the helpers above). */
 typedef nb_status (*nb_cudnn_build_fn)(const nb_gpu_ctx *c, nb_cudnn_descs *keep, cudnnBackendDescriptor_t *ops,
                                        int *nops, const void *arg);
 
@@ -83,12 +87,13 @@ typedef struct nb_cudnn_plan {
 
 /* The plan for key (nkey int64s; key[0] the caller's kind) on device c,
  * built with build(arg) and chosen under the flags on a miss. op names the
- * op in messages. NB_ERR_UNSUPPORTED, not recorded, when cuDNN has no engine
- * for it: the caller falls back to its own kernels or records the error (the
- * miss is cached too, so asking again is cheap); NB_ERR_BACKEND or
- * NB_ERR_OUT_OF_MEMORY, recorded, otherwise. */
+ * op in messages. NB_ERR_UNSUPPORTED, not recorded, when cuDNN has no plan
+ * for it, *why (when why is not NULL) then saying why, in the cache's memory:
+ * the caller falls back to its own kernels or records the error. The miss is
+ * cached too, so asking again is cheap. NB_ERR_BACKEND (cuDNN cannot start
+ * on the device) or NB_ERR_OUT_OF_MEMORY (host), recorded, otherwise. */
 nb_status nb__cudnn_plan_for(nb_gpu_ctx *c, const char *op, const int64_t *key, int nkey, unsigned flags,
-                             nb_cudnn_build_fn build, const void *arg, const nb_cudnn_plan **out);
+                             nb_cudnn_build_fn build, const void *arg, const nb_cudnn_plan **out, const char **why);
 
 /* Runs plan on c's stream with the n (uid, pointer) pairs and a workspace
  * from the caching allocator (freed in stream order). */

@@ -11,7 +11,11 @@
  * The windows: cuDNN's AVGPOOL_EXCLUDE_PADDING mode averages over the
  * elements inside the image, as nabla's avg_pool2d does; the bottom/right
  * padding is what makes P and Q come out, or the problem goes to the own
- * kernels when none does (windows past the image's end that never count). */
+ * kernels when none does (windows past the image's end that never count),
+ * and for NCHW, whose engines pad both sides alike, when it differs from the
+ * top/left one. cuDNN's resample engines compute in float, so f64 pooling
+ * stays on the own kernels too. Any refusal along the way (an attribute, the
+ * graph, no engine) is a fallback, never an error. */
 #include "gpu_cudnn.h"
 
 #include <stdlib.h>
@@ -56,16 +60,20 @@ static nb_status pool_build(const nb_gpu_ctx *c, nb_cudnn_descs *keep, cudnnBack
 
     const cudnnResampleMode_t mode = CUDNN_RESAMPLE_AVGPOOL_EXCLUDE_PADDING;
     const cudnnPaddingMode_t pad_mode = CUDNN_ZERO_PAD;
-    const int64_t spatial = 2, window[2] = {d->R, d->S}, stride[2] = {d->sh, d->sw}, pre[2] = {d->pt, d->pl};
+    /* the window, strides and paddings as fractions, the type cuDNN's own
+     * front end gives them */
+    const int64_t spatial = 2;
+    const cudnnFraction_t window[2] = {{d->R, 1}, {d->S, 1}}, stride[2] = {{d->sh, 1}, {d->sw, 1}},
+                          pre[2] = {{d->pt, 1}, {d->pl, 1}}, post[2] = {{p->post[0], 1}, {p->post[1], 1}};
     if ((s = nb__cudnn_make(c, keep, CUDNN_BACKEND_RESAMPLE_DESCRIPTOR, &rd)) ||
         (s = nb__cudnn_set(c, rd, CUDNN_ATTR_RESAMPLE_MODE, CUDNN_TYPE_RESAMPLE_MODE, 1, &mode)) ||
         (s = nb__cudnn_set(c, rd, CUDNN_ATTR_RESAMPLE_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp)) ||
         (s = nb__cudnn_set(c, rd, CUDNN_ATTR_RESAMPLE_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial)) ||
         (s = nb__cudnn_set(c, rd, CUDNN_ATTR_RESAMPLE_PADDING_MODE, CUDNN_TYPE_PADDING_MODE, 1, &pad_mode)) ||
-        (s = nb__cudnn_set(c, rd, CUDNN_ATTR_RESAMPLE_WINDOW_DIMS, CUDNN_TYPE_INT64, 2, window)) ||
-        (s = nb__cudnn_set(c, rd, CUDNN_ATTR_RESAMPLE_STRIDES, CUDNN_TYPE_INT64, 2, stride)) ||
-        (s = nb__cudnn_set(c, rd, CUDNN_ATTR_RESAMPLE_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, pre)) ||
-        (s = nb__cudnn_set(c, rd, CUDNN_ATTR_RESAMPLE_POST_PADDINGS, CUDNN_TYPE_INT64, 2, p->post)) ||
+        (s = nb__cudnn_set(c, rd, CUDNN_ATTR_RESAMPLE_WINDOW_DIMS, CUDNN_TYPE_FRACTION, 2, window)) ||
+        (s = nb__cudnn_set(c, rd, CUDNN_ATTR_RESAMPLE_STRIDES, CUDNN_TYPE_FRACTION, 2, stride)) ||
+        (s = nb__cudnn_set(c, rd, CUDNN_ATTR_RESAMPLE_PRE_PADDINGS, CUDNN_TYPE_FRACTION, 2, pre)) ||
+        (s = nb__cudnn_set(c, rd, CUDNN_ATTR_RESAMPLE_POST_PADDINGS, CUDNN_TYPE_FRACTION, 2, post)) ||
         (s = nb__cudnn_finalize(c, rd, "the resample descriptor")))
         return s;
     if (!p->backward) {
@@ -106,7 +114,8 @@ static bool plain_only(void)
 /* x: the image side (x or dx), y: the pooled side (out or dy). */
 static nb_status avg_pool(nb_gpu_ctx *c, bool backward, const nb_pool2d_desc *d, void *x, void *y, nb_dtype dt)
 {
-    if (plain_only() || (dt != NB_F32 && dt != NB_F64 && dt != NB_F16 && dt != NB_BF16))
+    /* cuDNN's resample engines compute in float: f64 stays on the own kernels */
+    if (plain_only() || (dt != NB_F32 && dt != NB_F16 && dt != NB_BF16))
         return NB_ERR_UNSUPPORTED;
     pool_problem p;
     memset(&p, 0, sizeof p);
@@ -117,6 +126,9 @@ static nb_status avg_pool(nb_gpu_ctx *c, bool backward, const nb_pool2d_desc *d,
     const int64_t post_h = (d->P - 1) * d->sh + d->R - d->H - d->pt, post_w = (d->Q - 1) * d->sw + d->S - d->W - d->pl;
     if (post_h < 0 || post_w < 0 || post_h >= d->R || post_w >= d->S)
         return NB_ERR_UNSUPPORTED;
+    /* NCHW engines pad both sides by the pre-padding alone */
+    if (d->nchw && (post_h != d->pt || post_w != d->pl))
+        return NB_ERR_UNSUPPORTED;
     p.post[0] = post_h, p.post[1] = post_w;
     const unsigned flags = NB_CUDNN_ALLOW_TENSOR_CORE | NB_CUDNN_EXACT_INPUTS |
                            (nb_deterministic() ? NB_CUDNN_DETERMINISTIC : 0);
@@ -124,7 +136,7 @@ static nb_status avg_pool(nb_gpu_ctx *c, bool backward, const nb_pool2d_desc *d,
                            d->R, d->S, d->sh, d->sw, d->pt, d->pl, d->nchw};
     const char *op = backward ? "avg_pool2d_grad" : "avg_pool2d";
     const nb_cudnn_plan *plan;
-    nb_status st = nb__cudnn_plan_for(c, op, key, (int)(sizeof key / sizeof *key), flags, pool_build, &p, &plan);
+    nb_status st = nb__cudnn_plan_for(c, op, key, (int)(sizeof key / sizeof *key), flags, pool_build, &p, &plan, NULL);
     if (st)
         return st;
     static const int64_t uids[2] = {UID_X, UID_Y};
