@@ -4,8 +4,12 @@
  * batch_norm_train is a composite recorded as one op: its forward runs its
  * ops unrecorded, and its gradient is the closed form (the mean and variance
  * recomputed from x), written with ops so that it differentiates again.
- * layer_norm, batch_norm_infer and dropout are plain compositions of
- * differentiable ops; embedding_lookup is gather under its own name. */
+ * layer_norm is the same per row: the per-channel kernels on x seen as [1,
+ * rows, D], then one more pass for gamma and beta per column. batch_norm_infer
+ * works out a [C] scale and shift with ops, then makes one pass over x as a
+ * recorded op of its own. Where the kernels are missing, each is a
+ * composition of differentiable ops, as dropout is; embedding_lookup is
+ * gather under its own name. */
 #include "op.h"
 
 #include <math.h>
@@ -354,6 +358,47 @@ nb_tensor *nb_batch_norm_train(const nb_tensor *x, const nb_tensor *gamma, const
     return y;
 }
 
+/* ---- inference: one pass over x ---- */
+
+/* attrs: i[0] the channel axis. Inputs x, s, u ([C] each): y = x s[c] + u[c].
+ * dx = g s, ds = sum g x, du = sum g over every axis but the channel's. */
+static nb_status channel_scale_shift_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
+{
+    const nb_tensor *x = n->in[0], *sc = n->in[1];
+    int ca = (int)n->attrs.i[0];
+    nb_axes axes = reduced_axes(x->ndim, ca);
+    nb_shape cs = {1, {x->shape[ca]}};
+    gi[0] = gi[1] = gi[2] = NULL;
+    if (nb__needs_grad(n, 0) && !(gi[0] = nb_mul(g[0], per_channel(sc, x, ca))))
+        return nb__ok(NULL);
+    if (nb__needs_grad(n, 1) && !(gi[1] = nb_reshape(nb_sum(nb_mul(g[0], x), axes, false), cs)))
+        return nb__ok(NULL);
+    if (nb__needs_grad(n, 2) && !(gi[2] = nb_reshape(nb_sum(g[0], axes, false), cs)))
+        return nb__ok(NULL);
+    return NB_OK;
+}
+
+static const nb_op_def channel_scale_shift_def = {"batch_norm_infer", channel_scale_shift_grad};
+
+/* y = x sc[c] + u[c] over the channel axis ca in one channel_affine pass,
+ * recorded as one op (sc and u carry the gradients of gamma, beta, mean and
+ * var through the ops that made them). NULL on failure. */
+static nb_tensor *channel_scale_shift(const nb_tensor *x, const nb_tensor *sc, const nb_tensor *u, int ca)
+{
+    const char *op = channel_scale_shift_def.name;
+    int64_t s[3];
+    shape3(x, ca, s);
+    int token = nb__tapes_pause();
+    nb_tensor *y = sc && u ? affine(op, s, x, sc, NULL, NULL, u) : NULL;
+    nb__tapes_resume(token);
+    if (!y)
+        return NULL;
+    nb_op_attrs attrs = {0};
+    attrs.i[0] = ca;
+    const nb_tensor *in[3] = {x, sc, u};
+    return nb__record(&channel_scale_shift_def, 3, in, 1, &y, &attrs) ? NULL : y;
+}
+
 nb_tensor *nb_batch_norm_infer(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta,
                                const nb_tensor *mean, const nb_tensor *var, double epsilon, nb_data_format format)
 {
@@ -369,16 +414,162 @@ nb_tensor *nb_batch_norm_infer(const nb_tensor *x, const nb_tensor *gamma, const
         return NULL;
     if (!(epsilon >= 0))
         return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: epsilon %g must be at least 0", op, epsilon);
-    return bn_apply(x, per_channel(gamma, x, ca), per_channel(beta, x, ca), per_channel(mean, x, ca),
-                    per_channel(var, x, ca), epsilon);
+    if (!fused_ok(x, gamma, beta) || mean->device != x->device || var->device != x->device)
+        return bn_apply(x, per_channel(gamma, x, ca), per_channel(beta, x, ca), per_channel(mean, x, ca),
+                        per_channel(var, x, ca), epsilon);
+    /* The [C] scale and shift first (recorded ops), then one pass over x. */
+    nb_tensor *scale = nb_rsqrt(nb_add_scalar(var, epsilon));
+    if (gamma)
+        scale = nb_mul(scale, gamma);
+    nb_tensor *shift = beta ? nb_sub(beta, nb_mul(mean, scale)) : nb_neg(nb_mul(mean, scale));
+    return channel_scale_shift(x, scale, shift, ca);
 }
 
 /* ---- layer normalisation ---------------------------------------------------------- */
 
+/* x as rows of D values: D the product of the last n_axes dims. */
+static int64_t ln_dim(const nb_tensor *x, int n_axes)
+{
+    int64_t D = 1;
+    for (int i = x->ndim - n_axes; i < x->ndim; i++)
+        D *= x->shape[i];
+    return D;
+}
+
+static nb_axes ln_axes(const nb_tensor *x, int n_axes)
+{
+    nb_axes axes = {0, {0}};
+    for (int i = x->ndim - n_axes; i < x->ndim; i++)
+        axes.axes[axes.n++] = i;
+    return axes;
+}
+
+/* NULL when t is NULL; else t (the shape of the last axes) as [D]. */
+static const nb_tensor *flat(const nb_tensor *t)
+{
+    return t ? nb_reshape(t, (nb_shape){1, {t->numel}}) : NULL;
+}
+
+/* The fused gradient (nothing records it), from the saved mean, rstd and xhat
+ * (xhat saved only with gamma): per column, dbeta = sum g and dgamma = sum g
+ * xhat; per row, with h = g gamma, dx = rstd h + t x + u where t = -rstd^3
+ * sum h (x - mean) / D and u = -rstd sum(h) / D - t mean. */
+static nb_status layer_norm_grad_fused(const nb_node *n, nb_tensor *g, nb_tensor **gi)
+{
+    const char *op = n->op->name;
+    const nb_tensor *x = n->in[0], *gamma = n->in[1], *beta = n->in[2];
+    const nb_tensor *mean = n->out[1], *rstd = n->out[2], *xhat = n->n_out > 3 ? n->out[3] : NULL;
+    nb_dtype dt = x->dtype;
+    int64_t D = ln_dim(x, (int)n->attrs.i[0]);
+    const nb_tensor *xw = dense(as_f32(x)), *gw = as_f32(gamma);
+    nb_tensor *gg = (nb_tensor *)as_f32(g);
+    if (!xw || !gg || (gamma && !gw))
+        return nb__ok(NULL);
+    bool want_gamma = gamma && nb__needs_grad(n, 1), want_beta = beta && nb__needs_grad(n, 2);
+    if (want_gamma || want_beta) {
+        int64_t cols[3] = {x->numel / D, D, 1};
+        nb_tensor *sg = NULL, *sgx = NULL;
+        if (!moments(op, cols, gg, want_gamma ? xhat : NULL, NULL, &sg, &sgx))
+            return nb__ok(NULL);
+        if (want_beta && !(gi[2] = to_dtype(nb_reshape(sg, nb_tensor_shape(beta)), dt)))
+            return nb__ok(NULL);
+        if (want_gamma && !(gi[1] = to_dtype(nb_reshape(sgx, nb_tensor_shape(gamma)), dt)))
+            return nb__ok(NULL);
+    }
+    if (!nb__needs_grad(n, 0))
+        return NB_OK;
+    int64_t rows[3] = {1, x->numel / D, D};
+    nb_tensor *h = gamma ? nb_mul(gg, gw) : gg, *sh = NULL, *shx = NULL;
+    if (!h || !moments(op, rows, h, xw, mean, &sh, &shx))
+        return nb__ok(NULL);
+    nb_tensor *t = nb_mul_scalar(nb_mul(nb_mul(rstd, nb_square(rstd)), shx), -1.0 / (double)D);
+    nb_tensor *u = nb_sub(nb_mul_scalar(nb_mul(rstd, sh), -1.0 / (double)D), nb_mul(t, mean));
+    gi[0] = t && u ? to_dtype(affine(op, rows, h, rstd, xw, t, u), dt) : NULL;
+    return nb__ok(gi[0]);
+}
+
+/* attrs: i[0] n_axes; d[0] epsilon. Inputs x, gamma, beta (either of the last
+ * two may be NULL). Outputs y, mean, rstd and (with gamma) xhat. Under a
+ * recording tape, or off the fused kernels' device, the closed form in ops:
+ * dx = rstd (h - mean(h) - xhat mean(h xhat)) with h = g gamma. */
+static nb_status layer_norm_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
+{
+    const nb_tensor *x = n->in[0], *gamma = n->in[1], *beta = n->in[2];
+    int n_axes = (int)n->attrs.i[0];
+    gi[0] = gi[1] = gi[2] = NULL;
+    if (!nb__tape_recording() && fused_ok(x, gamma, beta) && g[0]->device == x->device)
+        return layer_norm_grad_fused(n, g[0], gi);
+    nb_axes axes = ln_axes(x, n_axes);
+    nb_tensor *mean = nb_mean(x, axes, true);
+    nb_tensor *xc = nb_sub(x, mean);
+    nb_tensor *rstd = nb_rsqrt(nb_add_scalar(nb_mean(nb_square(xc), axes, true), n->attrs.d[0]));
+    nb_tensor *xhat = nb_mul(xc, rstd);
+    if (!xhat)
+        return nb__ok(NULL);
+    if (beta && nb__needs_grad(n, 2) && !(gi[2] = nb__sum_to(g[0], beta->ndim, beta->shape)))
+        return nb__ok(NULL);
+    if (gamma && nb__needs_grad(n, 1) && !(gi[1] = nb__sum_to(nb_mul(g[0], xhat), gamma->ndim, gamma->shape)))
+        return nb__ok(NULL);
+    if (!nb__needs_grad(n, 0))
+        return NB_OK;
+    nb_tensor *h = gamma ? nb_mul(g[0], gamma) : g[0];
+    nb_tensor *hc = nb_sub(nb_sub(h, nb_mean(h, axes, true)), nb_mul(xhat, nb_mean(nb_mul(h, xhat), axes, true)));
+    gi[0] = nb_mul(hc, rstd);
+    return nb__ok(gi[0]);
+}
+
+static const nb_op_def layer_norm_def = {"layer_norm", layer_norm_grad};
+
+/* The fused forward: each row's sum and sum of squares (one pass; f64 takes a
+ * second about the mean), xhat = x rstd - mean rstd per row, then y = xhat
+ * gamma + beta per column. Recorded with the mean, rstd and (with gamma) xhat
+ * as more outputs (nobody else sees them), which the fused gradient reads. */
+static nb_tensor *layer_norm_fused(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta, int n_axes,
+                                   double epsilon)
+{
+    const char *op = layer_norm_def.name;
+    int64_t D = ln_dim(x, n_axes);
+    int64_t rows[3] = {1, x->numel / D, D}, cols[3] = {x->numel / D, D, 1};
+    int token = nb__tapes_pause();
+    nb_tensor *sum = NULL, *sq = NULL, *mean = NULL, *rstd = NULL, *xhat = NULL, *y = NULL;
+    /* f16 and bf16 are normalised in f32, as batch_norm_train's,
+     * and x made contiguous once for the kernels' passes */
+    nb_dtype dt = x->dtype;
+    const nb_tensor *xw = dense(as_f32(x)), *gw = as_f32(gamma), *bw = as_f32(beta);
+    bool one_pass = xw && xw->dtype == NB_F32;
+    if (xw && (!gamma || gw) && (!beta || bw) && moments(op, rows, xw, NULL, NULL, &sum, &sq) &&
+        (mean = nb_mul_scalar(sum, 1.0 / (double)D)) && (one_pass || moments(op, rows, xw, NULL, mean, &sum, &sq))) {
+        /* mean - mean is NaN on a row holding an infinity (whose one-pass
+         * variance cancels to NaN, clamped to 0): the row becomes NaN, as the
+         * composition of ops gives. */
+        rstd = nb_add(nb_rsqrt(nb_add_scalar(nb_mul_scalar(sq, 1.0 / (double)D), epsilon)), nb_sub(mean, mean));
+        nb_tensor *shift = nb_neg(nb_mul(mean, rstd));
+        xhat = rstd && shift ? affine(op, rows, xw, rstd, NULL, NULL, shift) : NULL;
+        if (xhat && gamma && beta)
+            y = affine(op, cols, xhat, flat(gw), NULL, NULL, flat(bw));
+        else if (xhat && gamma)
+            y = nb_mul(xhat, gw);
+        else if (xhat && beta)
+            y = nb_add(xhat, bw);
+        else
+            y = xhat;
+        y = to_dtype(y, dt);
+    }
+    nb__tapes_resume(token);
+    if (!y)
+        return NULL;
+    nb_op_attrs attrs = {0};
+    attrs.i[0] = n_axes;
+    attrs.d[0] = epsilon;
+    const nb_tensor *in[3] = {x, gamma, beta};
+    nb_tensor *out[4] = {y, mean, rstd, xhat};
+    return nb__record(&layer_norm_def, 3, in, gamma ? 4 : 3, out, &attrs) ? NULL : y;
+}
+
 nb_tensor *nb_layer_norm(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta, int n_axes,
                          double epsilon)
 {
-    const char *op = "layer_norm";
+    const char *op = layer_norm_def.name;
     if (!x)
         return nb__null_input(op, 0);
     if (nb__check_dtype(op, "input", x, NB_FLOATS))
@@ -404,9 +595,11 @@ nb_tensor *nb_layer_norm(const nb_tensor *x, const nb_tensor *gamma, const nb_te
                                  k ? "beta" : "gamma", nb__shape_str(SHAPE_OF(p), sp, sizeof sp), n_axes,
                                  nb__shape_str(SHAPE_OF(x), s, sizeof s));
     }
-    nb_axes axes = {0, {0}};
-    for (int i = x->ndim - n_axes; i < x->ndim; i++)
-        axes.axes[axes.n++] = i;
+    /* Empty inputs, and devices without both per-channel kernels, take the
+     * composition of ops. */
+    if (x->numel && fused_ok(x, gamma, beta))
+        return layer_norm_fused(x, gamma, beta, n_axes, epsilon);
+    nb_axes axes = ln_axes(x, n_axes);
     nb_tensor *mean = nb_mean(x, axes, true);
     nb_tensor *xc = nb_sub(x, mean);
     nb_tensor *y = nb_mul(xc, nb_rsqrt(nb_add_scalar(nb_mean(nb_square(xc), axes, true), epsilon)));

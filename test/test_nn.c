@@ -516,6 +516,9 @@ static void norm_gradient_check(void)
         /* second order: x, gamma, beta and the weights w */
         nb_tensor *in2[4] = {in[0], in[1], in[2], in[5]};
         CHECK_OK(nb_gradient_check(bn_grad_fn, &train, 4, in2, GC_EPS, 1e-5, &err));
+        /* inference: x, gamma, beta, mean, var and w (in[5]) */
+        CHECK_OK(nb_gradient_check(bn_grad_fn, &infer, 6, in, GC_EPS, 1e-5, &err));
+        CHECK_OK(nb_gradient_check(bn_fn, &infer, 1, in, GC_EPS, GC_TOL, &err));
         free(x), free(g), free(b), free(mv), free(vv), free(w);
     }
 }
@@ -543,11 +546,161 @@ static void layer_norm_values(void)
     bn_ctx c = {NB_NHWC, 2};
     double err;
     CHECK_OK(nb_gradient_check(bn_fn, &c, 3, in, GC_EPS, GC_TOL, &err));
+    CHECK_OK(nb_gradient_check(bn_fn, &c, 2, in, GC_EPS, GC_TOL, &err));
+    CHECK_OK(nb_gradient_check(bn_fn, &c, 1, in, GC_EPS, GC_TOL, &err));
+    /* second order: x, gamma, beta and the weights w */
+    double *w = random_values(R * D, -1, 1);
+    nb_tensor *in2[4] = {xt, gt, bt, nb_from_buffer(NB_F64, NB_SHAPE(3, 4, 5), w)};
+    CHECK_OK(nb_gradient_check(bn_grad_fn, &c, 4, in2, GC_EPS, 1e-5, &err));
+    free(w);
     CHECK(!nb_layer_norm(xt, gt, bt, 1, 1e-3));
     CHECK_ERROR(NB_ERR_SHAPE, "layer_norm", "gamma");
     CHECK(!nb_layer_norm(xt, NULL, NULL, 4, 1e-3));
     CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "layer_norm", "n_axes");
     free(x), free(g), free(b);
+}
+
+/* y[r, j] = g[j] (x[r, j] - mean_r) / sqrt(var_r + eps) + b[j] over rows of D
+ * (g, b NULL: 1, 0). */
+static void ln_reference(const double *x, int64_t R, int64_t D, const double *g, const double *b, double eps,
+                         double *y)
+{
+    for (int64_t r = 0; r < R; r++) {
+        double s = 0, ss = 0;
+        for (int64_t j = 0; j < D; j++)
+            s += x[r * D + j];
+        double mu = s / (double)D;
+        for (int64_t j = 0; j < D; j++)
+            ss += (x[r * D + j] - mu) * (x[r * D + j] - mu);
+        for (int64_t j = 0; j < D; j++)
+            y[r * D + j] = (g ? g[j] : 1) * (x[r * D + j] - mu) / sqrt(ss / (double)D + eps) + (b ? b[j] : 0);
+    }
+}
+
+/* f32 and f64, with and without gamma and beta, over 1 and 2 axes, and a
+ * transposed (non-contiguous) input. */
+static void layer_norm_cases(void)
+{
+    const struct {
+        nb_shape s;
+        int n_axes;
+        bool gamma, beta, transposed;
+    } cases[] = {
+        {{2, {7, 33}}, 1, true, true, false},  {{4, {2, 3, 4, 5}}, 2, true, false, false},
+        {{2, {5, 16}}, 1, false, true, false}, {{2, {4, 9}}, 1, false, false, false},
+        {{2, {6, 9}}, 1, true, true, true},    {{3, {64, 2, 300}}, 1, true, true, false},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        nb_shape s = cases[k].s;
+        int64_t n = numel_of(s), D = 1;
+        for (int i = s.ndim - cases[k].n_axes; i < s.ndim; i++)
+            D *= s.dims[i];
+        nb_shape ps = {cases[k].n_axes, {0}};
+        for (int i = 0; i < ps.ndim; i++)
+            ps.dims[i] = s.dims[s.ndim - ps.ndim + i];
+        double *x = random_values(n, -2, 3), *g = random_values(D, 0.5, 1.5), *b = random_values(D, -1, 1);
+        double *y = malloc(sizeof(double) * (size_t)n), *xl = malloc(sizeof(double) * (size_t)n);
+        /* transposed: x's buffer is [D, rows], read as its transpose */
+        for (int64_t r = 0; r < n / D; r++)
+            for (int64_t j = 0; j < D; j++)
+                xl[r * D + j] = cases[k].transposed ? x[j * (n / D) + r] : x[r * D + j];
+        ln_reference(xl, n / D, D, cases[k].gamma ? g : NULL, cases[k].beta ? b : NULL, 1e-5, y);
+        for (int dti = 0; dti < 2; dti++) {
+            nb_dtype dt = dti ? NB_F64 : NB_F32;
+            nb_tensor *xt = cases[k].transposed ? nb_transpose(tensor_of(dt, NB_SHAPE(s.dims[1], s.dims[0]), x), 0, 1)
+                                                : tensor_of(dt, s, x);
+            nb_tensor *gt = cases[k].gamma ? tensor_of(dt, ps, g) : NULL;
+            nb_tensor *bt = cases[k].beta ? tensor_of(dt, ps, b) : NULL;
+            nb_tensor *yt = nb_layer_norm(xt, gt, bt, cases[k].n_axes, 1e-5);
+            CHECKF(yt && has_shape(yt, s) && nb_tensor_dtype(yt) == dt, "case %zu", k);
+            CHECKF(check_max_error(yt, y, n) <= (dti ? 1e-12 : 2e-5), "case %zu %s", k, nb_dtype_name(dt));
+        }
+        free(x), free(g), free(b), free(y), free(xl);
+    }
+}
+
+/* Constant rows (variance 0), NaN and infinity, and empty inputs. */
+static void layer_norm_edges(void)
+{
+    const double g[4] = {0.5, 1.5, -1, 2}, b[4] = {0.25, -1, 0.5, 3};
+    /* row 0 constant, row 1 ordinary, row 2 with a NaN, row 3 with an infinity */
+    const double x[16] = {2.5, 2.5, 2.5, 2.5, 1, -2, 0.5, 3, 1, NAN, 2, 3, 1, INFINITY, 2, 3};
+    for (int dti = 0; dti < 2; dti++) {
+        nb_dtype dt = dti ? NB_F64 : NB_F32;
+        nb_tensor *xt = tensor_of(dt, NB_SHAPE(4, 4), x);
+        nb_tensor *gt = tensor_of(dt, NB_SHAPE(4), g), *bt = tensor_of(dt, NB_SHAPE(4), b);
+        nb_tensor *y = nb_layer_norm(xt, gt, bt, 1, 1e-3);
+        CHECK(y);
+        for (int j = 0; j < 4; j++) {
+            CHECKF(nb_tensor_get(y, j) == b[j], "%s constant row: beta", nb_dtype_name(dt));
+            CHECK(isfinite(nb_tensor_get(y, 4 + j)));
+            CHECKF(isnan(nb_tensor_get(y, 8 + j)) && isnan(nb_tensor_get(y, 12 + j)), "%s NaN and inf rows",
+                   nb_dtype_name(dt));
+        }
+        /* epsilon 0 on a constant row: 0 / 0 */
+        nb_tensor *y0 = nb_layer_norm(xt, gt, bt, 1, 0);
+        for (int j = 0; j < 4; j++)
+            CHECK(isnan(nb_tensor_get(y0, j)) && isfinite(nb_tensor_get(y0, 4 + j)));
+        /* the gradient on the constant row is finite with epsilon > 0 */
+        nb_tensor *x2 = nb_slice(xt, NB_SHAPE(0, 0), NB_SHAPE(2, 4));
+        nb_tape *tape = nb_tape_begin();
+        nb_tape_watch(tape, x2);
+        nb_tape_watch(tape, gt);
+        nb_tape_watch(tape, bt);
+        nb_tensor *loss = nb_sum_all(nb_mul(nb_layer_norm(x2, gt, bt, 1, 1e-3), x2));
+        nb_tensor *gr[3] = {0};
+        CHECK_OK(nb_tape_gradient_ex(tape, loss, NULL, 3, (nb_tensor *const[]){x2, gt, bt}, gr, NB_UNCONNECTED_NULL));
+        for (int i = 0; i < 8; i++)
+            CHECK(gr[0] && isfinite(nb_tensor_get(gr[0], i)));
+        CHECK(gr[1] && gr[2] && has_shape(gr[1], NB_SHAPE(4)) && has_shape(gr[2], NB_SHAPE(4)));
+        nb_tape_stop(tape);
+        /* empty: no rows, and rows of nothing */
+        nb_tensor *e = nb_layer_norm(nb_zeros(dt, NB_SHAPE(0, 4)), gt, bt, 1, 1e-3);
+        CHECK(e && has_shape(e, NB_SHAPE(0, 4)));
+        e = nb_layer_norm(nb_zeros(dt, NB_SHAPE(3, 0)), nb_zeros(dt, NB_SHAPE(0)), NULL, 1, 1e-3);
+        CHECK(e && has_shape(e, NB_SHAPE(3, 0)));
+        nb_tensor *xe = nb_zeros(dt, NB_SHAPE(0, 4));
+        tape = nb_tape_begin();
+        nb_tape_watch(tape, xe);
+        nb_tape_watch(tape, gt);
+        loss = nb_sum_all(nb_layer_norm(xe, gt, bt, 1, 1e-3));
+        CHECK_OK(nb_tape_gradient_ex(tape, loss, NULL, 2, (nb_tensor *const[]){xe, gt}, gr, NB_UNCONNECTED_ZERO));
+        CHECK(has_shape(gr[0], NB_SHAPE(0, 4)) && has_shape(gr[1], NB_SHAPE(4)));
+        nb_tape_stop(tape);
+    }
+}
+
+/* batch_norm_infer: NaN stays where it is, a transposed input, empty inputs. */
+static void batch_norm_infer_edges(void)
+{
+    const int64_t C = 3;
+    double *x = random_values(4 * 5 * C, -2, 2), *g = random_values(C, 0.5, 1.5), *b = random_values(C, -1, 1);
+    double *m = random_values(C, -1, 1), *v = random_values(C, 0.5, 2);
+    x[7] = NAN;
+    for (int dti = 0; dti < 2; dti++) {
+        nb_dtype dt = dti ? NB_F64 : NB_F32;
+        nb_tensor *gt = tensor_of(dt, NB_SHAPE(C), g), *bt = tensor_of(dt, NB_SHAPE(C), b);
+        nb_tensor *mt = tensor_of(dt, NB_SHAPE(C), m), *vt = tensor_of(dt, NB_SHAPE(C), v);
+        nb_tensor *xt = tensor_of(dt, NB_SHAPE(4, 5, C), x);
+        nb_tensor *y = nb_batch_norm_infer(xt, gt, bt, mt, vt, 1e-3, NB_NHWC);
+        CHECK(y);
+        for (int64_t i = 0; i < 4 * 5 * C; i++) {
+            double want = (x[i] - m[i % C]) / sqrt(v[i % C] + 1e-3) * g[i % C] + b[i % C];
+            double got = nb_tensor_get(y, i);
+            CHECKF(i == 7 ? isnan(got) : fabs(got - want) <= (dti ? 1e-12 : 1e-5), "%s element %lld",
+                   nb_dtype_name(dt), (long long)i);
+        }
+        /* NCHW through a transposed view: the same values */
+        nb_tensor *xn = nb_transpose(tensor_of(dt, NB_SHAPE(4, C, 5), x), 1, 2);
+        nb_tensor *yn = nb_batch_norm_infer(xn, gt, bt, mt, vt, 1e-3, NB_NHWC);
+        nb_tensor *yc = nb_batch_norm_infer(nb_contiguous(xn), gt, bt, mt, vt, 1e-3, NB_NHWC);
+        CHECK(same_bits(yn, yc));
+        nb_tensor *e = nb_batch_norm_infer(nb_zeros(dt, NB_SHAPE(0, C)), gt, bt, mt, vt, 1e-3, NB_NHWC);
+        CHECK(e && has_shape(e, NB_SHAPE(0, C)));
+        e = nb_batch_norm_infer(nb_zeros(dt, NB_SHAPE(2, C, 0, 4)), gt, bt, mt, vt, 1e-3, NB_NCHW);
+        CHECK(e && has_shape(e, NB_SHAPE(2, C, 0, 4)));
+    }
+    free(x), free(g), free(b), free(m), free(v);
 }
 
 static void norm_errors(void)
@@ -769,6 +922,9 @@ int main(int argc, char **argv)
     RUN(batch_norm_offset);
     RUN(norm_gradient_check);
     RUN(layer_norm_values);
+    RUN(layer_norm_cases);
+    RUN(layer_norm_edges);
+    RUN(batch_norm_infer_edges);
     RUN(norm_errors);
     RUN(dropout);
     RUN(embedding);
