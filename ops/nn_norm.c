@@ -450,15 +450,15 @@ static const nb_tensor *flat(const nb_tensor *t)
     return t ? nb_reshape(t, (nb_shape){1, {t->numel}}) : NULL;
 }
 
-/* The fused gradient (nothing records it), from the saved mean, rstd and xhat
- * (xhat saved only with gamma): per column, dbeta = sum g and dgamma = sum g
+/* The fused gradient (nothing records it), from the saved mean, rstd and
+ * (with gamma) xhat: per column, dbeta = sum g and dgamma = sum g
  * xhat; per row, with h = g gamma, dx = rstd h + t x + u where t = -rstd^3
  * sum h (x - mean) / D and u = -rstd sum(h) / D - t mean. */
 static nb_status layer_norm_grad_fused(const nb_node *n, nb_tensor *g, nb_tensor **gi)
 {
     const char *op = n->op->name;
     const nb_tensor *x = n->in[0], *gamma = n->in[1], *beta = n->in[2];
-    const nb_tensor *mean = n->out[1], *rstd = n->out[2], *xhat = n->n_out > 3 ? n->out[3] : NULL;
+    const nb_tensor *mean = n->out[1], *rstd = n->out[2], *xhat = n->n_in > 3 ? n->in[3] : NULL;
     nb_dtype dt = x->dtype;
     int64_t D = ln_dim(x, (int)n->attrs.i[0]);
     const nb_tensor *xw = dense(as_f32(x)), *gw = as_f32(gamma);
@@ -489,7 +489,7 @@ static nb_status layer_norm_grad_fused(const nb_node *n, nb_tensor *g, nb_tensor
 }
 
 /* attrs: i[0] n_axes; d[0] epsilon. Inputs x, gamma, beta (either of the last
- * two may be NULL). Outputs y, mean, rstd and (with gamma) xhat. Under a
+ * two may be NULL) and, with gamma, xhat; outputs y, mean and rstd. Under a
  * recording tape, or off the fused kernels' device, the closed form in ops:
  * dx = rstd (h - mean(h) - xhat mean(h xhat)) with h = g gamma. */
 static nb_status layer_norm_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
@@ -522,8 +522,10 @@ static const nb_op_def layer_norm_def = {"layer_norm", layer_norm_grad};
 
 /* The fused forward: each row's sum and sum of squares (one pass; f64 takes a
  * second about the mean), xhat = x rstd - mean rstd per row, then y = xhat
- * gamma + beta per column. Recorded with the mean, rstd and (with gamma) xhat
- * as more outputs (nobody else sees them), which the fused gradient reads. */
+ * gamma + beta per column. Recorded with the mean and rstd as more outputs
+ * (nobody else sees them) and, with gamma, xhat as a fourth input, which the
+ * fused gradient reads: no tape watches it, where as an output the tape would
+ * give it a zero gradient the size of x. */
 static nb_tensor *layer_norm_fused(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta, int n_axes,
                                    double epsilon)
 {
@@ -561,9 +563,9 @@ static nb_tensor *layer_norm_fused(const nb_tensor *x, const nb_tensor *gamma, c
     nb_op_attrs attrs = {0};
     attrs.i[0] = n_axes;
     attrs.d[0] = epsilon;
-    const nb_tensor *in[3] = {x, gamma, beta};
-    nb_tensor *out[4] = {y, mean, rstd, xhat};
-    return nb__record(&layer_norm_def, 3, in, gamma ? 4 : 3, out, &attrs) ? NULL : y;
+    const nb_tensor *in[4] = {x, gamma, beta, xhat};
+    nb_tensor *out[3] = {y, mean, rstd};
+    return nb__record(&layer_norm_def, gamma ? 4 : 3, in, 3, out, &attrs) ? NULL : y;
 }
 
 nb_tensor *nb_layer_norm(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta, int n_axes,
