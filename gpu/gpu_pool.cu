@@ -379,7 +379,7 @@ __global__ void __launch_bounds__(kThreads)
         if (lane == 0) {
             if (own_mean && n > 0) { // about the channel's own mean
                 q1 -= q0 * q0 / static_cast<A>(n);
-                q1 = q1 > A(0) ? q1 : A(0);
+                q1 = q1 < A(0) ? A(0) : q1; // rounding below 0 clamped; NaN (an infinity) kept
             }
             sum[ch] = st<D>(q0);
             moment[ch] = st<D>(q1);

@@ -394,6 +394,39 @@ static void bn_reference(const double *x, int64_t N, int64_t C, int64_t HW, bool
     }
 }
 
+/* An infinity in a channel leaves its variance without a value: the whole
+ * channel comes out NaN (as PyTorch's), not -inf or a variance of 0, and the
+ * other channels are untouched. NHWC, NCHW and the CPU's chunked rows. */
+static void batch_norm_infinity(void)
+{
+    const struct {
+        int64_t N, H, W, C;
+        nb_data_format f;
+    } cases[] = {{2, 3, 2, 3, NB_NHWC}, {2, 3, 2, 3, NB_NCHW}, {16, 64, 16, 3, NB_NHWC}};
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        int64_t N = cases[k].N, H = cases[k].H, W = cases[k].W, C = cases[k].C, n = N * H * W * C;
+        bool nchw = cases[k].f == NB_NCHW;
+        nb_shape s = nchw ? NB_SHAPE(N, C, H, W) : NB_SHAPE(N, H, W, C);
+        for (int sign = -1; sign <= 1; sign += 2) {
+            double *x = random_values(n, -1, 1);
+            x[nchw ? 1 * H * W + 2 : 1] = sign * INFINITY; /* channel 1 */
+            for (int dti = 0; dti < 2; dti++) {
+                nb_tensor *y = nb_batch_norm_train(tensor_of(dti ? NB_F64 : NB_F32, s, x), NULL, NULL, 1e-3,
+                                                   cases[k].f, NULL, NULL);
+                double *v = y ? check_values(y) : NULL;
+                int bad = v ? 0 : 1;
+                for (int64_t i = 0; v && i < n; i++) {
+                    int64_t ch = nchw ? (i / (H * W)) % C : i % C;
+                    bad += ch == 1 ? !isnan(v[i]) : !isfinite(v[i]);
+                }
+                CHECKF(bad == 0, "case %zu sign %d %s: %d wrong elements", k, sign, dti ? "f64" : "f32", bad);
+                free(v);
+            }
+            free(x);
+        }
+    }
+}
+
 static void batch_norm_values(void)
 {
     const struct {
@@ -919,6 +952,7 @@ int main(int argc, char **argv)
     RUN(global_avg_pool);
     RUN(pool_errors);
     RUN(batch_norm_values);
+    RUN(batch_norm_infinity);
     RUN(batch_norm_offset);
     RUN(norm_gradient_check);
     RUN(layer_norm_values);

@@ -249,8 +249,9 @@ struct nb_backend {
     /* sum[c] = the sum of a over channel c's elements; moment[c] = the sum of
      * a (b - center[c]) (center NULL: 0), or with b NULL of (a - center[c])^2,
      * center NULL meaning the channel's own mean (one pass: the sum of a^2
-     * less sum^2 / count, cancelling in the accumulator). Accumulated in
-     * double (float on the GPU for f16/bf16). */
+     * less sum^2 / count, cancelling in the accumulator; clamped at 0 where
+     * rounding takes it below, NaN kept, as for a channel holding an
+     * infinity). Accumulated in double (float on the GPU for f16/bf16). */
     nb_status (*channel_moments)(nb_device *dev, const int64_t shape[3], const nb_view *sum, const nb_view *moment,
                                  const nb_view *a, const nb_view *b, const nb_view *center);
     /* out = a s[c] + b t[c] + u[c], out like a (b and t NULL: no b term). */

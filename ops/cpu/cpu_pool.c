@@ -421,7 +421,7 @@ typedef struct chan_ctx {
             }                                                                                       \
             if (!bb && !ctr) { /* about the channel's own mean */                                    \
                 s1 -= s0 * s0 / (double)(c->outer * c->inner);                                      \
-                s1 = s1 > 0 ? s1 : 0;                                                               \
+                s1 = s1 < 0 ? 0 : s1; /* rounding clamped; NaN (an infinity) kept */                \
             }                                                                                       \
             out[ch] = (T)s0;                                                                        \
             out[c->C + ch] = (T)s1;                                                                 \
@@ -528,8 +528,10 @@ nb_status nb__cpu_channel_moments(nb_device *dev, const int64_t shape[3], const 
             s0 += c.part[2 * C * k + ch];
             s1 += c.part[2 * C * k + C + ch];
         }
-        if (!b && !center) /* about the channel's own mean */
-            s1 = s1 - s0 * s0 / (double)outer > 0 ? s1 - s0 * s0 / (double)outer : 0;
+        if (!b && !center) { /* about the channel's own mean; rounding below 0 clamped, NaN kept */
+            s1 -= s0 * s0 / (double)outer;
+            s1 = s1 < 0 ? 0 : s1;
+        }
         if (dt == NB_F32) {
             ((float *)sum->data)[ch] = (float)s0;
             ((float *)moment->data)[ch] = (float)s1;
