@@ -1,6 +1,7 @@
 /* Fashion-MNIST with a small convolutional network: two conv - batch norm -
- * relu - max pool blocks, dropout and two dense layers, trained with Adam;
- * runs on the GPU when there is one.
+ * relu - max pool blocks, dropout and two dense layers, trained with Adam
+ * (learning rate 1e-3, then 3e-4 and 1e-4 over the last fifths of the
+ * epochs); runs on the GPU when there is one.
  *
  *   fashion_cnn [--data DIR] [--device NAME] [--epochs N] [--steps N] [--quick]
  *               [--logdir DIR] [--save FILE]
@@ -155,6 +156,10 @@ int main(int argc, char **argv)
     double test_acc = 0;
     printf("%d trainable variables; epoch   loss    train acc  test acc  images/s  seconds\n", n_params);
     for (int epoch = 1; epoch <= epochs; epoch++) {
+        /* a step-wise decay for the last epochs: the finer steps settle in a
+         * better minimum than a constant rate reaches in the budget */
+        double lr = 5 * (epoch - 1) < 3 * epochs ? 1e-3 : epoch < epochs ? 3e-4 : 1e-4;
+        nb_optimizer_set_learning_rate(opt, lr);
         double start_time = progress_now();
         nb_scope *es = nb_scope_begin();
         nb_dataset_iterator *it = nb_dataset_iterate(batches);
