@@ -4,12 +4,13 @@
  * batch_norm_train is a composite recorded as one op: its forward runs its
  * ops unrecorded, and its gradient is the closed form (the mean and variance
  * recomputed from x), written with ops so that it differentiates again.
- * layer_norm is the same per row: the per-channel kernels on x seen as [1,
- * rows, D], then one more pass for gamma and beta per column. batch_norm_infer
- * works out a [C] scale and shift with ops, then makes one pass over x as a
- * recorded op of its own. Where the kernels are missing, each is a
- * composition of differentiable ops, as dropout is; embedding_lookup is
- * gather under its own name. */
+ * layer_norm runs each row in one go where the device has the row kernels
+ * (the CPU), forward and backward; elsewhere it is the same per row: the
+ * per-channel kernels on x seen as [1, rows, D], then one more pass for
+ * gamma and beta per column. batch_norm_infer works out a [C] scale and
+ * shift with ops, then makes one pass over x as a recorded op of its own.
+ * Where the kernels are missing, each is a composition of differentiable
+ * ops, as dropout is; embedding_lookup is gather under its own name. */
 #include "op.h"
 
 #include <math.h>
@@ -450,6 +451,55 @@ static const nb_tensor *flat(const nb_tensor *t)
     return t ? nb_reshape(t, (nb_shape){1, {t->numel}}) : NULL;
 }
 
+/* Whether x's device has the row kernels (optional entries: the pointers
+ * first) and runs them for x's dtype, with fused_ok's other conditions. */
+static bool rows_ok(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta)
+{
+    nb_device *dev = x->device, *pushed = nb__device_pushed();
+    const nb_backend *b = dev->backend;
+    return (!pushed || pushed == dev) && (!gamma || gamma->device == dev) && (!beta || beta->device == dev) &&
+           b->layer_norm_rows && b->layer_norm_rows_grad && nb__supports(dev, NB_K_LAYER_NORM_ROWS, 0, x->dtype) &&
+           nb__supports(dev, NB_K_LAYER_NORM_ROWS_GRAD, 0, x->dtype);
+}
+
+/* The row kernel's gradient (nothing records it), from the saved rstd: dx,
+ * dgamma and dbeta in one pass over g and x. */
+static nb_status layer_norm_grad_rows(const nb_node *n, nb_tensor *g, nb_tensor **gi)
+{
+    const char *op = n->op->name;
+    const nb_tensor *x = n->in[0], *gamma = n->in[1], *beta = n->in[2];
+    nb_device *dev = x->device;
+    nb_dtype dt = x->dtype;
+    int64_t D = ln_dim(x, (int)n->attrs.i[0]), rows = x->numel / D;
+    bool want_x = nb__needs_grad(n, 0), want_gamma = gamma && nb__needs_grad(n, 1),
+         want_beta = beta && nb__needs_grad(n, 2);
+    if (!want_x && !want_gamma && !want_beta)
+        return NB_OK;
+    const nb_tensor *xd = dense(x), *gd = dense(g), *gmd = dense(gamma), *rd = dense(n->out[1]);
+    if (!xd || !gd || !rd || (gamma && !gmd))
+        return nb__ok(NULL);
+    nb_tensor *dx = NULL, *dgamma = NULL, *dbeta = NULL;
+    bool made = (!want_x || (dx = nb__out(op, dev, dt, x->ndim, x->shape))) &&
+                (!want_gamma || (dgamma = nb__out(op, dev, dt, gamma->ndim, gamma->shape))) &&
+                (!want_beta || (dbeta = nb__out(op, dev, dt, beta->ndim, beta->shape)));
+    nb_status st = made ? NB_OK : nb__ok(NULL);
+    if (made) {
+        nb_view vdx = dx ? nb__view(dx) : (nb_view){0}, vdg = dgamma ? nb__view(dgamma) : (nb_view){0},
+                vdb = dbeta ? nb__view(dbeta) : (nb_view){0}, vg = nb__view(gd), vx = nb__view(xd),
+                vr = nb__view(rd), vgm = gmd ? nb__view(gmd) : (nb_view){0};
+        st = dev->backend->layer_norm_rows_grad(dev, rows, D, dx ? &vdx : NULL, dgamma ? &vdg : NULL,
+                                                dbeta ? &vdb : NULL, &vg, &vx, &vr, gmd ? &vgm : NULL);
+    }
+    if (st) {
+        nb__release(dx), nb__release(dgamma), nb__release(dbeta);
+        return st;
+    }
+    gi[0] = nb__own(dx);
+    gi[1] = nb__own(dgamma);
+    gi[2] = nb__own(dbeta);
+    return nb__ok((!want_x || gi[0]) && (!want_gamma || gi[1]) && (!want_beta || gi[2]) ? gi : NULL);
+}
+
 /* The fused gradient (nothing records it), from the saved mean, rstd and
  * (with gamma) xhat: per column, dbeta = sum g and dgamma = sum g
  * xhat; per row, with h = g gamma, dx = rstd h + t x + u where t = -rstd^3
@@ -489,16 +539,23 @@ static nb_status layer_norm_grad_fused(const nb_node *n, nb_tensor *g, nb_tensor
 }
 
 /* attrs: i[0] n_axes; d[0] epsilon. Inputs x, gamma, beta (either of the last
- * two may be NULL) and, with gamma, xhat; outputs y, mean and rstd. Under a
- * recording tape, or off the fused kernels' device, the closed form in ops:
+ * two may be NULL) and, with gamma, xhat; outputs y, mean and rstd (from the
+ * row kernel: inputs x, gamma, beta; outputs y and rstd). Under a recording
+ * tape, or off the fused kernels' device, the closed form in ops:
  * dx = rstd (h - mean(h) - xhat mean(h xhat)) with h = g gamma. */
 static nb_status layer_norm_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
 {
     const nb_tensor *x = n->in[0], *gamma = n->in[1], *beta = n->in[2];
     int n_axes = (int)n->attrs.i[0];
     gi[0] = gi[1] = gi[2] = NULL;
-    if (!nb__tape_recording() && fused_ok(x, gamma, beta) && g[0]->device == x->device)
-        return layer_norm_grad_fused(n, g[0], gi);
+    if (!nb__tape_recording() && g[0]->device == x->device) {
+        /* the row kernel's forward recorded y and rstd; the per-channel
+         * kernels' y, mean and rstd (and xhat as a fourth input, with gamma) */
+        if (n->n_out == 2 && rows_ok(x, gamma, beta))
+            return layer_norm_grad_rows(n, g[0], gi);
+        if (n->n_out == 3 && fused_ok(x, gamma, beta) && (!gamma || n->n_in > 3))
+            return layer_norm_grad_fused(n, g[0], gi);
+    }
     nb_axes axes = ln_axes(x, n_axes);
     nb_tensor *mean = nb_mean(x, axes, true);
     nb_tensor *xc = nb_sub(x, mean);
@@ -519,6 +576,46 @@ static nb_status layer_norm_grad(const nb_node *n, nb_tensor *const *g, nb_tenso
 }
 
 static const nb_op_def layer_norm_def = {"layer_norm", layer_norm_grad};
+
+/* The row kernel: one pass over each row while it sits in cache, writing y
+ * and each row's mean and rstd. Recorded with rstd as a second output
+ * (nobody else sees it), which the gradient reads back; the gradient sums
+ * each row's mean again, in double. */
+static nb_tensor *layer_norm_rows(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta, int n_axes,
+                                  double epsilon)
+{
+    const char *op = layer_norm_def.name;
+    nb_device *dev = x->device;
+    nb_dtype dt = x->dtype;
+    int64_t D = ln_dim(x, n_axes), rows = x->numel / D;
+    int token = nb__tapes_pause();
+    const nb_tensor *xd = dense(x), *gd = dense(gamma), *bd = dense(beta);
+    nb_tensor *y = NULL, *mean = NULL, *rstd = NULL;
+    bool ok = xd && (!gamma || gd) && (!beta || bd) && (y = nb__out(op, dev, dt, x->ndim, x->shape)) &&
+              (mean = nb__out(op, dev, dt, 1, &rows)) && (rstd = nb__out(op, dev, dt, 1, &rows));
+    if (ok) {
+        nb_view vy = nb__view(y), vm = nb__view(mean), vr = nb__view(rstd), vx = nb__view(xd),
+                vg = gd ? nb__view(gd) : (nb_view){0}, vb = bd ? nb__view(bd) : (nb_view){0};
+        ok = dev->backend->layer_norm_rows(dev, rows, D, &vy, &vm, &vr, &vx, gd ? &vg : NULL, bd ? &vb : NULL,
+                                           epsilon) == NB_OK;
+    }
+    nb__tapes_resume(token);
+    if (!ok) {
+        nb__release(y), nb__release(mean), nb__release(rstd);
+        return NULL;
+    }
+    y = nb__own(y);
+    mean = nb__own(mean);
+    rstd = nb__own(rstd);
+    if (!y || !mean || !rstd)
+        return NULL;
+    nb_op_attrs attrs = {0};
+    attrs.i[0] = n_axes;
+    attrs.d[0] = epsilon;
+    const nb_tensor *in[3] = {x, gamma, beta};
+    nb_tensor *out[2] = {y, rstd};
+    return nb__record(&layer_norm_def, 3, in, 2, out, &attrs) ? NULL : y;
+}
 
 /* The fused forward: each row's sum and sum of squares (one pass; f64 takes a
  * second about the mean), xhat = x rstd - mean rstd per row, then y = xhat
@@ -597,8 +694,10 @@ nb_tensor *nb_layer_norm(const nb_tensor *x, const nb_tensor *gamma, const nb_te
                                  k ? "beta" : "gamma", nb__shape_str(SHAPE_OF(p), sp, sizeof sp), n_axes,
                                  nb__shape_str(SHAPE_OF(x), s, sizeof s));
     }
-    /* Empty inputs, and devices without both per-channel kernels, take the
-     * composition of ops. */
+    /* Empty inputs, and devices without the row kernels or both per-channel
+     * kernels, take the composition of ops. */
+    if (x->numel && rows_ok(x, gamma, beta))
+        return layer_norm_rows(x, gamma, beta, n_axes, epsilon);
     if (x->numel && fused_ok(x, gamma, beta))
         return layer_norm_fused(x, gamma, beta, n_axes, epsilon);
     nb_axes axes = ln_axes(x, n_axes);

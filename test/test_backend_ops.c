@@ -3072,6 +3072,228 @@ static void run_bn_kernel(bool grad)
 static void kernel_channel_moments(void) { run_bn_kernel(false); }
 static void kernel_channel_affine(void) { run_bn_kernel(true); }
 
+/* ================================ row kernels (layer_norm) ================================== */
+
+/* Reached through layer_norm (its values, and its tape gradients for x, gamma
+ * and beta of sum(y w)) on every device, and on a device whose backend has
+ * the entries through the entries themselves on poisoned outputs (out, mean
+ * and rstd; dx, dgamma and dbeta, some not asked for), against double
+ * references. Edge rows: constant (exactly beta; NaN with epsilon 0), a NaN,
+ * +-inf. Inputs x, gamma, beta, w. */
+typedef enum ln_what {
+    LN_Y, LN_DX, LN_DGAMMA, LN_DBETA,             /* through the op */
+    LN_K_OUT, LN_K_MEAN, LN_K_RSTD,               /* layer_norm_rows */
+    LN_K_DX, LN_K_DGAMMA, LN_K_DBETA, LN_K_COUNT /* layer_norm_rows_grad */
+} ln_what;
+
+typedef struct ln_bo_case {
+    nb_shape x;
+    int n_axes;
+    bool gamma, beta, edges;
+    double eps;
+    layout lay;
+} ln_bo_case;
+
+static const ln_bo_case ln_bo_cases[] = {
+    {{2, {7, 33}}, 1, true, true, false, 1e-5, L_CONTIG},
+    {{4, {2, 3, 4, 5}}, 2, true, false, false, 1e-3, L_CONTIG},
+    {{2, {5, 16}}, 1, false, true, false, 1e-5, L_REVERSED},
+    {{2, {1, 1}}, 1, false, false, false, 1e-5, L_CONTIG},
+    {{2, {300, 257}}, 1, true, true, false, 1e-5, L_CONTIG},
+    {{3, {3, 2, 64}}, 1, true, true, false, 1e-5, L_STEPPED},
+    {{2, {6, 9}}, 1, true, true, true, 1e-3, L_CONTIG},
+    {{2, {6, 9}}, 1, false, true, true, 0, L_CONTIG},
+};
+
+typedef struct ln_bo_ctx {
+    const ln_bo_case *c;
+    ln_what what;
+} ln_bo_ctx;
+
+/* The entries' results on fresh (poisoned) outputs: out, mean, rstd, then,
+ * for the gradient's, dx, dgamma, dbeta, asking only for the one wanted and
+ * (for dgamma) dx too. */
+static nb_tensor *apply_ln_kernel(nb_tensor *const *in, const ln_bo_ctx *c)
+{
+    const ln_bo_case *k = c->c;
+    nb_tensor *x = nb_contiguous(in[0]), *g = k->gamma ? nb_contiguous(in[1]) : NULL;
+    nb_tensor *b = k->beta ? nb_contiguous(in[2]) : NULL, *w = nb_contiguous(in[3]);
+    if (!x || (k->gamma && !g) || (k->beta && !b) || !w)
+        return NULL;
+    nb_device *dev = x->device;
+    int64_t D = 1;
+    for (int i = x->ndim - k->n_axes; i < x->ndim; i++)
+        D *= x->shape[i];
+    int64_t rows = x->numel / D;
+    nb_tensor *t[6] = {nb__tensor_new("layer_norm", dev, x->dtype, x->ndim, x->shape),
+                       nb__tensor_new("layer_norm", dev, x->dtype, 1, &rows),
+                       nb__tensor_new("layer_norm", dev, x->dtype, 1, &rows),
+                       nb__tensor_new("layer_norm", dev, x->dtype, x->ndim, x->shape),
+                       nb__tensor_new("layer_norm", dev, x->dtype, 1, &D),
+                       nb__tensor_new("layer_norm", dev, x->dtype, 1, &D)};
+    for (int i = 0; i < 6; i++)
+        t[i] = nb__own(t[i]);
+    for (int i = 0; i < 6; i++)
+        if (!t[i])
+            return NULL;
+    nb_view v[6], vx = nb__view(x), vg = g ? nb__view(g) : (nb_view){0}, vb = b ? nb__view(b) : (nb_view){0},
+                  vw = nb__view(w);
+    for (int i = 0; i < 6; i++)
+        v[i] = nb__view(t[i]);
+    if (dev->backend->layer_norm_rows(dev, rows, D, &v[0], &v[1], &v[2], &vx, g ? &vg : NULL, b ? &vb : NULL, k->eps))
+        return NULL;
+    if (c->what < LN_K_DX)
+        return t[c->what - LN_K_OUT];
+    bool dx = c->what == LN_K_DX || c->what == LN_K_DGAMMA;
+    if (dev->backend->layer_norm_rows_grad(dev, rows, D, dx ? &v[3] : NULL, c->what == LN_K_DGAMMA ? &v[4] : NULL,
+                                           c->what == LN_K_DBETA ? &v[5] : NULL, &vw, &vx, &v[2], g ? &vg : NULL))
+        return NULL;
+    if (c->what == LN_K_DGAMMA && strcmp(dev->name, CPU) == 0) {
+        /* the column sums do not depend on the thread count */
+        nb_tensor *serial = nb__own(nb__tensor_new("layer_norm", dev, x->dtype, 1, &D));
+        nb_view vs = serial ? nb__view(serial) : (nb_view){0};
+        nb__thread_set_serial(true);
+        nb_status st = serial ? dev->backend->layer_norm_rows_grad(dev, rows, D, NULL, &vs, NULL, &vw, &vx, &v[2],
+                                                                   g ? &vg : NULL)
+                              : NB_ERR_INTERNAL;
+        nb__thread_set_serial(false);
+        double *a = st ? NULL : values_of(serial), *e = values_of(t[4]);
+        CHECKF(a && e && memcmp(a, e, sizeof(double) * (size_t)D) == 0, "dgamma on one thread differs");
+        free(a), free(e);
+    }
+    return t[c->what - LN_K_DX + 3];
+}
+
+static nb_tensor *apply_ln(int n, nb_tensor *const *in, const void *ctx)
+{
+    (void)n;
+    const ln_bo_ctx *c = ctx;
+    const ln_bo_case *k = c->c;
+    if (c->what >= LN_K_OUT)
+        return apply_ln_kernel(in, c);
+    nb_tensor *g = k->gamma ? in[1] : NULL, *b = k->beta ? in[2] : NULL;
+    if (c->what == LN_Y)
+        return nb_layer_norm(in[0], g, b, k->n_axes, k->eps);
+    nb_tape *tape = nb_tape_begin();
+    for (int i = 0; i < 3; i++)
+        nb_tape_watch(tape, in[i]);
+    nb_tensor *y = nb_layer_norm(in[0], g, b, k->n_axes, k->eps), *gr[3] = {0};
+    if (!y || nb_tape_gradient_ex(tape, nb_sum_all(nb_mul(y, in[3])), NULL, 3, in, gr, NB_UNCONNECTED_ZERO))
+        return NULL;
+    return gr[c->what - LN_DX];
+}
+
+static double *ref_ln(int n, const input *in, const void *ctx, nb_shape *shape)
+{
+    (void)n;
+    const ln_bo_ctx *c = ctx;
+    const ln_bo_case *k = c->c;
+    nb_shape s = in[0].shape;
+    int64_t D = 1, total = numel(s);
+    for (int i = s.ndim - k->n_axes; i < s.ndim; i++)
+        D *= s.dims[i];
+    int64_t rows = total / D;
+    double *y = alloc_values(total), *dx = alloc_values(total), *mean = alloc_values(rows),
+           *rstd = alloc_values(rows), *dg = alloc_values(D), *db = alloc_values(D);
+    for (int64_t j = 0; j < D; j++)
+        dg[j] = db[j] = 0;
+    const double *x = in[0].v, *w = in[3].v;
+    for (int64_t r = 0; r < rows; r++) {
+        const double *xr = x + r * D, *wr = w + r * D;
+        double mu = 0, var = 0, sh = 0, shx = 0;
+        for (int64_t j = 0; j < D; j++)
+            mu += xr[j];
+        mu /= (double)D;
+        for (int64_t j = 0; j < D; j++)
+            var += (xr[j] - mu) * (xr[j] - mu);
+        double rs = 1 / sqrt(var / (double)D + k->eps);
+        mean[r] = mu, rstd[r] = rs;
+        for (int64_t j = 0; j < D; j++) {
+            double xh = (xr[j] - mu) * rs, gm = k->gamma ? in[1].v[j] : 1, h = wr[j] * gm;
+            y[r * D + j] = xh * gm + (k->beta ? in[2].v[j] : 0);
+            sh += h, shx += h * xh;
+            dg[j] += wr[j] * xh, db[j] += wr[j];
+        }
+        for (int64_t j = 0; j < D; j++) {
+            double xh = (xr[j] - mu) * rs, h = wr[j] * (k->gamma ? in[1].v[j] : 1);
+            dx[r * D + j] = rs * (h - sh / (double)D - xh * shx / (double)D);
+        }
+    }
+    double *keep;
+    switch (c->what) {
+    case LN_Y: case LN_K_OUT: keep = y, *shape = s; break;
+    case LN_DX: case LN_K_DX: keep = dx, *shape = s; break;
+    case LN_K_MEAN: keep = mean, *shape = (nb_shape){1, {rows}}; break;
+    case LN_K_RSTD: keep = rstd, *shape = (nb_shape){1, {rows}}; break;
+    case LN_DGAMMA: keep = dg, *shape = in[1].shape; break;
+    case LN_DBETA: keep = db, *shape = in[2].shape; break;
+    case LN_K_DGAMMA: keep = dg, *shape = (nb_shape){1, {D}}; break;
+    default: keep = db, *shape = (nb_shape){1, {D}}; break;
+    }
+    double *all[6] = {y, dx, mean, rstd, dg, db};
+    for (int i = 0; i < 6; i++)
+        if (all[i] != keep)
+            free(all[i]);
+    return keep;
+}
+
+static void run_ln_kernel(bool grad)
+{
+    static const char *const names[LN_K_COUNT] = {"y", "dx", "dgamma", "dbeta", "out", "mean",
+                                                  "rstd", "dx", "dgamma", "dbeta"};
+    for (nb_dtype dt = 0; dt < NB_DTYPE_COUNT; dt++) {
+        plan p = plan_for(FLOATS_MASK, grad ? NB_K_LAYER_NORM_ROWS_GRAD : NB_K_LAYER_NORM_ROWS, 0, dt);
+        static const ln_bo_case probe_case = {{2, {2, 2}}, 1, true, true, false, 1e-5, L_CONTIG};
+        ln_bo_ctx pc0 = {&probe_case, grad ? LN_DX : LN_Y};
+        double four[4] = {1, 2, 3, 5}, two[2] = {1, 2};
+        input probe[4] = {{dt, {2, {2, 2}}, four, L_CONTIG}, {dt, {1, {2}}, two, L_CONTIG},
+                          {dt, {1, {2}}, two, L_CONTIG}, {dt, {2, {2, 2}}, four, L_CONTIG}};
+        if (!refusal(p, grad ? "layer_norm gradient" : "layer_norm", dt, 4, probe, apply_ln, &pc0))
+            continue;
+        /* the entries themselves where the backend has them (they are optional) */
+        bool entries = cur->dev->backend->layer_norm_rows && cur->dev->backend->layer_norm_rows_grad;
+        for (size_t ci = 0; ci < sizeof ln_bo_cases / sizeof *ln_bo_cases; ci++) {
+            const ln_bo_case *c = &ln_bo_cases[ci];
+            nb_shape ps = {c->n_axes, {0}};
+            for (int i = 0; i < c->n_axes; i++)
+                ps.dims[i] = c->x.dims[c->x.ndim - c->n_axes + i];
+            int64_t n = numel(c->x), D = numel(ps);
+            double *v = gen(n, dt, (range){R_REAL, -2, 3, 0, 0, false});
+            double *gm = gen(D, dt, (range){R_REAL, 0.5, 2, 0, 0, false});
+            double *bt = gen(D, dt, RANGE_DEFAULT);
+            double *w = gen(n, dt, RANGE_DEFAULT);
+            if (c->edges) { /* rows 0..3: constant, a NaN, +inf, -inf */
+                for (int64_t j = 0; j < D; j++)
+                    v[j] = 2.5;
+                v[D + 3] = NAN, v[2 * D + 1] = INFINITY, v[3 * D + D - 1] = -INFINITY;
+            }
+            input in[4] = {{dt, c->x, v, c->lay}, {dt, ps, gm, L_CONTIG}, {dt, ps, bt, L_CONTIG}, {dt, c->x, w, L_CONTIG}};
+            ln_what first = grad ? LN_DX : LN_Y, last = grad ? LN_DBETA : LN_Y;
+            ln_what kfirst = grad ? LN_K_DX : LN_K_OUT, klast = grad ? LN_K_DBETA : LN_K_RSTD;
+            for (int wi = first; wi <= (int)klast; wi++) {
+                if (wi > (int)last && wi < (int)kfirst)
+                    continue;
+                if (wi >= LN_K_OUT && (!entries || is_half(dt)))
+                    continue;
+                /* the op's gradients of an absent gamma or beta are zeros; the
+                 * entry's dgamma and dbeta do not depend on them */
+                if ((wi == LN_DGAMMA && !c->gamma) || (wi == LN_DBETA && !c->beta))
+                    continue;
+                ln_bo_ctx pc = {c, (ln_what)wi};
+                case_begin("layer_norm%s %s %s %s n_axes %d%s%s%s eps %g%s", wi >= LN_K_OUT ? " entry" : "",
+                           names[wi], nb_dtype_name(dt), shape_str(c->x), c->n_axes, c->gamma ? " gamma" : "",
+                           c->beta ? " beta" : "", c->edges ? " edge rows" : "", c->eps, layout_names[c->lay]);
+                run_values(4, in, apply_ln, ref_ln, &pc, dt, T_ACC);
+                case_end();
+            }
+            free(v), free(gm), free(bt), free(w);
+        }
+    }
+}
+
+static void kernel_layer_norm_rows(void) { run_ln_kernel(false); }
+static void kernel_layer_norm_rows_grad(void) { run_ln_kernel(true); }
+
 /* ================================ the matrix ================================================ */
 
 /* Every kernel entry of the list has its cases here. */

@@ -703,6 +703,39 @@ static void layer_norm_edges(void)
     }
 }
 
+/* Rows far from 0 with small deviations (1000 + 0.01 u) in f32: the values
+ * and the gradient for x keep their digits, against the same stored values
+ * in f64. */
+static void layer_norm_offset_rows(void)
+{
+    const int64_t R = 5, D = 67;
+    double *x = random_values(R * D, -1, 1), *g = random_values(D, 0.5, 1.5), *b = random_values(D, -1, 1);
+    double *w = random_values(R * D, -1, 1);
+    for (int64_t i = 0; i < R * D; i++)
+        x[i] = (double)(float)(1000 + 0.01 * x[i]);
+    double *y = malloc(sizeof(double) * (size_t)(R * D));
+    ln_reference(x, R, D, g, b, 1e-5, y);
+    nb_tensor *dx[2] = {0};
+    for (int dti = 0; dti < 2; dti++) {
+        nb_dtype dt = dti ? NB_F64 : NB_F32;
+        nb_tensor *xt = tensor_of(dt, NB_SHAPE(R, D), x), *gt = tensor_of(dt, NB_SHAPE(D), g);
+        nb_tensor *bt = tensor_of(dt, NB_SHAPE(D), b), *wt = tensor_of(dt, NB_SHAPE(R, D), w);
+        nb_tape *tape = nb_tape_begin();
+        nb_tape_watch(tape, xt);
+        nb_tensor *yt = nb_layer_norm(xt, gt, bt, 1, 1e-5);
+        CHECKF(check_max_error(yt, y, R * D) <= (dti ? 1e-12 : 1e-5), "%s offset rows", nb_dtype_name(dt));
+        CHECK_OK(nb_tape_gradient(tape, nb_sum_all(nb_mul(yt, wt)), 1, &xt, &dx[dti]));
+    }
+    /* dx is about rstd (~170) times g: compared relative to its largest */
+    double *d32 = check_values(dx[0]), *d64 = check_values(dx[1]), worst = 0, big = 0;
+    for (int64_t i = 0; i < R * D; i++) {
+        big = fmax(big, fabs(d64[i]));
+        worst = fmax(worst, fabs(d32[i] - d64[i]));
+    }
+    CHECKF(big > 10 && worst <= 1e-4 * big, "offset rows dx: %g of %g", worst, big);
+    free(d32), free(d64), free(x), free(g), free(b), free(w), free(y);
+}
+
 /* batch_norm_infer: NaN stays where it is, a transposed input, empty inputs. */
 static void batch_norm_infer_edges(void)
 {
@@ -958,6 +991,7 @@ int main(int argc, char **argv)
     RUN(layer_norm_values);
     RUN(layer_norm_cases);
     RUN(layer_norm_edges);
+    RUN(layer_norm_offset_rows);
     RUN(batch_norm_infer_edges);
     RUN(norm_errors);
     RUN(dropout);

@@ -258,6 +258,35 @@ struct nb_backend {
     nb_status (*channel_affine)(nb_device *dev, const int64_t shape[3], const nb_view *out, const nb_view *a,
                                 const nb_view *s, const nb_view *b, const nb_view *t, const nb_view *u);
 
+    /* ---- rows (layer normalisation) ----
+     * Optional: a backend may leave both NULL (the GPU's does), and the op
+     * then runs on the per-channel kernels; ops test the pointer before
+     * asking supports. x, out, dx and g are contiguous [rows, D]; gamma,
+     * beta, dgamma and dbeta [D]; mean and rstd [rows]; one dtype (the CPU:
+     * f32 and f64). */
+    /* Per row r: mean[r] and var = the mean of (x - mean[r])^2 (two passes
+     * over the row, accumulated in double), rstd[r] = 1 / sqrt(var +
+     * epsilon), and out = (x - mean[r]) rstd[r] gamma + beta (gamma NULL: 1,
+     * beta NULL: 0). A constant row gives exactly beta for epsilon > 0 and
+     * NaN for 0; a row holding an infinity or a NaN is NaN throughout.
+     * D 0: mean and rstd NaN, out empty. */
+    nb_status (*layer_norm_rows)(nb_device *dev, int64_t rows, int64_t D, const nb_view *out, const nb_view *mean,
+                                 const nb_view *rstd, const nb_view *x, const nb_view *gamma, const nb_view *beta,
+                                 double epsilon);
+    /* layer_norm_rows' gradient from the output gradient g and the saved
+     * rstd: with xhat = (x - mean_r) rstd[r], mean_r the row's mean summed
+     * again in double (the saved mean, rounded to f32, would lose a row's
+     * small deviations far from 0), and h = g gamma
+     * (gamma NULL: g), dx = rstd[r] (h - mean_row(h) - xhat mean_row(h
+     * xhat)), dgamma = the sum over rows of g xhat, dbeta = the sum over rows
+     * of g. Any of dx, dgamma, dbeta may be NULL (not wanted). The row sums
+     * are accumulated in double; the column sums in double over fixed blocks
+     * of rows combined in block order, so the result does not depend on the
+     * thread count. rows 0: dgamma and dbeta 0. */
+    nb_status (*layer_norm_rows_grad)(nb_device *dev, int64_t rows, int64_t D, const nb_view *dx,
+                                      const nb_view *dgamma, const nb_view *dbeta, const nb_view *g, const nb_view *x,
+                                      const nb_view *rstd, const nb_view *gamma);
+
     /* ---- convolutions (d: nb_conv2d_desc above) ----
      * Every view is contiguous: x, dx [N, H, W, C] (or NCHW), w, dw [R, S, C /
      * groups, K], y, dy [N, P, Q, K] (or NKPQ); one floating dtype. */

@@ -38,7 +38,9 @@ static bool cpu_supports(const nb_device *dev, nb_kernel k, int variant, nb_dtyp
     switch (k) {
     case NB_K_CONV2D:
     case NB_K_CONV2D_BACKWARD_DATA:
-    case NB_K_CONV2D_BACKWARD_FILTER: return dtype == NB_F32 || dtype == NB_F64;
+    case NB_K_CONV2D_BACKWARD_FILTER:
+    case NB_K_LAYER_NORM_ROWS:
+    case NB_K_LAYER_NORM_ROWS_GRAD: return dtype == NB_F32 || dtype == NB_F64;
     default: return true;
     }
 }
@@ -88,4 +90,6 @@ const nb_backend nb__cpu_backend = {
     .avg_pool2d_grad = nb__cpu_avg_pool2d_grad,
     .channel_moments = nb__cpu_channel_moments,
     .channel_affine = nb__cpu_channel_affine,
+    .layer_norm_rows = nb__cpu_layer_norm_rows,
+    .layer_norm_rows_grad = nb__cpu_layer_norm_rows_grad,
 };

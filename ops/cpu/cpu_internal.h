@@ -180,6 +180,13 @@ nb_status nb__cpu_channel_moments(nb_device *dev, const int64_t shape[3], const 
                                   const nb_view *a, const nb_view *b, const nb_view *center);
 nb_status nb__cpu_channel_affine(nb_device *dev, const int64_t shape[3], const nb_view *out, const nb_view *a,
                                  const nb_view *s, const nb_view *b, const nb_view *t, const nb_view *u);
+/* Layer normalisation over contiguous rows (cpu_norm.c), f32 and f64. */
+nb_status nb__cpu_layer_norm_rows(nb_device *dev, int64_t rows, int64_t D, const nb_view *out, const nb_view *mean,
+                                  const nb_view *rstd, const nb_view *x, const nb_view *gamma, const nb_view *beta,
+                                  double epsilon);
+nb_status nb__cpu_layer_norm_rows_grad(nb_device *dev, int64_t rows, int64_t D, const nb_view *dx,
+                                       const nb_view *dgamma, const nb_view *dbeta, const nb_view *g,
+                                       const nb_view *x, const nb_view *rstd, const nb_view *gamma);
 /* ---- convolutions (cpu_conv.c, cpu_conv_dnnl.c) -------------------------------- */
 
 nb_status nb__cpu_conv2d(nb_device *dev, const nb_conv2d_desc *d, const nb_view *y, const nb_view *x,
