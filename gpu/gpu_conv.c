@@ -58,17 +58,6 @@ static void conv_key(const conv_problem *p, unsigned flags, int64_t key[CONV_KEY
     memcpy(key, k, sizeof k);
 }
 
-/* Dims [n, c, h, w] with the strides of the layout (cn: NCHW, else NHWC). */
-static void dims_strides(bool cn, int64_t n, int64_t c, int64_t h, int64_t w, int64_t dims[4], int64_t st[4])
-{
-    dims[0] = n, dims[1] = c, dims[2] = h, dims[3] = w;
-    if (cn) {
-        st[3] = 1, st[2] = w, st[1] = h * w, st[0] = c * h * w;
-    } else {
-        st[1] = 1, st[3] = c, st[2] = w * c, st[0] = h * w * c;
-    }
-}
-
 static nb_status conv_build(const nb_gpu_ctx *c, nb_cudnn_descs *keep, cudnnBackendDescriptor_t *ops, int *nops,
                             const void *arg)
 {
@@ -78,13 +67,13 @@ static nb_status conv_build(const nb_gpu_ctx *c, nb_cudnn_descs *keep, cudnnBack
     int64_t dims[4], st[4];
     cudnnBackendDescriptor_t x, w, y, cd, op;
     nb_status s;
-    dims_strides(p->cn, p->N, p->C, p->H, p->W, dims, st);
+    nb__cudnn_dims(p->cn, p->N, p->C, p->H, p->W, dims, st);
     if ((s = nb__cudnn_tensor(c, keep, UID_X, dt, 4, dims, st, p->align, &x)))
         return s;
-    dims_strides(p->cn, p->K, p->Cg, p->R, p->S, dims, st);
+    nb__cudnn_dims(p->cn, p->K, p->Cg, p->R, p->S, dims, st);
     if ((s = nb__cudnn_tensor(c, keep, UID_W, dt, 4, dims, st, p->align, &w)))
         return s;
-    dims_strides(p->cn, p->N, p->K, p->P, p->Q, dims, st);
+    nb__cudnn_dims(p->cn, p->N, p->K, p->P, p->Q, dims, st);
     if ((s = nb__cudnn_tensor(c, keep, UID_Y, dt, 4, dims, st, p->align, &y)))
         return s;
 

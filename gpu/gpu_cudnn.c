@@ -84,6 +84,16 @@ cudnnDataType_t nb__cudnn_dtype(nb_dtype dt)
     }
 }
 
+void nb__cudnn_dims(bool nchw, int64_t n, int64_t c, int64_t h, int64_t w, int64_t dims[4], int64_t st[4])
+{
+    dims[0] = n, dims[1] = c, dims[2] = h, dims[3] = w;
+    if (nchw) {
+        st[3] = 1, st[2] = w, st[1] = h * w, st[0] = c * h * w;
+    } else {
+        st[1] = 1, st[3] = c, st[2] = w * c, st[0] = h * w * c;
+    }
+}
+
 int64_t nb__cudnn_alignment(size_t elem_size, int n, void *const *ptrs)
 {
     uintptr_t bits = 16;

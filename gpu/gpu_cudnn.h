@@ -34,6 +34,10 @@ cudnnDataType_t nb__cudnn_dtype(nb_dtype dt);
  * the element size: the alignment a tensor descriptor may promise. */
 int64_t nb__cudnn_alignment(size_t elem_size, int n, void *const *ptrs);
 
+/* The dims [n, c, h, w] of an image or filter and the strides (in elements)
+ * of its layout: NCHW (KCRS) when nchw, else NHWC (KRSC). */
+void nb__cudnn_dims(bool nchw, int64_t n, int64_t c, int64_t h, int64_t w, int64_t dims[4], int64_t strides[4]);
+
 /* The longest reason a plan could not be made (nb__cudnn_plan_for's why). */
 #define NB_CUDNN_WHY_MAX 256
 

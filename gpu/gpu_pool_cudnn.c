@@ -31,16 +31,6 @@ typedef struct pool_problem {
     int64_t post[2]; /* bottom and right padding */
 } pool_problem;
 
-static void layout(bool nchw, int64_t n, int64_t c, int64_t h, int64_t w, int64_t dims[4], int64_t st[4])
-{
-    dims[0] = n, dims[1] = c, dims[2] = h, dims[3] = w;
-    if (nchw) {
-        st[3] = 1, st[2] = w, st[1] = h * w, st[0] = c * h * w;
-    } else {
-        st[1] = 1, st[3] = c, st[2] = w * c, st[0] = h * w * c;
-    }
-}
-
 static nb_status pool_build(const nb_gpu_ctx *c, nb_cudnn_descs *keep, cudnnBackendDescriptor_t *ops, int *nops,
                             const void *arg)
 {
@@ -51,10 +41,10 @@ static nb_status pool_build(const nb_gpu_ctx *c, nb_cudnn_descs *keep, cudnnBack
     int64_t dims[4], st[4];
     cudnnBackendDescriptor_t x, y, rd, op;
     nb_status s;
-    layout(d->nchw, d->N, d->C, d->H, d->W, dims, st);
+    nb__cudnn_dims(d->nchw, d->N, d->C, d->H, d->W, dims, st);
     if ((s = nb__cudnn_tensor(c, keep, UID_X, dt, 4, dims, st, p->align, &x)))
         return s;
-    layout(d->nchw, d->N, d->C, d->P, d->Q, dims, st);
+    nb__cudnn_dims(d->nchw, d->N, d->C, d->P, d->Q, dims, st);
     if ((s = nb__cudnn_tensor(c, keep, UID_Y, dt, 4, dims, st, p->align, &y)))
         return s;
 

@@ -221,4 +221,39 @@ nb_status nb__cpu_adam_update(nb_device *dev, const nb_view *param, const nb_vie
 double nb__cpu_philox_uniform(uint64_t seed, uint64_t i);
 double nb__cpu_philox_normal(uint64_t seed, uint64_t i, uint32_t trial);
 
+/* ---- kernels compiled twice ----
+ * NB_CPU_AVX2_ENTRY(name, T) makes name_T(ctx, b, e), a nb__parallel_for
+ * body that runs name_body_T (an always_inline function) as compiled for
+ * AVX2 + FMA when the CPU has them (asked at run time, as the gemm's
+ * micro-kernels are) and as compiled for the build's baseline otherwise. */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+static inline bool nb__cpu_has_avx2(void)
+{
+    static int known; /* 0 not asked, 1 no, 2 yes */
+    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (!k) {
+        __builtin_cpu_init();
+        k = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 2 : 1;
+        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
+    }
+    return k == 2;
+}
+#define NB_CPU_AVX2_ENTRY(name, T)                                                                  \
+    __attribute__((target("avx2,fma"))) static void name##_avx2_##T(void *ctx, int64_t b, int64_t e) \
+    {                                                                                               \
+        name##_body_##T(ctx, b, e);                                                                 \
+    }                                                                                               \
+    static void name##_base_##T(void *ctx, int64_t b, int64_t e) { name##_body_##T(ctx, b, e); }    \
+    static void name##_##T(void *ctx, int64_t b, int64_t e)                                         \
+    {                                                                                               \
+        if (nb__cpu_has_avx2())                                                                     \
+            name##_avx2_##T(ctx, b, e);                                                             \
+        else                                                                                        \
+            name##_base_##T(ctx, b, e);                                                             \
+    }
+#else
+#define NB_CPU_AVX2_ENTRY(name, T)                                                                  \
+    static void name##_##T(void *ctx, int64_t b, int64_t e) { name##_body_##T(ctx, b, e); }
+#endif
+
 #endif

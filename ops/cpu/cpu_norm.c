@@ -157,44 +157,14 @@ static inline __attribute__((always_inline)) double hsum8(const v4d *a, const v4
         }                                                                                           \
     }
 
-/* The kernels twice: for AVX2 (chosen at run time, as the gemm's
- * micro-kernels are) and for the build's baseline. */
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define DEFINE_LN_ENTRY(name, T)                                                                    \
-    __attribute__((target("avx2,fma"))) static void name##_avx2_##T(void *ctx, int64_t b, int64_t e) \
-    {                                                                                               \
-        name##_body_##T(ctx, b, e);                                                                 \
-    }                                                                                               \
-    static void name##_base_##T(void *ctx, int64_t b, int64_t e) { name##_body_##T(ctx, b, e); }    \
-    static void name##_##T(void *ctx, int64_t b, int64_t e)                                         \
-    {                                                                                               \
-        if (has_avx2())                                                                             \
-            name##_avx2_##T(ctx, b, e);                                                             \
-        else                                                                                        \
-            name##_base_##T(ctx, b, e);                                                             \
-    }
-static bool has_avx2(void)
-{
-    static int known; /* 0 not asked, 1 no, 2 yes */
-    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
-    if (!k) {
-        __builtin_cpu_init();
-        k = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 2 : 1;
-        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
-    }
-    return k == 2;
-}
-#else
-#define DEFINE_LN_ENTRY(name, T)                                                                    \
-    static void name##_##T(void *ctx, int64_t b, int64_t e) { name##_body_##T(ctx, b, e); }
-#endif
+/* The kernels for AVX2 and for the baseline (NB_CPU_AVX2_ENTRY, cpu_internal.h). */
 
 DEFINE_LN(float)
 DEFINE_LN(double)
-DEFINE_LN_ENTRY(ln_fwd, float)
-DEFINE_LN_ENTRY(ln_fwd, double)
-DEFINE_LN_ENTRY(ln_bwd, float)
-DEFINE_LN_ENTRY(ln_bwd, double)
+NB_CPU_AVX2_ENTRY(ln_fwd, float)
+NB_CPU_AVX2_ENTRY(ln_fwd, double)
+NB_CPU_AVX2_ENTRY(ln_bwd, float)
+NB_CPU_AVX2_ENTRY(ln_bwd, double)
 
 static const void *data_or_null(const nb_view *v) { return v ? v->data : NULL; }
 

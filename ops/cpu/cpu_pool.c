@@ -218,48 +218,18 @@ static inline void window_cols(const nb_pool2d_desc *d, int64_t q, int64_t *w0, 
         }                                                                                           \
     }
 
-/* The streaming kernels twice: for AVX2 (chosen at run time, as the gemm's
- * micro-kernels are) and for the build's baseline. */
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define DEFINE_CHANNEL_ENTRY(name, T)                                                               \
-    __attribute__((target("avx2,fma"))) static void name##_avx2_##T(void *ctx, int64_t b, int64_t e) \
-    {                                                                                               \
-        name##_body_##T(ctx, b, e);                                                                 \
-    }                                                                                               \
-    static void name##_base_##T(void *ctx, int64_t b, int64_t e) { name##_body_##T(ctx, b, e); }    \
-    static void name##_##T(void *ctx, int64_t b, int64_t e)                                         \
-    {                                                                                               \
-        if (has_avx2())                                                                             \
-            name##_avx2_##T(ctx, b, e);                                                             \
-        else                                                                                        \
-            name##_base_##T(ctx, b, e);                                                             \
-    }
-static bool has_avx2(void)
-{
-    static int known; /* 0 not asked, 1 no, 2 yes */
-    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
-    if (!k) {
-        __builtin_cpu_init();
-        k = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 2 : 1;
-        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
-    }
-    return k == 2;
-}
-#else
-#define DEFINE_CHANNEL_ENTRY(name, T)                                                               \
-    static void name##_##T(void *ctx, int64_t b, int64_t e) { name##_body_##T(ctx, b, e); }
-#endif
+/* The kernels for AVX2 and for the baseline (NB_CPU_AVX2_ENTRY, cpu_internal.h). */
 
 DEFINE_POOL(float)
 DEFINE_POOL(double)
-DEFINE_CHANNEL_ENTRY(max_fwd, float)
-DEFINE_CHANNEL_ENTRY(max_fwd, double)
-DEFINE_CHANNEL_ENTRY(max_bwd, float)
-DEFINE_CHANNEL_ENTRY(max_bwd, double)
-DEFINE_CHANNEL_ENTRY(avg_fwd, float)
-DEFINE_CHANNEL_ENTRY(avg_fwd, double)
-DEFINE_CHANNEL_ENTRY(avg_bwd, float)
-DEFINE_CHANNEL_ENTRY(avg_bwd, double)
+NB_CPU_AVX2_ENTRY(max_fwd, float)
+NB_CPU_AVX2_ENTRY(max_fwd, double)
+NB_CPU_AVX2_ENTRY(max_bwd, float)
+NB_CPU_AVX2_ENTRY(max_bwd, double)
+NB_CPU_AVX2_ENTRY(avg_fwd, float)
+NB_CPU_AVX2_ENTRY(avg_fwd, double)
+NB_CPU_AVX2_ENTRY(avg_bwd, float)
+NB_CPU_AVX2_ENTRY(avg_bwd, double)
 
 /* Rows of output for the forward kernels (N * P, or N * C * P for NCHW), and
  * planes for the gradients (N, or N * C for NCHW). */
@@ -467,12 +437,12 @@ typedef struct chan_ctx {
 
 DEFINE_CHANNEL(float)
 DEFINE_CHANNEL(double)
-DEFINE_CHANNEL_ENTRY(moments_rows, float)
-DEFINE_CHANNEL_ENTRY(moments_rows, double)
-DEFINE_CHANNEL_ENTRY(moments_planes, float)
-DEFINE_CHANNEL_ENTRY(moments_planes, double)
-DEFINE_CHANNEL_ENTRY(affine, float)
-DEFINE_CHANNEL_ENTRY(affine, double)
+NB_CPU_AVX2_ENTRY(moments_rows, float)
+NB_CPU_AVX2_ENTRY(moments_rows, double)
+NB_CPU_AVX2_ENTRY(moments_planes, float)
+NB_CPU_AVX2_ENTRY(moments_planes, double)
+NB_CPU_AVX2_ENTRY(affine, float)
+NB_CPU_AVX2_ENTRY(affine, double)
 
 nb_status nb__cpu_channel_moments(nb_device *dev, const int64_t shape[3], const nb_view *sum, const nb_view *moment,
                                   const nb_view *a, const nb_view *b, const nb_view *center)
