@@ -19,7 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-nb_status nb__cudnn_fail(const nb_gpu_ctx *c, const char *call, cudnnStatus_t s)
+/* cuDNN's failure as an nb_status (NB_ERR_BACKEND) naming the call and device. */
+static nb_status cudnn_fail(const nb_gpu_ctx *c, const char *call, cudnnStatus_t s)
 {
     return nb__fail(NB_ERR_BACKEND, "%s failed on %s: %s", call, c->dev->name, cudnnGetErrorString(s));
 }
@@ -40,9 +41,9 @@ nb_status nb__cudnn_handle(nb_gpu_ctx *c, cudnnHandle_t *out)
         cudnnStatus_t s = cudnnCreate(&h);
         cudnnBackendDescriptor_t prop = NULL;
         if (s != CUDNN_STATUS_SUCCESS) {
-            st = nb__cudnn_fail(c, "cudnnCreate", s);
+            st = cudnn_fail(c, "cudnnCreate", s);
         } else if ((s = cudnnSetStream(h, c->stream)) != CUDNN_STATUS_SUCCESS) {
-            st = nb__cudnn_fail(c, "cudnnSetStream", s);
+            st = cudnn_fail(c, "cudnnSetStream", s);
         } else if (has_deviceprop()) {
 #if CUDNN_VERSION >= 90800
             /* the device's properties, for the heuristics and the plans; a

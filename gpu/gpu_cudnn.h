@@ -24,9 +24,6 @@
  * NB_ERR_BACKEND when cuDNN cannot be started on the device. */
 nb_status nb__cudnn_handle(nb_gpu_ctx *c, cudnnHandle_t *out);
 
-/* cuDNN's failure as an nb_status (NB_ERR_BACKEND) naming the call and device. */
-nb_status nb__cudnn_fail(const nb_gpu_ctx *c, const char *call, cudnnStatus_t s);
-
 /* cuDNN's data type for a floating nb_dtype (f32 for any other). */
 cudnnDataType_t nb__cudnn_dtype(nb_dtype dt);
 

@@ -5,9 +5,7 @@
  * ops unrecorded, and its gradient is the closed form (the mean and variance
  * recomputed from x), written with ops so that it differentiates again.
  * layer_norm runs each row in one go where the device has the row kernels
- * (the CPU), forward and backward; elsewhere it is the same per row: the
- * per-channel kernels on x seen as [1, rows, D], then one more pass for
- * gamma and beta per column. batch_norm_infer works out a [C] scale and
+ * (the CPU), forward and backward. batch_norm_infer works out a [C] scale and
  * shift with ops, then makes one pass over x as a recorded op of its own.
  * Where the kernels are missing, each is a composition of differentiable
  * ops, as dropout is; embedding_lookup is gather under its own name. */
@@ -445,12 +443,6 @@ static nb_axes ln_axes(const nb_tensor *x, int n_axes)
     return axes;
 }
 
-/* NULL when t is NULL; else t (the shape of the last axes) as [D]. */
-static const nb_tensor *flat(const nb_tensor *t)
-{
-    return t ? nb_reshape(t, (nb_shape){1, {t->numel}}) : NULL;
-}
-
 /* Whether x's device has the row kernels (optional entries: the pointers
  * first) and runs them for x's dtype, with fused_ok's other conditions. */
 static bool rows_ok(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta)
@@ -500,62 +492,17 @@ static nb_status layer_norm_grad_rows(const nb_node *n, nb_tensor *g, nb_tensor 
     return nb__ok((!want_x || gi[0]) && (!want_gamma || gi[1]) && (!want_beta || gi[2]) ? gi : NULL);
 }
 
-/* The fused gradient (nothing records it), from the saved mean, rstd and
- * (with gamma) xhat: per column, dbeta = sum g and dgamma = sum g
- * xhat; per row, with h = g gamma, dx = rstd h + t x + u where t = -rstd^3
- * sum h (x - mean) / D and u = -rstd sum(h) / D - t mean. */
-static nb_status layer_norm_grad_fused(const nb_node *n, nb_tensor *g, nb_tensor **gi)
-{
-    const char *op = n->op->name;
-    const nb_tensor *x = n->in[0], *gamma = n->in[1], *beta = n->in[2];
-    const nb_tensor *mean = n->out[1], *rstd = n->out[2], *xhat = n->n_in > 3 ? n->in[3] : NULL;
-    nb_dtype dt = x->dtype;
-    int64_t D = ln_dim(x, (int)n->attrs.i[0]);
-    const nb_tensor *xw = dense(as_f32(x)), *gw = as_f32(gamma);
-    nb_tensor *gg = (nb_tensor *)as_f32(g);
-    if (!xw || !gg || (gamma && !gw))
-        return nb__ok(NULL);
-    bool want_gamma = gamma && nb__needs_grad(n, 1), want_beta = beta && nb__needs_grad(n, 2);
-    if (want_gamma || want_beta) {
-        int64_t cols[3] = {x->numel / D, D, 1};
-        nb_tensor *sg = NULL, *sgx = NULL;
-        if (!moments(op, cols, gg, want_gamma ? xhat : NULL, NULL, &sg, &sgx))
-            return nb__ok(NULL);
-        if (want_beta && !(gi[2] = to_dtype(nb_reshape(sg, nb_tensor_shape(beta)), dt)))
-            return nb__ok(NULL);
-        if (want_gamma && !(gi[1] = to_dtype(nb_reshape(sgx, nb_tensor_shape(gamma)), dt)))
-            return nb__ok(NULL);
-    }
-    if (!nb__needs_grad(n, 0))
-        return NB_OK;
-    int64_t rows[3] = {1, x->numel / D, D};
-    nb_tensor *h = gamma ? nb_mul(gg, gw) : gg, *sh = NULL, *shx = NULL;
-    if (!h || !moments(op, rows, h, xw, mean, &sh, &shx))
-        return nb__ok(NULL);
-    nb_tensor *t = nb_mul_scalar(nb_mul(nb_mul(rstd, nb_square(rstd)), shx), -1.0 / (double)D);
-    nb_tensor *u = nb_sub(nb_mul_scalar(nb_mul(rstd, sh), -1.0 / (double)D), nb_mul(t, mean));
-    gi[0] = t && u ? to_dtype(affine(op, rows, h, rstd, xw, t, u), dt) : NULL;
-    return nb__ok(gi[0]);
-}
-
 /* attrs: i[0] n_axes; d[0] epsilon. Inputs x, gamma, beta (either of the last
- * two may be NULL) and, with gamma, xhat; outputs y, mean and rstd (from the
- * row kernel: inputs x, gamma, beta; outputs y and rstd). Under a recording
- * tape, or off the fused kernels' device, the closed form in ops:
+ * two may be NULL); outputs y and rstd. Under a recording tape, or off the
+ * row kernels' device, the closed form in ops:
  * dx = rstd (h - mean(h) - xhat mean(h xhat)) with h = g gamma. */
 static nb_status layer_norm_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
 {
     const nb_tensor *x = n->in[0], *gamma = n->in[1], *beta = n->in[2];
     int n_axes = (int)n->attrs.i[0];
     gi[0] = gi[1] = gi[2] = NULL;
-    if (!nb__tape_recording() && g[0]->device == x->device) {
-        /* the row kernel's forward recorded y and rstd; the per-channel
-         * kernels' y, mean and rstd (and xhat as a fourth input, with gamma) */
-        if (n->n_out == 2 && rows_ok(x, gamma, beta))
-            return layer_norm_grad_rows(n, g[0], gi);
-        if (n->n_out == 3 && fused_ok(x, gamma, beta) && (!gamma || n->n_in > 3))
-            return layer_norm_grad_fused(n, g[0], gi);
-    }
+    if (!nb__tape_recording() && g[0]->device == x->device && rows_ok(x, gamma, beta))
+        return layer_norm_grad_rows(n, g[0], gi);
     nb_axes axes = ln_axes(x, n_axes);
     nb_tensor *mean = nb_mean(x, axes, true);
     nb_tensor *xc = nb_sub(x, mean);
@@ -578,9 +525,9 @@ static nb_status layer_norm_grad(const nb_node *n, nb_tensor *const *g, nb_tenso
 static const nb_op_def layer_norm_def = {"layer_norm", layer_norm_grad};
 
 /* The row kernel: one pass over each row while it sits in cache, writing y
- * and each row's mean and rstd. Recorded with rstd as a second output
- * (nobody else sees it), which the gradient reads back; the gradient sums
- * each row's mean again, in double. */
+ * and each row's rstd. Recorded with rstd as a second output (nobody else
+ * sees it), which the gradient reads back; the gradient sums each row's mean
+ * again, in double. */
 static nb_tensor *layer_norm_rows(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta, int n_axes,
                                   double epsilon)
 {
@@ -590,24 +537,23 @@ static nb_tensor *layer_norm_rows(const nb_tensor *x, const nb_tensor *gamma, co
     int64_t D = ln_dim(x, n_axes), rows = x->numel / D;
     int token = nb__tapes_pause();
     const nb_tensor *xd = dense(x), *gd = dense(gamma), *bd = dense(beta);
-    nb_tensor *y = NULL, *mean = NULL, *rstd = NULL;
+    nb_tensor *y = NULL, *rstd = NULL;
     bool ok = xd && (!gamma || gd) && (!beta || bd) && (y = nb__out(op, dev, dt, x->ndim, x->shape)) &&
-              (mean = nb__out(op, dev, dt, 1, &rows)) && (rstd = nb__out(op, dev, dt, 1, &rows));
+              (rstd = nb__out(op, dev, dt, 1, &rows));
     if (ok) {
-        nb_view vy = nb__view(y), vm = nb__view(mean), vr = nb__view(rstd), vx = nb__view(xd),
-                vg = gd ? nb__view(gd) : (nb_view){0}, vb = bd ? nb__view(bd) : (nb_view){0};
-        ok = dev->backend->layer_norm_rows(dev, rows, D, &vy, &vm, &vr, &vx, gd ? &vg : NULL, bd ? &vb : NULL,
+        nb_view vy = nb__view(y), vr = nb__view(rstd), vx = nb__view(xd), vg = gd ? nb__view(gd) : (nb_view){0},
+                vb = bd ? nb__view(bd) : (nb_view){0};
+        ok = dev->backend->layer_norm_rows(dev, rows, D, &vy, NULL, &vr, &vx, gd ? &vg : NULL, bd ? &vb : NULL,
                                            epsilon) == NB_OK;
     }
     nb__tapes_resume(token);
     if (!ok) {
-        nb__release(y), nb__release(mean), nb__release(rstd);
+        nb__release(y), nb__release(rstd);
         return NULL;
     }
     y = nb__own(y);
-    mean = nb__own(mean);
     rstd = nb__own(rstd);
-    if (!y || !mean || !rstd)
+    if (!y || !rstd)
         return NULL;
     nb_op_attrs attrs = {0};
     attrs.i[0] = n_axes;
@@ -615,54 +561,6 @@ static nb_tensor *layer_norm_rows(const nb_tensor *x, const nb_tensor *gamma, co
     const nb_tensor *in[3] = {x, gamma, beta};
     nb_tensor *out[2] = {y, rstd};
     return nb__record(&layer_norm_def, 3, in, 2, out, &attrs) ? NULL : y;
-}
-
-/* The fused forward: each row's sum and sum of squares (one pass; f64 takes a
- * second about the mean), xhat = x rstd - mean rstd per row, then y = xhat
- * gamma + beta per column. Recorded with the mean and rstd as more outputs
- * (nobody else sees them) and, with gamma, xhat as a fourth input, which the
- * fused gradient reads: no tape watches it, where as an output the tape would
- * give it a zero gradient the size of x. */
-static nb_tensor *layer_norm_fused(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta, int n_axes,
-                                   double epsilon)
-{
-    const char *op = layer_norm_def.name;
-    int64_t D = ln_dim(x, n_axes);
-    int64_t rows[3] = {1, x->numel / D, D}, cols[3] = {x->numel / D, D, 1};
-    int token = nb__tapes_pause();
-    nb_tensor *sum = NULL, *sq = NULL, *mean = NULL, *rstd = NULL, *xhat = NULL, *y = NULL;
-    /* f16 and bf16 are normalised in f32, as batch_norm_train's,
-     * and x made contiguous once for the kernels' passes */
-    nb_dtype dt = x->dtype;
-    const nb_tensor *xw = dense(as_f32(x)), *gw = as_f32(gamma), *bw = as_f32(beta);
-    bool one_pass = xw && xw->dtype == NB_F32;
-    if (xw && (!gamma || gw) && (!beta || bw) && moments(op, rows, xw, NULL, NULL, &sum, &sq) &&
-        (mean = nb_mul_scalar(sum, 1.0 / (double)D)) && (one_pass || moments(op, rows, xw, NULL, mean, &sum, &sq))) {
-        /* mean - mean is NaN on a row holding an infinity (whose one-pass
-         * variance cancels to NaN, clamped to 0): the row becomes NaN, as the
-         * composition of ops gives. */
-        rstd = nb_add(nb_rsqrt(nb_add_scalar(nb_mul_scalar(sq, 1.0 / (double)D), epsilon)), nb_sub(mean, mean));
-        nb_tensor *shift = nb_neg(nb_mul(mean, rstd));
-        xhat = rstd && shift ? affine(op, rows, xw, rstd, NULL, NULL, shift) : NULL;
-        if (xhat && gamma && beta)
-            y = affine(op, cols, xhat, flat(gw), NULL, NULL, flat(bw));
-        else if (xhat && gamma)
-            y = nb_mul(xhat, gw);
-        else if (xhat && beta)
-            y = nb_add(xhat, bw);
-        else
-            y = xhat;
-        y = to_dtype(y, dt);
-    }
-    nb__tapes_resume(token);
-    if (!y)
-        return NULL;
-    nb_op_attrs attrs = {0};
-    attrs.i[0] = n_axes;
-    attrs.d[0] = epsilon;
-    const nb_tensor *in[4] = {x, gamma, beta, xhat};
-    nb_tensor *out[3] = {y, mean, rstd};
-    return nb__record(&layer_norm_def, gamma ? 4 : 3, in, 3, out, &attrs) ? NULL : y;
 }
 
 nb_tensor *nb_layer_norm(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta, int n_axes,
@@ -694,12 +592,10 @@ nb_tensor *nb_layer_norm(const nb_tensor *x, const nb_tensor *gamma, const nb_te
                                  k ? "beta" : "gamma", nb__shape_str(SHAPE_OF(p), sp, sizeof sp), n_axes,
                                  nb__shape_str(SHAPE_OF(x), s, sizeof s));
     }
-    /* Empty inputs, and devices without the row kernels or both per-channel
-     * kernels, take the composition of ops. */
+    /* Empty inputs, and devices without the row kernels, take the
+     * composition of ops. */
     if (x->numel && rows_ok(x, gamma, beta))
         return layer_norm_rows(x, gamma, beta, n_axes, epsilon);
-    if (x->numel && fused_ok(x, gamma, beta))
-        return layer_norm_fused(x, gamma, beta, n_axes, epsilon);
     nb_axes axes = ln_axes(x, n_axes);
     nb_tensor *mean = nb_mean(x, axes, true);
     nb_tensor *xc = nb_sub(x, mean);

@@ -269,7 +269,7 @@ struct nb_backend {
      * epsilon), and out = (x - mean[r]) rstd[r] gamma + beta (gamma NULL: 1,
      * beta NULL: 0). A constant row gives exactly beta for epsilon > 0 and
      * NaN for 0; a row holding an infinity or a NaN is NaN throughout.
-     * D 0: mean and rstd NaN, out empty. */
+     * D 0: mean and rstd NaN, out empty. mean may be NULL (not wanted). */
     nb_status (*layer_norm_rows)(nb_device *dev, int64_t rows, int64_t D, const nb_view *out, const nb_view *mean,
                                  const nb_view *rstd, const nb_view *x, const nb_view *gamma, const nb_view *beta,
                                  double epsilon);

@@ -84,7 +84,8 @@ static inline __attribute__((always_inline)) double hsum8(const v4d *a, const v4
             T *restrict o = (T *)c->out + r * D;                                                    \
             double mu = row_sum_##T(x, D) / (double)D;                                              \
             double rs = 1.0 / sqrt(row_sq_##T(x, D, mu) / (double)D + c->eps);                      \
-            ((T *)c->mean)[r] = (T)mu;                                                              \
+            if (c->mean)                                                                            \
+                ((T *)c->mean)[r] = (T)mu;                                                          \
             ((T *)c->rstd)[r] = (T)rs;                                                              \
             const T m = (T)mu, dm = (T)(mu - (double)m), s = (T)rs;                                 \
             if (gm && bt) {                                                                         \
@@ -176,7 +177,7 @@ nb_status nb__cpu_layer_norm_rows(nb_device *dev, int64_t rows, int64_t D, const
     if (dt != NB_F32 && dt != NB_F64)
         return nb__cpu_unsupported(dev, "layer_norm", dt);
     ln_ctx c = {.D = D, .rows = rows, .eps = epsilon, .x = x->data, .gamma = data_or_null(gamma),
-                .beta = data_or_null(beta), .out = out->data, .mean = mean->data, .rstd = rstd->data};
+                .beta = data_or_null(beta), .out = out->data, .mean = mean ? mean->data : NULL, .rstd = rstd->data};
     int64_t grain = D ? NB_CPU_GRAIN / D : NB_CPU_GRAIN;
     nb__parallel_for(rows, grain < 1 ? 1 : grain, dt == NB_F32 ? ln_fwd_float : ln_fwd_double, &c);
     return NB_OK;
