@@ -6,6 +6,7 @@
  * the first and second order in f64 for all three ops; the errors; a GPU
  * against the CPU when one is present. */
 #include "check.h"
+#include "conv_ref.h"
 
 #include "nb_config.h"
 #include "ops/cpu/cpu_internal.h"
@@ -30,113 +31,6 @@ static double *rand_values(int64_t n)
     for (int64_t i = 0; i < n; i++)
         v[i] = urand();
     return v;
-}
-
-/* One case's geometry, resolved by the test itself (TensorFlow's rules). */
-typedef struct geo {
-    int64_t N, H, W, C, K, R, S, P, Q, G;
-    int sh, sw, dh, dw, pt, pl;
-} geo;
-
-static bool resolve(geo *g, const nb_conv2d_opts *o)
-{
-    int s[2] = {o->stride[0] ? o->stride[0] : 1, o->stride[1] ? o->stride[1] : 1};
-    int d[2] = {o->dilation[0] ? o->dilation[0] : 1, o->dilation[1] ? o->dilation[1] : 1};
-    int64_t in[2] = {g->H, g->W}, k[2] = {g->R, g->S}, out[2];
-    int lo[2];
-    for (int i = 0; i < 2; i++) {
-        int64_t span = d[i] * (k[i] - 1) + 1, a = 0, b = 0;
-        if (o->padding == NB_PAD_EXPLICIT) {
-            a = o->pad[2 * i];
-            b = o->pad[2 * i + 1];
-        } else if (o->padding == NB_PAD_SAME) {
-            int64_t n = (in[i] + s[i] - 1) / s[i], t = (n - 1) * s[i] + span - in[i];
-            t = t < 0 ? 0 : t;
-            a = t / 2;
-            b = t - a;
-        }
-        lo[i] = (int)a;
-        if (in[i] + a + b < span)
-            return false;
-        out[i] = (in[i] + a + b - span) / s[i] + 1;
-    }
-    g->P = out[0], g->Q = out[1];
-    g->sh = s[0], g->sw = s[1], g->dh = d[0], g->dw = d[1], g->pt = lo[0], g->pl = lo[1];
-    g->G = o->groups ? o->groups : 1;
-    return true;
-}
-
-/* NHWC x, HWIO w, NPQK y: the three references, in long double. */
-static double *ref_fwd(const geo *g, const double *x, const double *w)
-{
-    int64_t Cg = g->C / g->G, Kg = g->K / g->G;
-    double *y = malloc(sizeof(double) * (size_t)(g->N * g->P * g->Q * g->K));
-    for (int64_t n = 0; n < g->N; n++)
-        for (int64_t p = 0; p < g->P; p++)
-            for (int64_t q = 0; q < g->Q; q++)
-                for (int64_t k = 0; k < g->K; k++) {
-                    long double s = 0;
-                    int64_t gr = k / Kg;
-                    for (int64_t r = 0; r < g->R; r++)
-                        for (int64_t t = 0; t < g->S; t++) {
-                            int64_t h = p * g->sh - g->pt + r * g->dh, ww = q * g->sw - g->pl + t * g->dw;
-                            if (h < 0 || h >= g->H || ww < 0 || ww >= g->W)
-                                continue;
-                            for (int64_t c = 0; c < Cg; c++)
-                                s += (long double)x[((n * g->H + h) * g->W + ww) * g->C + gr * Cg + c] *
-                                     w[((r * g->S + t) * Cg + c) * g->K + k];
-                        }
-                    y[((n * g->P + p) * g->Q + q) * g->K + k] = (double)s;
-                }
-    return y;
-}
-
-static double *ref_data(const geo *g, const double *dy, const double *w)
-{
-    int64_t Cg = g->C / g->G, Kg = g->K / g->G, nx = g->N * g->H * g->W * g->C;
-    long double *acc = calloc((size_t)nx, sizeof(long double));
-    for (int64_t n = 0; n < g->N; n++)
-        for (int64_t p = 0; p < g->P; p++)
-            for (int64_t q = 0; q < g->Q; q++)
-                for (int64_t k = 0; k < g->K; k++)
-                    for (int64_t r = 0; r < g->R; r++)
-                        for (int64_t t = 0; t < g->S; t++) {
-                            int64_t h = p * g->sh - g->pt + r * g->dh, ww = q * g->sw - g->pl + t * g->dw;
-                            if (h < 0 || h >= g->H || ww < 0 || ww >= g->W)
-                                continue;
-                            for (int64_t c = 0; c < Cg; c++)
-                                acc[((n * g->H + h) * g->W + ww) * g->C + (k / Kg) * Cg + c] +=
-                                    (long double)dy[((n * g->P + p) * g->Q + q) * g->K + k] *
-                                    w[((r * g->S + t) * Cg + c) * g->K + k];
-                        }
-    double *dx = malloc(sizeof(double) * (size_t)nx);
-    for (int64_t i = 0; i < nx; i++)
-        dx[i] = (double)acc[i];
-    free(acc);
-    return dx;
-}
-
-static double *ref_filter(const geo *g, const double *x, const double *dy)
-{
-    int64_t Cg = g->C / g->G, Kg = g->K / g->G, nw = g->R * g->S * Cg * g->K;
-    double *dw = malloc(sizeof(double) * (size_t)nw);
-    for (int64_t r = 0; r < g->R; r++)
-        for (int64_t t = 0; t < g->S; t++)
-            for (int64_t c = 0; c < Cg; c++)
-                for (int64_t k = 0; k < g->K; k++) {
-                    long double s = 0;
-                    for (int64_t n = 0; n < g->N; n++)
-                        for (int64_t p = 0; p < g->P; p++)
-                            for (int64_t q = 0; q < g->Q; q++) {
-                                int64_t h = p * g->sh - g->pt + r * g->dh, ww = q * g->sw - g->pl + t * g->dw;
-                                if (h < 0 || h >= g->H || ww < 0 || ww >= g->W)
-                                    continue;
-                                s += (long double)x[((n * g->H + h) * g->W + ww) * g->C + (k / Kg) * Cg + c] *
-                                     dy[((n * g->P + p) * g->Q + q) * g->K + k];
-                            }
-                    dw[((r * g->S + t) * Cg + c) * g->K + k] = (double)s;
-                }
-    return dw;
 }
 
 /* An NHWC-ordered array as a tensor in the given format. */
@@ -187,6 +81,10 @@ static const conv_case cases[] = {
     {2, 7, 5, 3, 4, 1, 1, {{2, 2}, {0, 0}, NB_PAD_VALID, {0}, 1, 0}},                 /* 1x1 strided */
     {1, 4, 4, 2, 3, 4, 4, {{1, 1}, {1, 1}, NB_PAD_VALID, {0}, 1, 0}},                 /* 1x1 output */
     {2, 5, 6, 3, 2, 3, 3, {{1, 1}, {2, 2}, NB_PAD_EXPLICIT, {3, 3, 2, 4}, 1, 0}},     /* pads past the image */
+    {2, 3, 4, 3, 2, 1, 1, {{1, 1}, {1, 1}, NB_PAD_EXPLICIT, {0, 2, 0, 1}, 1, 0}},     /* 1x1 padded below, right */
+    {1, 4, 9, 8, 8, 1, 1, {{2, 1}, {1, 1}, NB_PAD_VALID, {0}, 1, 0}},                 /* last row never read */
+    {2, 8, 7, 16, 16, 3, 3, {{2, 2}, {1, 1}, NB_PAD_VALID, {0}, 1, 0}},               /* last row, column unread */
+    {1, 6, 10, 8, 16, 1, 1, {{2, 3}, {1, 1}, NB_PAD_VALID, {0}, 2, 0}},               /* unread, groups 2 */
 };
 #define N_CASES (sizeof cases / sizeof *cases)
 
@@ -195,11 +93,11 @@ static void run_case(const conv_case *cc, nb_dtype dt, bool nchw, const char *de
 {
     nb_conv2d_opts o = cc->o;
     o.format = nchw ? NB_NCHW : NB_NHWC;
-    geo g = {cc->N, cc->H, cc->W, cc->C, cc->K, cc->R, cc->S, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    CHECK(resolve(&g, &o));
+    conv_geo g = {cc->N, cc->H, cc->W, cc->C, cc->K, cc->R, cc->S, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    CHECK(conv_resolve(&g, &o));
     int64_t Cg = g.C / g.G, nx = g.N * g.H * g.W * g.C, nw = g.R * g.S * Cg * g.K, ny = g.N * g.P * g.Q * g.K;
     double *xv = rand_values(nx), *wv = rand_values(nw), *dyv = rand_values(ny);
-    double *y_ref = ref_fwd(&g, xv, wv), *dx_ref = ref_data(&g, dyv, wv), *dw_ref = ref_filter(&g, xv, dyv);
+    double *y_ref = conv_ref_fwd(&g, xv, wv), *dx_ref = conv_ref_data(&g, dyv, wv), *dw_ref = conv_ref_filter(&g, xv, dyv);
     nb_tensor *x = nb_to_device(image(xv, g.N, g.H, g.W, g.C, dt, nchw), dev);
     nb_tensor *dy = nb_to_device(image(dyv, g.N, g.P, g.Q, g.K, dt, nchw), dev);
     nb_tensor *w = nb_from_buffer(NB_F64, NB_SHAPE(g.R, g.S, Cg, g.K), wv);
@@ -277,6 +175,51 @@ static void dnnl_vs_plain(void)
     }
 }
 
+/* A 1x1 stride-1 convolution padded only at the bottom or right is not
+ * pointwise: its output is larger than the image. The plain path once took the
+ * image for its own im2col matrix there, reading past x (forward, filter
+ * gradient) and writing past dx (transpose). f64, and f32 on both paths. */
+static void padded_pointwise(void)
+{
+    const double xv[8] = {1, 10, 2, 20, 3, 30, 4, 40}, wv[2] = {1, 0}, want[6] = {1, 2, 0, 3, 4, 0};
+    const double dyv[6] = {1, 2, 3, 4, 5, 6};
+    nb_conv2d_opts o = {{1, 1}, {1, 1}, NB_PAD_EXPLICIT, {0, 0, 0, 1}, 1, NB_NHWC};
+    int64_t hw[2] = {2, 2}, rs[2] = {1, 1};
+    /* dx[h][w][c] = dy[h][w] * w[c] for w < 2; dw[c] = sum over the image of x[..][c] * dy */
+    const double dx_want[8] = {1, 0, 2, 0, 4, 0, 5, 0};
+    const double dw_want[2] = {1 * 1 + 2 * 2 + 3 * 4 + 4 * 5, 10 * 1 + 20 * 2 + 30 * 4 + 40 * 5};
+    for (int path = 0; path < 3; path++) {
+        nb_dtype dt = path == 0 ? NB_F64 : NB_F32;
+        bool was = nb__cpu_conv_set_plain(path == 2);
+        nb_tensor *x = nb_cast(nb_from_buffer(NB_F64, NB_SHAPE(1, 2, 2, 2), xv), dt);
+        nb_tensor *w = nb_cast(nb_from_buffer(NB_F64, NB_SHAPE(1, 1, 2, 1), wv), dt);
+        nb_tensor *dy = nb_cast(nb_from_buffer(NB_F64, NB_SHAPE(1, 2, 3, 1), dyv), dt);
+        nb_tensor *y = nb_conv2d(x, w, &o);
+        CHECKF(has_shape(y, NB_SHAPE(1, 2, 3, 1)) && check_max_error(y, want, 6) == 0, "path %d forward", path);
+        nb_tensor *dx = nb_conv2d_transpose(dy, w, hw, &o);
+        CHECKF(has_shape(dx, NB_SHAPE(1, 2, 2, 2)) && check_max_error(dx, dx_want, 8) == 0, "path %d transpose", path);
+        nb_tensor *dw = nb_conv2d_filter_grad(x, dy, rs, &o);
+        CHECKF(has_shape(dw, NB_SHAPE(1, 1, 2, 1)) && check_max_error(dw, dw_want, 2) == 0, "path %d filter", path);
+        nb__cpu_conv_set_plain(was);
+    }
+}
+
+/* A strided 1x1 convolution whose last rows are never read: oneDNN's f32 filter
+ * gradient once corrupted the heap there (x [1, 4, 9, 8], strides (2, 1));
+ * every even height up to 12 and both paths, several times each, against the
+ * reference. */
+static void unread_rows(void)
+{
+    for (int64_t H = 2; H <= 12; H++)
+        for (int path = 0; path < 2; path++) {
+            bool was = nb__cpu_conv_set_plain(path == 1);
+            conv_case cc = {1, H, 9, 8, 8, 1, 1, {{2, 1}, {1, 1}, NB_PAD_VALID, {0}, 1, 0}};
+            for (int rep = 0; rep < 3; rep++)
+                run_case(&cc, NB_F32, rep == 2, "/cpu:0");
+            nb__cpu_conv_set_plain(was);
+        }
+}
+
 /* ---- gradients ---- */
 
 typedef struct gctx {
@@ -330,8 +273,8 @@ static void gradients(void)
                     const conv_case *cc = sel[i];
                     gctx c = {cc->o, {cc->H, cc->W}, {cc->R, cc->S}, which, second};
                     c.o.format = f ? NB_NCHW : NB_NHWC;
-                    geo g = {cc->N, cc->H, cc->W, cc->C, cc->K, cc->R, cc->S, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-                    resolve(&g, &c.o);
+                    conv_geo g = {cc->N, cc->H, cc->W, cc->C, cc->K, cc->R, cc->S, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+                    conv_resolve(&g, &c.o);
                     int64_t N = second ? 1 : g.N;
                     nb_shape xs = f ? NB_SHAPE(N, g.C, g.H, g.W) : NB_SHAPE(N, g.H, g.W, g.C);
                     nb_shape ys = f ? NB_SHAPE(N, g.K, g.P, g.Q) : NB_SHAPE(N, g.P, g.Q, g.K);
@@ -427,6 +370,8 @@ int main(void)
     RUN(values_cpu);
     RUN(values_cpu_plain);
     RUN(dnnl_vs_plain);
+    RUN(padded_pointwise);
+    RUN(unread_rows);
     RUN(gradients);
     RUN(errors);
     RUN(gpu_vs_cpu);

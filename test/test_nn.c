@@ -6,6 +6,7 @@
  * Where a GPU is present, pooling, batch_norm_train and dropout are compared
  * with the CPU's. */
 #include "check.h"
+#include "conv_ref.h"
 
 static uint64_t rng = 0x1234567ull;
 static double urand(void)
@@ -29,72 +30,6 @@ static nb_tensor *tensor_of(nb_dtype dt, nb_shape s, const double *v)
 }
 
 /* ---- pooling references ---------------------------------------------------------- */
-
-typedef struct pool_case {
-    int64_t N, H, W, C;
-    nb_pool2d_opts o;
-} pool_case;
-
-typedef struct geo {
-    int64_t P, Q, pt, pl, R, S, sh, sw;
-} geo;
-
-static geo geo_of(const pool_case *c)
-{
-    geo g = {0};
-    g.R = c->o.window[0], g.S = c->o.window[1];
-    g.sh = c->o.stride[0] ? c->o.stride[0] : g.R;
-    g.sw = c->o.stride[1] ? c->o.stride[1] : g.S;
-    int64_t pb = 0, pr = 0;
-    if (c->o.padding == NB_PAD_SAME) {
-        int64_t P = (c->H + g.sh - 1) / g.sh, Q = (c->W + g.sw - 1) / g.sw;
-        int64_t th = (P - 1) * g.sh + g.R - c->H, tw = (Q - 1) * g.sw + g.S - c->W;
-        th = th < 0 ? 0 : th, tw = tw < 0 ? 0 : tw;
-        g.pt = th / 2, pb = th - g.pt, g.pl = tw / 2, pr = tw - g.pl;
-    } else if (c->o.padding == NB_PAD_EXPLICIT) {
-        g.pt = c->o.pad[0], pb = c->o.pad[1], g.pl = c->o.pad[2], pr = c->o.pad[3];
-    }
-    g.P = (c->H + g.pt + pb - g.R) / g.sh + 1;
-    g.Q = (c->W + g.pl + pr - g.S) / g.sw + 1;
-    return g;
-}
-
-static int64_t idx(const pool_case *c, int64_t n, int64_t h, int64_t w, int64_t ch, int64_t H, int64_t W)
-{
-    return c->o.format == NB_NCHW ? ((n * c->C + ch) * H + h) * W + w : ((n * H + h) * W + w) * c->C + ch;
-}
-
-/* out: the pooled values; arg (max only, may be NULL): the flat input index of
- * each window's first maximum. */
-static void ref_pool(const pool_case *c, bool is_max, const double *x, double *out, int64_t *arg)
-{
-    geo g = geo_of(c);
-    for (int64_t n = 0; n < c->N; n++)
-        for (int64_t p = 0; p < g.P; p++)
-            for (int64_t q = 0; q < g.Q; q++)
-                for (int64_t ch = 0; ch < c->C; ch++) {
-                    double m = -INFINITY, sum = 0;
-                    int64_t best = -1, cnt = 0;
-                    for (int64_t r = 0; r < g.R; r++)
-                        for (int64_t s = 0; s < g.S; s++) {
-                            int64_t h = p * g.sh - g.pt + r, w = q * g.sw - g.pl + s;
-                            if (h < 0 || h >= c->H || w < 0 || w >= c->W)
-                                continue;
-                            int64_t i = idx(c, n, h, w, ch, c->H, c->W);
-                            double v = x[i];
-                            cnt++;
-                            sum += v;
-                            if (best < 0 || (!isnan(m) && (v > m || isnan(v)))) {
-                                m = v;
-                                best = i;
-                            }
-                        }
-                    int64_t o = idx(c, n, p, q, ch, g.P, g.Q);
-                    out[o] = is_max ? m : sum / (double)cnt;
-                    if (arg)
-                        arg[o] = best;
-                }
-}
 
 static nb_tensor *pool(bool is_max, const nb_tensor *x, const nb_pool2d_opts *o)
 {
@@ -125,7 +60,7 @@ static void pool_values(void)
 {
     for (int k = 0; k < N_POOL_CASES; k++) {
         const pool_case *c = &pool_cases[k];
-        geo g = geo_of(c);
+        pool_geo g = pool_geo_of(c);
         nb_shape s = in_shape(c);
         int64_t n = numel_of(s), m = c->N * g.P * g.Q * c->C;
         for (int dti = 0; dti < 2; dti++) {
@@ -141,7 +76,7 @@ static void pool_values(void)
             double *want = malloc(sizeof(double) * (size_t)m);
             for (int is_max = 0; is_max < 2; is_max++) {
                 nb_tensor *y = pool(is_max, tensor_of(dt, s, v), &c->o);
-                ref_pool(c, is_max, v, want, NULL);
+                pool_ref(c, is_max, v, want, NULL);
                 CHECKF(y && nb_tensor_dtype(y) == dt, "case %d", k);
                 nb_shape ws = c->o.format == NB_NCHW ? NB_SHAPE(c->N, c->C, g.P, g.Q) : NB_SHAPE(c->N, g.P, g.Q, c->C);
                 CHECKF(has_shape(y, ws), "case %d %s shape", k, is_max ? "max" : "avg");
@@ -204,49 +139,23 @@ static void pool_gradient_values(void)
 {
     for (int k = 0; k < N_POOL_CASES; k++) {
         const pool_case *c = &pool_cases[k];
-        geo g = geo_of(c);
+        pool_geo g = pool_geo_of(c);
         nb_shape s = in_shape(c);
         nb_shape os = c->o.format == NB_NCHW ? NB_SHAPE(c->N, c->C, g.P, g.Q) : NB_SHAPE(c->N, g.P, g.Q, c->C);
         int64_t n = numel_of(s), m = numel_of(os);
         double *v = random_values(n, -2, 2), *w = random_values(m, 0.5, 1.5);
         for (int64_t i = 0; i < n; i++)
             v[i] = floor(v[i] * 4) / 4; /* ties */
-        double *out = malloc(sizeof(double) * (size_t)m), *want = calloc((size_t)n, sizeof(double));
-        int64_t *arg = malloc(sizeof(int64_t) * (size_t)m);
+        double *want = malloc(sizeof(double) * (size_t)n);
         for (int is_max = 0; is_max < 2; is_max++) {
-            memset(want, 0, sizeof(double) * (size_t)n);
-            ref_pool(c, is_max, v, out, arg);
-            if (is_max) {
-                for (int64_t i = 0; i < m; i++)
-                    want[arg[i]] += w[i];
-            } else {
-                /* spread each weight over its window's inside elements */
-                for (int64_t nn = 0; nn < c->N; nn++)
-                    for (int64_t p = 0; p < g.P; p++)
-                        for (int64_t q = 0; q < g.Q; q++)
-                            for (int64_t ch = 0; ch < c->C; ch++) {
-                                int64_t cnt = 0;
-                                for (int pass = 0; pass < 2; pass++)
-                                    for (int64_t r = 0; r < g.R; r++)
-                                        for (int64_t s2 = 0; s2 < g.S; s2++) {
-                                            int64_t h = p * g.sh - g.pt + r, ww = q * g.sw - g.pl + s2;
-                                            if (h < 0 || h >= c->H || ww < 0 || ww >= c->W)
-                                                continue;
-                                            if (pass == 0)
-                                                cnt++;
-                                            else
-                                                want[idx(c, nn, h, ww, ch, c->H, c->W)] +=
-                                                    w[idx(c, nn, p, q, ch, g.P, g.Q)] / (double)cnt;
-                                        }
-                            }
-            }
+            pool_ref_grad(c, is_max, v, w, want);
             nb_tensor *x = nb_from_buffer(NB_F64, s, v), *wt = nb_from_buffer(NB_F64, os, w), *gx = NULL;
             nb_tape *tape = nb_tape_begin();
             CHECK_OK(nb_tape_watch(tape, x));
             CHECK_OK(nb_tape_gradient(tape, nb_sum_all(nb_mul(pool(is_max, x, &c->o), wt)), 1, &x, &gx));
             CHECKF(check_max_error(gx, want, n) <= 1e-14, "case %d %s gradient", k, is_max ? "max" : "avg");
         }
-        free(v), free(w), free(out), free(want), free(arg);
+        free(v), free(w), free(want);
     }
 }
 
@@ -294,7 +203,7 @@ static void pool_gradient_check(void)
 {
     for (int k = 0; k < N_POOL_CASES; k++) {
         const pool_case *c = &pool_cases[k];
-        geo g = geo_of(c);
+        pool_geo g = pool_geo_of(c);
         nb_shape s = in_shape(c);
         nb_shape os = c->o.format == NB_NCHW ? NB_SHAPE(c->N, c->C, g.P, g.Q) : NB_SHAPE(c->N, g.P, g.Q, c->C);
         int64_t n = numel_of(s);
@@ -878,6 +787,39 @@ static void embedding(void)
     free(tv);
 }
 
+/* Rows of 8 bytes taken from views at odd offsets, so that no row is aligned
+ * to its size: two f32 from a reshaped slice at element 1 (the
+ * embedding lookup that UBSan caught reading one uint64_t) and two i32 from
+ * a gather, each from a slice at element 1. Under the sanitizer build a
+ * misaligned read through a wide pointer stops the test. */
+static void gather_misaligned_rows(void)
+{
+    const float fv[5] = {1.5f, -2.25f, 3.125f, 7.0f, -0.5f};
+    nb_tensor *table = nb_reshape(nb_slice(nb_from_buffer(NB_F32, NB_SHAPE(5), fv), NB_SHAPE(1), NB_SHAPE(4)),
+                                  NB_SHAPE(2, 2));
+    const int32_t ids[5] = {0, 0, 1, 0, 1};
+    nb_tensor *e = nb_embedding_lookup(table, nb_from_buffer(NB_I32, NB_SHAPE(5), ids));
+    CHECK(has_shape(e, NB_SHAPE(5, 2)));
+    double want[10];
+    for (int i = 0; i < 5; i++)
+        for (int j = 0; j < 2; j++)
+            want[i * 2 + j] = fv[1 + ids[i] * 2 + j];
+    CHECK(check_max_error(e, want, 10) == 0);
+    int32_t iv[9];
+    for (int i = 0; i < 9; i++)
+        iv[i] = i * 7 - 20;
+    nb_tensor *p = nb_reshape(nb_slice(nb_from_buffer(NB_I32, NB_SHAPE(9), iv), NB_SHAPE(1), NB_SHAPE(8)),
+                              NB_SHAPE(4, 2));
+    const int64_t rows[5] = {3, 0, 2, 3, 1};
+    nb_tensor *g = nb_gather(p, nb_from_buffer(NB_I64, NB_SHAPE(5), rows));
+    CHECK(has_shape(g, NB_SHAPE(5, 2)) && nb_tensor_dtype(g) == NB_I32);
+    int32_t got[10] = {0};
+    CHECK_OK(nb_tensor_read(g, got, sizeof got));
+    for (int i = 0; i < 5; i++)
+        for (int j = 0; j < 2; j++)
+            CHECKF(got[i * 2 + j] == iv[1 + rows[i] * 2 + j], "i32 rows of 2, [%d, %d]", i, j);
+}
+
 /* ---- the GPU against the CPU ------------------------------------------------------------ */
 
 static void gpu_matches_cpu(void)
@@ -996,6 +938,7 @@ int main(int argc, char **argv)
     RUN(norm_errors);
     RUN(dropout);
     RUN(embedding);
+    RUN(gather_misaligned_rows);
     RUN(gpu_matches_cpu);
     RUN(gpu_norm_matches_cpu);
     return check_finish();

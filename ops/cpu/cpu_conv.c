@@ -7,8 +7,10 @@
  * and back):
  *   forward          per image and group, im2col into a [P*Q, R*S*C/G]
  *                    matrix and one built-in gemm with the filter's group
- *                    columns (a 1x1 stride-1 unpadded convolution uses the
- *                    image itself as that matrix); images shared out over the
+ *                    columns (a 1x1 stride-1 convolution with no padding on
+ *                    any side and one group uses the image itself as that
+ *                    matrix: pointwise() checks every one of those); images
+ *                    shared out over the
  *                    thread pool, each gemm then running on its thread;
  *   backward data    per image and group, the gemm with the filter transposed
  *                    into a column matrix, then col2im adding it into dx;

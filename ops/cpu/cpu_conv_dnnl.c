@@ -1,7 +1,9 @@
 /* f32 convolutions through oneDNN (DNNL 2.x C API), when the build has it.
  *
  * Images stay in the caller's layout (dnnl_nhwc or dnnl_nchw memory over the
- * tensors' own data). The filter is HWIO [R, S, C / G, K] with output channel
+ * tensors' own data), except where a stride leaves the image's last rows or
+ * columns unread: oneDNN then gets only the corner that is read, copied into
+ * a dense scratch image (entry_new says why). The filter is HWIO [R, S, C / G, K] with output channel
  * k = g * K/G + o, which oneDNN's logical order (g, o, i, h, w) sees through
  * explicit strides; the primitive is created with dnnl_format_tag_any weights
  * so that it picks its fast blocked layout, and the filter (or the filter
@@ -113,6 +115,7 @@ typedef struct dnnl_entry {
     dnnl_memory_desc_t user_w, opt_w;  /* the HWIO filter and the primitive's own layout */
     dnnl_primitive_t reorder;          /* user -> opt (forward, data) or opt -> user (filter); NULL when equal */
     size_t opt_bytes;
+    int64_t Hc, Wc; /* the rows and columns of the image the convolution reads */
 } dnnl_entry;
 
 #define DNNL_BUCKETS 64
@@ -186,15 +189,24 @@ static dnnl_entry *entry_new(int which, const nb_conv2d_desc *d)
     dnnl_dims_t strides = {d->stride[0], d->stride[1]};
     dnnl_dims_t dil = {d->dilation[0] - 1, d->dilation[1] - 1}; /* oneDNN counts from 0 */
     dnnl_dims_t pl = {d->pad[0], d->pad[1]}, pr;
-    /* the bottom/right pads that give P and Q; never negative (the rows a
-     * stride leaves unread at the end are dropped by oneDNN's floor too) */
+    /* The bottom/right pads that give P and Q. Where they come out negative
+     * (the last rows or columns are never read: a stride that does not land on
+     * them), oneDNN is shown only the rows and columns that are read, a corner
+     * of the image with its own strides, and no trailing pad: its jit 1x1
+     * backward-weights kernel (2.6) overruns the heap when given the unread
+     * rows with a pad clamped to 0. Every problem oneDNN sees then reads its
+     * whole image. The corner goes through a dense scratch image (execute):
+     * oneDNN runs a view with the full image's strides on its slow reference
+     * kernel. */
     int64_t prh = (d->P - 1) * d->stride[0] + d->dilation[0] * (d->R - 1) + 1 - d->H - d->pad[0];
     int64_t prw = (d->Q - 1) * d->stride[1] + d->dilation[1] * (d->S - 1) + 1 - d->W - d->pad[1];
     pr[0] = prh > 0 ? prh : 0;
     pr[1] = prw > 0 ? prw : 0;
+    e->Hc = d->H + (prh < 0 ? prh : 0);
+    e->Wc = d->W + (prw < 0 ? prw : 0);
     dnnl_primitive_desc_t fwd_pd = NULL, pd = NULL, rpd = NULL;
     dnnl_convolution_desc_t cd;
-    bool ok = image_md(&x_md, d->N, d->C, d->H, d->W, d->nchw) == dnnl_success &&
+    bool ok = image_md(&x_md, d->N, d->C, e->Hc, e->Wc, d->nchw) == dnnl_success &&
               image_md(&y_md, d->N, d->K, d->P, d->Q, d->nchw) == dnnl_success &&
               filter_md(&w_any, d, true) == dnnl_success && filter_md(&e->user_w, d, false) == dnnl_success;
     /* forward (the hint of the backward directions too) */
@@ -262,6 +274,30 @@ static nb_status mem(dnnl_memory_t *m, const dnnl_memory_desc_t *md, const void 
     return dnnl_memory_create(m, md, g_engine, (void *)p) == dnnl_success ? NB_OK : NB_ERR_BACKEND;
 }
 
+/* Between the [N, C, H, W] image full (in its own layout) and its top-left
+ * Hc x Wc corner as a dense image: to_full false copies the corner out; true
+ * copies it back in and zeroes the rest of full (the rows and columns a
+ * convolution never reads get no gradient). */
+static void corner_copy(const nb_conv2d_desc *d, float *full, float *corner, int64_t Hc, int64_t Wc, bool to_full)
+{
+    const int64_t planes = d->nchw ? d->N * d->C : d->N, ce = d->nchw ? 1 : d->C; /* elements per pixel */
+    const size_t row = sizeof(float) * (size_t)(Wc * ce), rest = sizeof(float) * (size_t)((d->W - Wc) * ce);
+    for (int64_t i = 0; i < planes; i++) {
+        float *img = full + i * d->H * d->W * ce, *cor = corner + i * Hc * Wc * ce;
+        for (int64_t h = 0; h < Hc; h++) {
+            if (!to_full) {
+                memcpy(cor + h * Wc * ce, img + h * d->W * ce, row);
+                continue;
+            }
+            memcpy(img + h * d->W * ce, cor + h * Wc * ce, row);
+            if (rest)
+                memset(img + (h * d->W + Wc) * ce, 0, rest);
+        }
+        if (to_full && Hc < d->H)
+            memset(img + Hc * d->W * ce, 0, sizeof(float) * (size_t)((d->H - Hc) * d->W * ce));
+    }
+}
+
 /* Runs e on the data; under g_lock. */
 static nb_status execute(const dnnl_entry *e, void *out, const void *a, const void *b)
 {
@@ -272,9 +308,21 @@ static nb_status execute(const dnnl_entry *e, void *out, const void *a, const vo
     const int w_arg = e->which == 2 ? DNNL_ARG_DIFF_WEIGHTS : DNNL_ARG_WEIGHTS;
     /* the filter's user pointer: b for forward and data, out for filter */
     const void *user_w = e->which == 2 ? out : b;
-    if (e->reorder && !(opt = nb__cpu_alloc_quiet(e->opt_bytes))) {
+    /* the image (x, or dx for the data gradient) as its dense read corner */
+    const bool cropped = e->Hc < e->d.H || e->Wc < e->d.W;
+    const size_t corner_bytes = cropped ? sizeof(float) * (size_t)(e->d.N * e->d.C * e->Hc * e->Wc) : 0;
+    float *corner = NULL;
+    if ((e->reorder && !(opt = nb__cpu_alloc_quiet(e->opt_bytes))) ||
+        (cropped && !(corner = nb__cpu_alloc_quiet(corner_bytes)))) {
+        if (opt)
+            nb__cpu_free(NULL, opt, e->opt_bytes);
         return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of memory on /cpu:0", names[e->which]);
     }
+    if (corner && e->which != 1) {
+        corner_copy(&e->d, (float *)a, corner, e->Hc, e->Wc, false);
+        a = corner;
+    }
+    void *img_out = corner && e->which == 1 ? corner : out;
     dnnl_exec_arg_t args[3];
     dnnl_status_t ds = dnnl_success;
     if ((st = mem(&mw, &e->user_w, user_w)) || (e->reorder && (st = mem(&mo, &e->opt_w, opt))))
@@ -286,7 +334,7 @@ static nb_status execute(const dnnl_entry *e, void *out, const void *a, const vo
         args[1] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, mo ? mo : mw};
         args[2] = (dnnl_exec_arg_t){DNNL_ARG_DST, mb};
     } else if (e->which == 1) {
-        if ((st = mem(&ma, &e->img_a, a)) || (st = mem(&mb, &e->img_b, out)))
+        if ((st = mem(&ma, &e->img_a, a)) || (st = mem(&mb, &e->img_b, img_out)))
             goto done;
         args[0] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_DST, ma};
         args[1] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, mo ? mo : mw};
@@ -312,6 +360,8 @@ static nb_status execute(const dnnl_entry *e, void *out, const void *a, const vo
         ds = dnnl_stream_wait(g_stream);
     if (ds != dnnl_success)
         st = NB_ERR_BACKEND;
+    else if (corner && e->which == 1)
+        corner_copy(&e->d, out, corner, e->Hc, e->Wc, true);
 done:
     if (st == NB_ERR_BACKEND)
         nb__fail(NB_ERR_BACKEND, "%s: oneDNN failed on /cpu:0 (status %d)", names[e->which], (int)ds);
@@ -325,6 +375,8 @@ done:
         dnnl_memory_destroy(mo);
     if (opt)
         nb__cpu_free(NULL, opt, e->opt_bytes);
+    if (corner)
+        nb__cpu_free(NULL, corner, corner_bytes);
     return st;
 }
 
