@@ -13,6 +13,7 @@
 #endif
 
 #include "gpu_internal.h"
+#include "lib/core/formulas.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -94,8 +95,12 @@ template <nb_dtype D, class V> NBG_HD T_of<D> st(V v)
     } else if constexpr (D == NB_BOOL) {
         return v != V(0) ? 1 : 0;
     } else if constexpr (D == NB_U8 && std::is_floating_point_v<V>) {
-        // through int32 as the CPU does (a direct float -> u8 conversion saturates)
-        return static_cast<uint8_t>(static_cast<int32_t>(v));
+        // nb_cast's rule (lib/core/formulas.h): NaN -> 0, through int32, wrapping
+        return nb_cast_to_u8(static_cast<double>(v));
+    } else if constexpr (D == NB_I32 && std::is_floating_point_v<V>) {
+        return nb_cast_to_i32(static_cast<double>(v)); // NaN -> 0, not cvt.rzi's INT_MIN
+    } else if constexpr (D == NB_I64 && std::is_floating_point_v<V>) {
+        return nb_cast_to_i64(static_cast<double>(v));
     } else {
         return static_cast<T_of<D>>(v);
     }

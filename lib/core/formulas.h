@@ -54,4 +54,21 @@
 #define NB_SUF(name) name##_u8
 #include "formulas_cmp.inc"
 
+/* ---- nb_cast from floating to integer types, on every device ----
+ * Truncates toward zero, saturates at the type's range and takes NaN to 0; to
+ * u8 it goes through i32 and wraps. Written out because neither C nor the GPU
+ * gives this by itself: a C conversion of NaN or of an out-of-range value is
+ * undefined, and PTX's cvt.rzi gives INT_MIN (INT64_MIN) for NaN. f16 and bf16
+ * come here widened to float or double. */
+NB_FN int32_t nb_cast_to_i32(double v)
+{
+    return !(v == v) ? 0 : v >= 2147483647.0 ? INT32_MAX : v <= -2147483648.0 ? INT32_MIN : (int32_t)v;
+}
+/* 2^63 is a double and INT64_MAX is not: v at or past either end saturates. */
+NB_FN int64_t nb_cast_to_i64(double v)
+{
+    return !(v == v) ? 0 : v >= 9223372036854775808.0 ? INT64_MAX : v < -9223372036854775808.0 ? INT64_MIN : (int64_t)v;
+}
+NB_FN uint8_t nb_cast_to_u8(double v) { return (uint8_t)(uint32_t)nb_cast_to_i32(v); }
+
 #endif

@@ -1,31 +1,9 @@
 /* Creation and conversion kernels: fill, arange, copy (with dtype conversion).
  * Dtypes: f32, f64, i32, i64, bool, u8 (f16/bf16 are NB_ERR_DTYPE on the CPU). */
 #include "cpu_internal.h"
+#include "lib/core/formulas.h"
 
 #include <math.h>
-
-/* A double to int64, saturating; NaN gives 0 (casting out-of-range floats is UB). */
-static inline int64_t sat_i64(double v)
-{
-    if (!(v == v))
-        return 0;
-    if (v >= 9223372036854775807.0)
-        return INT64_MAX;
-    if (v <= -9223372036854775808.0)
-        return INT64_MIN;
-    return (int64_t)v;
-}
-
-static inline int32_t sat_i32(double v)
-{
-    if (!(v == v))
-        return 0;
-    if (v >= 2147483647.0)
-        return INT32_MAX;
-    if (v <= -2147483648.0)
-        return INT32_MIN;
-    return (int32_t)v;
-}
 
 static inline bool cpu_dtype_ok(nb_dtype d)
 {
@@ -60,10 +38,10 @@ nb_status nb__cpu_fill(nb_device *dev, const nb_view *out, double value)
     switch (out->dtype) {
     case NB_F32: v.f = (float)value; fn = fill_u32; break;
     case NB_F64: v.d = value; fn = fill_u64; break;
-    case NB_I32: v.i = sat_i32(value); fn = fill_u32; break;
-    case NB_I64: v.l = sat_i64(value); fn = fill_u64; break;
+    case NB_I32: v.i = nb_cast_to_i32(value); fn = fill_u32; break;
+    case NB_I64: v.l = nb_cast_to_i64(value); fn = fill_u64; break;
     case NB_BOOL: v.u8 = value != 0; fn = fill_u8; break;
-    case NB_U8: v.u8 = (uint8_t)sat_i32(value); fn = fill_u8; break;
+    case NB_U8: v.u8 = nb_cast_to_u8(value); fn = fill_u8; break;
     default: return nb__cpu_unsupported(dev, "fill", out->dtype);
     }
     nb_cpu_iter it;
@@ -104,9 +82,9 @@ ARANGE_FLOAT_ROW(arange_f64, double)
                 *(T *)(p[0] + i * s[0]) = (T)SAT(c->start + (double)(flat + i) * c->step);  \
         }                                                                                   \
     }
-ARANGE_INT_ROW(arange_i32, int32_t, sat_i64)
-ARANGE_INT_ROW(arange_i64, int64_t, sat_i64)
-ARANGE_INT_ROW(arange_u8, uint8_t, sat_i64)
+ARANGE_INT_ROW(arange_i32, int32_t, nb_cast_to_i64)
+ARANGE_INT_ROW(arange_i64, int64_t, nb_cast_to_i64)
+ARANGE_INT_ROW(arange_u8, uint8_t, nb_cast_to_i64)
 
 nb_status nb__cpu_arange(nb_device *dev, const nb_view *out, double start, double step)
 {
@@ -119,7 +97,7 @@ nb_status nb__cpu_arange(nb_device *dev, const nb_view *out, double start, doubl
     case NB_U8: fn = arange_u8; break;
     default: return nb__cpu_unsupported(dev, "arange", out->dtype);
     }
-    arange_ctx c = {start, step, sat_i64(start), sat_i64(step), false};
+    arange_ctx c = {start, step, nb_cast_to_i64(start), nb_cast_to_i64(step), false};
     c.integral = (double)c.istart == start && (double)c.istep == step;
     nb_cpu_iter it;
     const nb_view *views[1] = {out};
@@ -134,18 +112,17 @@ nb_status nb__cpu_arange(nb_device *dev, const nb_view *out, double start, doubl
  * output type. */
 #define CVT_f32(K, x) ((float)(x))
 #define CVT_f64(K, x) ((double)(x))
-/* Floating to integer truncates toward zero, saturates at the type's range and
- * takes NaN to 0, as the GPU's conversion instructions do (a plain C cast of an
- * out-of-range float is undefined); to u8 it goes through int32, as there. */
+/* Floating to integer: the rule of nb_cast_to_i32 and friends in
+ * lib/core/formulas.h, which the GPU's conversions share. */
 #define CVT_i32(K, x) CVT_i32_##K(x)
-#define CVT_i32_f(x) sat_i32((double)(x))
+#define CVT_i32_f(x) nb_cast_to_i32((double)(x))
 #define CVT_i32_i(x) ((int32_t)(x))
 #define CVT_i64(K, x) CVT_i64_##K(x)
-#define CVT_i64_f(x) sat_i64((double)(x))
+#define CVT_i64_f(x) nb_cast_to_i64((double)(x))
 #define CVT_i64_i(x) ((int64_t)(x))
 #define CVT_b8(K, x) ((uint8_t)((x) != 0))
 #define CVT_u8(K, x) CVT_u8_##K(x)
-#define CVT_u8_f(x) ((uint8_t)sat_i32((double)(x)))
+#define CVT_u8_f(x) nb_cast_to_u8((double)(x))
 #define CVT_u8_i(x) ((uint8_t)(x))
 
 #define CONV_ROW(TIN, TI, K, TOUT, TO)                                                        \
