@@ -11,10 +11,11 @@
 // into chunks whose partial results (in the accumulator type) go to scratch
 // memory and a second kernel combines them. A whole contiguous tensor of 64K
 // elements or more goes to cub::DeviceReduce, and 4 x SMs or more contiguous
-// rows of 4096 or more to cub::DeviceSegmentedReduce (a block per row). f16/bf16/f32 accumulate in float,
-// f64 in double, integers in int64. max/min propagate NaN. No atomics: the
-// split depends only on the shape and the card, so results are the same from
-// run to run (deterministic mode needs nothing more here).
+// rows of 4096 or more to cub::DeviceSegmentedReduce (a block per row).
+// Accumulators as the CPU's (Acc_of): f32 sums and floating products in double,
+// integers in int64. max/min propagate NaN. No atomics: the split depends only
+// on the shape and the card, so results are the same from run to run
+// (deterministic mode needs nothing more here).
 //
 // argmax/argmin: one warp per output over a contiguous axis, one thread per
 // output over a short one, and when there are few outputs for the card (argmax
@@ -105,11 +106,18 @@ template <class Acc, nb_reduce_op OP> __device__ __forceinline__ Acc warp_reduce
     return v;
 }
 
-template <nb_dtype D> using Acc_of = typename DT<D>::Acc;
+// The accumulator of reduction OP over dtype D, as the CPU's: f32 sums and
+// means, and every floating product, in double (a float product of a million
+// factors near 1 drifted 0.75 % from the CPU's); the other floating
+// reductions in float (f16, bf16, f32) or double (f64), integers in int64.
+template <nb_dtype D, nb_reduce_op OP>
+using Acc_of = std::conditional_t<(is_float_v<D> && OP == NB_RED_PROD) ||
+                                      (D == NB_F32 && (OP == NB_RED_SUM || OP == NB_RED_MEAN)),
+                                  double, typename DT<D>::Acc>;
 
-template <nb_dtype D> __device__ __forceinline__ Acc_of<D> load_acc(const char *p)
+template <nb_dtype D, class Acc> __device__ __forceinline__ Acc load_acc(const char *p)
 {
-    return static_cast<Acc_of<D>>(ld<D>(*reinterpret_cast<const T_of<D> *>(p)));
+    return static_cast<Acc>(ld<D>(*reinterpret_cast<const T_of<D> *>(p)));
 }
 
 // mean_div: R for a mean (0 otherwise).
@@ -121,13 +129,13 @@ template <nb_dtype D, class Acc> __device__ __forceinline__ T_of<D> finish(Acc a
 }
 
 // Writes acc for output k: the final value, or partial (k, s) when split.
-template <nb_dtype D, bool FINAL>
-__device__ __forceinline__ void put(void *dst, int64_t k, int64_t s, int64_t S, Acc_of<D> acc, int64_t mean_div)
+template <nb_dtype D, bool FINAL, class Acc>
+__device__ __forceinline__ void put(void *dst, int64_t k, int64_t s, int64_t S, Acc acc, int64_t mean_div)
 {
     if constexpr (FINAL)
         static_cast<T_of<D> *>(dst)[k] = finish<D>(acc, mean_div);
     else
-        static_cast<Acc_of<D> *>(dst)[k * S + s] = acc;
+        static_cast<Acc *>(dst)[k * S + s] = acc;
 }
 
 template <nb_dtype D, nb_reduce_op OP, bool FINAL>
@@ -135,7 +143,7 @@ __global__ void __launch_bounds__(kThreads)
     k_reduce_inner(RGeo g, const char *x, int64_t K, int64_t R, int64_t S, int64_t chunk, void *dst,
                    int64_t mean_div)
 {
-    using Acc = Acc_of<D>;
+    using Acc = Acc_of<D, OP>;
     const int lane = threadIdx.x & 31;
     const int64_t nwarps = gstride() >> 5;
     for (int64_t w = gtid() >> 5; w < K * S; w += nwarps) {
@@ -144,7 +152,7 @@ __global__ void __launch_bounds__(kThreads)
         const int64_t r1 = min(R, (s + 1) * chunk);
         Acc acc = red_identity<Acc, OP>();
         for (int64_t r = s * chunk + lane; r < r1; r += 32)
-            acc = red_combine<Acc, OP>(acc, load_acc<D>(base + dims_offset(g.nr, g.rshape, g.rst, r)));
+            acc = red_combine<Acc, OP>(acc, load_acc<D, Acc>(base + dims_offset(g.nr, g.rshape, g.rst, r)));
         acc = warp_reduce<Acc, OP>(acc);
         if (lane == 0)
             put<D, FINAL>(dst, k, s, S, acc, mean_div);
@@ -158,7 +166,7 @@ __global__ void __launch_bounds__(kOuterX *kOuterY)
     k_reduce_outer(RGeo g, const char *x, int64_t K, int64_t R, int64_t S, int64_t chunk, void *dst,
                    int64_t mean_div)
 {
-    using Acc = Acc_of<D>;
+    using Acc = Acc_of<D, OP>;
     __shared__ Acc part[kOuterY][kOuterX];
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int64_t k = (int64_t)blockIdx.x * kOuterX + tx, s = blockIdx.y;
@@ -167,7 +175,7 @@ __global__ void __launch_bounds__(kOuterX *kOuterY)
         const char *base = x + dims_offset(g.nk, g.kshape, g.kst, k);
         const int64_t r1 = min(R, (s + 1) * chunk);
         for (int64_t r = s * chunk + ty; r < r1; r += kOuterY)
-            acc = red_combine<Acc, OP>(acc, load_acc<D>(base + dims_offset(g.nr, g.rshape, g.rst, r)));
+            acc = red_combine<Acc, OP>(acc, load_acc<D, Acc>(base + dims_offset(g.nr, g.rshape, g.rst, r)));
     }
     part[ty][tx] = acc;
     __syncthreads();
@@ -182,9 +190,9 @@ __global__ void __launch_bounds__(kOuterX *kOuterY)
 // Combines S partials per output: one warp per output.
 template <nb_dtype D, nb_reduce_op OP>
 __global__ void __launch_bounds__(kThreads)
-    k_reduce_final(const Acc_of<D> *partial, int64_t K, int64_t S, T_of<D> *out, int64_t mean_div)
+    k_reduce_final(const Acc_of<D, OP> *partial, int64_t K, int64_t S, T_of<D> *out, int64_t mean_div)
 {
-    using Acc = Acc_of<D>;
+    using Acc = Acc_of<D, OP>;
     const int lane = threadIdx.x & 31;
     const int64_t nwarps = gstride() >> 5;
     for (int64_t k = gtid() >> 5; k < K; k += nwarps) {
@@ -201,15 +209,15 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // ---- a whole contiguous tensor to one value: cub::DeviceReduce ----------------------------
 
-template <nb_dtype D> struct LoadAcc {
-    __host__ __device__ __forceinline__ Acc_of<D> operator()(T_of<D> v) const { return static_cast<Acc_of<D>>(ld<D>(v)); }
+template <nb_dtype D, class Acc> struct LoadAcc {
+    __host__ __device__ __forceinline__ Acc operator()(T_of<D> v) const { return static_cast<Acc>(ld<D>(v)); }
 };
 template <class Acc, nb_reduce_op OP> struct Combine {
     __host__ __device__ __forceinline__ Acc operator()(Acc a, Acc b) const { return red_combine<Acc, OP>(a, b); }
 };
 
-template <nb_dtype D>
-__global__ void k_reduce_finish(const Acc_of<D> *acc, T_of<D> *out, int64_t mean_div)
+template <nb_dtype D, class Acc>
+__global__ void k_reduce_finish(const Acc *acc, T_of<D> *out, int64_t mean_div)
 {
     if (threadIdx.x == 0 && blockIdx.x == 0)
         out[0] = finish<D>(acc[0], mean_div);
@@ -221,8 +229,8 @@ __global__ void k_reduce_finish(const Acc_of<D> *acc, T_of<D> *out, int64_t mean
 template <nb_dtype D, nb_reduce_op OP>
 nb_status reduce_all_cub(nb_gpu_ctx *c, const T_of<D> *x, int64_t R, T_of<D> *out, int64_t mean_div)
 {
-    using Acc = Acc_of<D>;
-    auto in = thrust::make_transform_iterator(x, LoadAcc<D>{});
+    using Acc = Acc_of<D, OP>;
+    auto in = thrust::make_transform_iterator(x, LoadAcc<D, Acc>{});
     Scratch result(c, sizeof(Acc));
     if (!result.p)
         return nb_error() ? nb_error() : NB_ERR_OUT_OF_MEMORY;
@@ -238,7 +246,7 @@ nb_status reduce_all_cub(nb_gpu_ctx *c, const T_of<D> *x, int64_t R, T_of<D> *ou
     e = cub::DeviceReduce::Reduce(temp.p, bytes, in, rp, R, Combine<Acc, OP>{}, init, c->stream);
     if (e != cudaSuccess)
         return nb__gpu_cuda_fail(e, "cub::DeviceReduce::Reduce", c->dev->name);
-    k_reduce_finish<D><<<1, 32, 0, c->stream>>>(rp, out, mean_div);
+    k_reduce_finish<D, Acc><<<1, 32, 0, c->stream>>>(rp, out, mean_div);
     return nb__gpu_launched(c, "reduce_finish");
 }
 
@@ -248,11 +256,11 @@ struct RowStart {
     int64_t R;
     __host__ __device__ __forceinline__ int64_t operator()(int64_t k) const { return k * R; }
 };
-template <nb_dtype D> struct Finish {
+template <nb_dtype D, class Acc> struct Finish {
     int64_t mean_div;
-    __host__ __device__ __forceinline__ T_of<D> operator()(Acc_of<D> acc) const
+    __host__ __device__ __forceinline__ T_of<D> operator()(Acc acc) const
     {
-        return st<D>(mean_div > 0 ? acc / static_cast<Acc_of<D>>(mean_div) : acc);
+        return st<D>(mean_div > 0 ? acc / static_cast<Acc>(mean_div) : acc);
     }
 };
 
@@ -260,9 +268,9 @@ template <nb_dtype D> struct Finish {
 template <nb_dtype D, nb_reduce_op OP>
 nb_status reduce_rows_cub(nb_gpu_ctx *c, const T_of<D> *x, int64_t K, int64_t R, T_of<D> *out, int64_t mean_div)
 {
-    using Acc = Acc_of<D>;
-    auto in = thrust::make_transform_iterator(x, LoadAcc<D>{});
-    auto dst = thrust::make_transform_output_iterator(out, Finish<D>{mean_div});
+    using Acc = Acc_of<D, OP>;
+    auto in = thrust::make_transform_iterator(x, LoadAcc<D, Acc>{});
+    auto dst = thrust::make_transform_output_iterator(out, Finish<D, Acc>{mean_div});
     auto begin = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), RowStart{R});
     const Acc init = red_identity<Acc, OP>();
     size_t bytes = 0;
@@ -284,7 +292,7 @@ template <nb_dtype D, nb_reduce_op OP>
 nb_status reduce_typed(nb_gpu_ctx *c, const RGeo &g, const nb_view *out, const nb_view *x, int64_t K, int64_t R,
                        int64_t mean_div)
 {
-    using Acc = Acc_of<D>;
+    using Acc = Acc_of<D, OP>;
     const int64_t sm = c->phys->sm_count;
     const char *xp = static_cast<const char *>(x->data);
     if (K == 1 && g.nr == 1 && g.rst[0] == (int64_t)sizeof(T_of<D>) && R >= 65536)
