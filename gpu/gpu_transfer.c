@@ -11,10 +11,26 @@
  *   turn (double buffering: the host fills one while the other's DMA runs), and
  *   the device's stream waits on an event recorded after the last chunk. The
  *   DMAs then overlap the kernels already queued instead of following them.
- *   The copy stream first waits for the earlier users of the destination block
- *   (the event the allocator recorded when it was last freed: uploads go into
- *   freshly allocated tensors); for a destination the allocator cannot vouch
- *   for, it waits for everything queued on the device's stream.
+ *
+ * The ordering of a large upload into dst, which keeps it from racing:
+ *   1. The copy stream's first DMA waits for an event: the one the allocator
+ *      recorded on the device's stream when dst's block was last freed (its
+ *      earlier users' kernels are all before it), when dst is the start of a
+ *      block that went through the cache; nothing when the block came fresh
+ *      from CUDA or the arena (idle when it went back); and, for anything
+ *      else, a fence recorded now on the device's stream (everything queued
+ *      there so far): a destination inside a block, one the allocator does not
+ *      know, or any upload while NB_DEBUG_POISON is on, since the poison fill
+ *      of the new tensor is queued on the device's stream after the block was
+ *      handed out (an upload that overtook it was overwritten with NaNs).
+ *      Nothing else is queued on a fresh tensor before its upload: uploads go
+ *      into tensors just made (nb_from_buffer, a copy to the device, a
+ *      checkpoint read).
+ *   2. A staging slot is refilled by the host only after the event recorded
+ *      behind its last DMA has completed (waited for, and counted, when not).
+ *   3. The device's stream waits for copy_done, recorded on the copy stream
+ *      after the last chunk, before any later kernel, read or free: a block
+ *      freed after the upload is fenced behind the DMA too.
  * With no pinned memory, copies are pageable and wait for their copy.
  * Device -> host waits for the stream (the caller reads the bytes next).
  * Device -> host and synchronize are where an out-of-range index recorded by an
@@ -130,8 +146,8 @@ nb_status nb__gpu_copy_from_host(nb_device *dev, void *dst, const void *src, siz
     if (nbytes < COPY_STREAM_MIN || !c->copy_stream) {
         e = staged_copy(c, 0, c->stream, dst, src, nbytes, &call);
     } else {
-        /* The copy stream writes dst only after the block's earlier users. */
-        if (!nb__gpu_block_fence(c, dst, c->copy_stream)) {
+        /* The copy stream writes dst only after the block's earlier users (1. above). */
+        if (nb__debug_poison() || !nb__gpu_block_fence(c, dst, c->copy_stream)) {
             call = "cudaEventRecord";
             e = cudaEventRecord(c->copy_fence, c->stream);
             if (e == cudaSuccess) {

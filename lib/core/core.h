@@ -111,6 +111,10 @@ int64_t nb__shape_numel(int ndim, const int64_t *shape);
  * int64 (no device holds it), else NB_ERR_INVALID_ARGUMENT (a view, or an empty
  * tensor whose other dims alone are too large). */
 bool nb__shape_fits(const char *who, bool allocates, nb_dtype dtype, int ndim, const int64_t *shape);
+/* Whether NB_DEBUG_POISON=1 is set: every new tensor is filled (NaN, or a large
+ * odd integer) on its device before anything writes it. A backend whose copies
+ * run on a stream of their own must order them after that fill. */
+bool nb__debug_poison(void);
 /* "[2, 3]" of a tensor or shape into buf; returns buf. */
 char *nb__shape_str(int ndim, const int64_t *shape, char *buf, size_t size);
 #define NB_SHAPE_STR_MAX 128

@@ -144,7 +144,7 @@ void nb__tensor_finish_geometry(nb_tensor *t)
 /* NB_DEBUG_POISON=1 fills every new output with NaN (floats) or a large odd
  * value (integers) before a kernel writes it, so an element a kernel forgets to
  * write fails a test instead of passing by luck. The tests run with it on. */
-static int poison_enabled(void)
+bool nb__debug_poison(void)
 {
     static atomic_int state; /* 0 unknown, 1 off, 2 on */
     int s = atomic_load_explicit(&state, memory_order_relaxed);
@@ -205,7 +205,7 @@ nb_tensor *nb__tensor_new(const char *who, nb_device *dev, nb_dtype dtype, int n
     for (int i = 0; i < ndim; i++)
         t->shape[i] = shape[i];
     nb__contiguous_strides(ndim, shape, elem, t->strides);
-    if (poison_enabled())
+    if (nb__debug_poison())
         poison(t);
     return t;
 }
