@@ -482,8 +482,8 @@ nb_status nb__cudnn_plan_for(nb_gpu_ctx *c, const char *op, const int64_t *key, 
     return NB_OK;
 }
 
-nb_status nb__cudnn_run(nb_gpu_ctx *c, const char *op, const nb_cudnn_plan *plan, int n, const int64_t *uids,
-                        void *const *ptrs)
+static nb_status run_plan(nb_gpu_ctx *c, const char *op, const nb_cudnn_plan *plan, int n, const int64_t *uids,
+                          void *const *ptrs, bool refusable)
 {
     cudnnHandle_t h;
     nb_status st = nb__cudnn_handle(c, &h);
@@ -502,13 +502,35 @@ nb_status nb__cudnn_run(nb_gpu_ctx *c, const char *op, const nb_cudnn_plan *plan
         s = cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
     if (s == CUDNN_STATUS_SUCCESS)
         s = cudnnBackendFinalize(vp);
-    if (s == CUDNN_STATUS_SUCCESS)
+    bool executed = false;
+    if (s == CUDNN_STATUS_SUCCESS) {
         s = cudnnBackendExecute(h, plan->plan, vp);
-    if (s != CUDNN_STATUS_SUCCESS)
+        executed = true;
+    }
+    const cudnnStatus_t category = (cudnnStatus_t)CUDNN_STATUS_CATEGORY(s);
+    if (s != CUDNN_STATUS_SUCCESS && refusable && executed &&
+        (category == CUDNN_STATUS_BAD_PARAM || category == CUDNN_STATUS_NOT_SUPPORTED)) {
+        (void)cudaGetLastError(); /* nothing was launched: keep it from a later check */
+        snprintf(t_why, sizeof t_why, "execution refused: %s", cudnnGetErrorString(s));
+        st = NB_ERR_UNSUPPORTED;
+    } else if (s != CUDNN_STATUS_SUCCESS) {
         st = nb__fail(NB_ERR_BACKEND, "%s: cuDNN's plan failed on %s: %s", op, c->dev->name, cudnnGetErrorString(s));
+    }
     if (vp)
         cudnnBackendDestroyDescriptor(vp);
     if (ws)
         nb__gpu_free(c, ws); /* stream-ordered: the queued plan still owns it */
     return st;
+}
+
+nb_status nb__cudnn_run(nb_gpu_ctx *c, const char *op, const nb_cudnn_plan *plan, int n, const int64_t *uids,
+                        void *const *ptrs)
+{
+    return run_plan(c, op, plan, n, uids, ptrs, false);
+}
+
+nb_status nb__cudnn_run_or_refuse(nb_gpu_ctx *c, const char *op, const nb_cudnn_plan *plan, int n,
+                                  const int64_t *uids, void *const *ptrs)
+{
+    return run_plan(c, op, plan, n, uids, ptrs, true);
 }

@@ -100,5 +100,12 @@ nb_status nb__cudnn_plan_for(nb_gpu_ctx *c, const char *op, const int64_t *key, 
  * from the caching allocator (freed in stream order). */
 nb_status nb__cudnn_run(nb_gpu_ctx *c, const char *op, const nb_cudnn_plan *plan, int n, const int64_t *uids,
                         void *const *ptrs);
+/* nb__cudnn_run for a caller with its own kernels to fall back on: where cuDNN
+ * refuses the execution itself (a BAD_PARAM or NOT_SUPPORTED status, which some
+ * engines give only then, for a data pointer's offset, say), it returns
+ * NB_ERR_UNSUPPORTED with nothing recorded, as a refusal at planning does;
+ * other failures as nb__cudnn_run. */
+nb_status nb__cudnn_run_or_refuse(nb_gpu_ctx *c, const char *op, const nb_cudnn_plan *plan, int n,
+                                  const int64_t *uids, void *const *ptrs);
 
 #endif

@@ -14,8 +14,10 @@
  * kernels when none does (windows past the image's end that never count),
  * and for NCHW, whose engines pad both sides alike, when it differs from the
  * top/left one. cuDNN's resample engines compute in float, so f64 pooling
- * stays on the own kernels too. Any refusal along the way (an attribute, the
- * graph, no engine) is a fallback, never an error. */
+ * stays on the own kernels too, and so do bf16 and rows that are not whole
+ * 16-byte vectors (avg_pool says why). Any refusal along the way (an
+ * attribute, the graph, no engine, the execution itself) is a fallback, never
+ * an error. */
 #include "gpu_cudnn.h"
 
 #include <stdlib.h>
@@ -104,8 +106,16 @@ static bool plain_only(void)
 /* x: the image side (x or dx), y: the pooled side (out or dy). */
 static nb_status avg_pool(nb_gpu_ctx *c, bool backward, const nb_pool2d_desc *d, void *x, void *y, nb_dtype dt)
 {
-    /* cuDNN's resample engines compute in float: f64 stays on the own kernels */
-    if (plain_only() || (dt != NB_F32 && dt != NB_F16 && dt != NB_BF16))
+    /* cuDNN's resample engines compute in float: f64 stays on the own kernels.
+     * bf16 too: its engine (resampleFwd_fort_ffma_grouped) wrote 16-byte
+     * vectors up to 33 bytes past a pooled output of 37 channels, with
+     * garbage in it. For f32 and f16, the innermost dim (C for NHWC, Q and W
+     * for NCHW) must fill whole 16-byte vectors, so that no engine's vector
+     * store can reach past a row, and so past the allocation. */
+    if (plain_only() || (dt != NB_F32 && dt != NB_F16))
+        return NB_ERR_UNSUPPORTED;
+    const int64_t es = (int64_t)nb_dtype_size(dt);
+    if (d->nchw ? (d->W * es) % 16 || (d->Q * es) % 16 : (d->C * es) % 16)
         return NB_ERR_UNSUPPORTED;
     pool_problem p;
     memset(&p, 0, sizeof p);
@@ -130,7 +140,8 @@ static nb_status avg_pool(nb_gpu_ctx *c, bool backward, const nb_pool2d_desc *d,
     if (st)
         return st;
     static const int64_t uids[2] = {UID_X, UID_Y};
-    return nb__cudnn_run(c, op, plan, 2, uids, ptrs);
+    /* a refusal at execution (an offset view's pointer) falls back as one at planning */
+    return nb__cudnn_run_or_refuse(c, op, plan, 2, uids, ptrs);
 }
 
 nb_status nb__cudnn_avg_pool2d(nb_gpu_ctx *c, const nb_pool2d_desc *d, const nb_view *out, const nb_view *x)
