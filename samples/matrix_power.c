@@ -3,8 +3,9 @@
  *
  *   matrix_power [--device NAME] [--steps N] [--size N] [--quick]
  *
- * Uses /gpu:0 and /gpu:1 when there are two GPUs, else two logical CPU devices
- * /cpu:0 and /cpu:1. --device picks the single-device run's device; --steps is the
+ * Uses /gpu:0 and /gpu:1: two GPUs, or one GPU split into two logical GPUs
+ * (each with a stream of its own); with no GPU, two logical CPU devices /cpu:0
+ * and /cpu:1. --device picks the single-device run's device; --steps is the
  * number of timed repetitions (the best is shown). Each device's chain runs on a
  * thread of its own, with its own scope and device stack. */
 #include <nabla/nabla.h>
@@ -66,7 +67,10 @@ static double rel_diff(nb_tensor *a, nb_tensor *b)
 
 int main(int argc, char **argv)
 {
-    /* Before any device is used: two logical CPUs, in case there are not two GPUs. */
+    /* Before any device is used: one GPU becomes two logical GPUs, and two
+     * logical CPUs serve where there is no GPU. */
+    if (nb_physical_gpu_count() == 1)
+        nb_set_logical_gpu_devices(2);
     nb_set_logical_cpu_devices(2);
     nb_set_error_handler(nb_error_handler_exit, NULL);
 
@@ -94,8 +98,9 @@ int main(int argc, char **argv)
     /* Entries N(0, 1/n): the powers neither explode nor vanish. */
     nb_tensor *a = nb_random_normal(NB_F32, NB_SHAPE(n, n), 0, 1 / sqrt((double)n), 1);
     nb_tensor *b = nb_random_normal(NB_F32, NB_SHAPE(n, n), 0, 1 / sqrt((double)n), 2);
-    printf("A^%d + B^%d for %lld x %lld matrices; devices %s and %s\n", POWER, POWER,
-           (long long)n, (long long)n, dev[0], dev[1]);
+    printf("A^%d + B^%d for %lld x %lld matrices; devices %s and %s%s\n", POWER, POWER,
+           (long long)n, (long long)n, dev[0], dev[1],
+           two_gpus && nb_physical_gpu_count() == 1 ? " (two logical GPUs sharing one card)" : "");
 
     /* Warm up each device (library handles, kernels, allocator). */
     for (int d = 0; d < 2; d++) {

@@ -460,7 +460,10 @@ static nb_status replica_sum(nb_replica *r, int n_in, nb_tensor *const *in, int 
 
 static void test_mirrored(void)
 {
-    nb_mirrored *m = nb_mirrored_new(2, NULL);
+    /* the two logical CPU devices main made, named: the default devices are the
+     * GPUs where there are some, and a machine may have only one */
+    const char *const cpus[2] = {"/cpu:0", "/cpu:1"};
+    nb_mirrored *m = nb_mirrored_new(2, cpus);
     CHECK(nb_mirrored_replicas(m) == 2);
     nb_tensor *x = nb_zeros(NB_F32, NB_SHAPE(10, 3)), *y = nb_arange(NB_F64, 0, 10, 1);
     nb_tensor *ts[2] = {x, y};
