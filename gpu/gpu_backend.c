@@ -94,6 +94,22 @@ static nb_status gpu_softmax(nb_device *dev, bool log, const nb_view *out, const
     return nb__gpu_softmax(c, log, out, x);
 }
 
+static nb_status gpu_layer_norm_rows(nb_device *dev, int64_t rows, int64_t D, const nb_view *out,
+                                     const nb_view *mean, const nb_view *rstd, const nb_view *x, const nb_view *gamma,
+                                     const nb_view *beta, double epsilon)
+{
+    ENTER(dev, "layer_norm");
+    return nb__gpu_layer_norm_rows(c, rows, D, out, mean, rstd, x, gamma, beta, epsilon);
+}
+
+static nb_status gpu_layer_norm_rows_grad(nb_device *dev, int64_t rows, int64_t D, const nb_view *dx,
+                                          const nb_view *dgamma, const nb_view *dbeta, const nb_view *g,
+                                          const nb_view *x, const nb_view *rstd, const nb_view *gamma)
+{
+    ENTER(dev, "layer_norm_grad");
+    return nb__gpu_layer_norm_rows_grad(c, rows, D, dx, dgamma, dbeta, g, x, rstd, gamma);
+}
+
 static nb_status gpu_gather(nb_device *dev, const char *op, const nb_view *out, const nb_view *params,
                             const nb_view *indices)
 {
@@ -257,6 +273,8 @@ const nb_backend nb__gpu_backend = {
     .cumsum = gpu_cumsum,
     .matmul = gpu_matmul,
     .softmax = gpu_softmax,
+    .layer_norm_rows = gpu_layer_norm_rows,
+    .layer_norm_rows_grad = gpu_layer_norm_rows_grad,
     .gather = gpu_gather,
     .scatter_add = gpu_scatter_add,
     .one_hot = gpu_one_hot,

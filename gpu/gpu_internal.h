@@ -238,6 +238,13 @@ nb_status nb__cudnn_avg_pool2d_grad(nb_gpu_ctx *c, const nb_pool2d_desc *d, cons
                                     const nb_view *dy);
 /* gpu_softmax.cu */
 nb_status nb__gpu_softmax(nb_gpu_ctx *c, bool log, const nb_view *out, const nb_view *x);
+/* The table's layer_norm_rows and layer_norm_rows_grad (gpu_norm.cu). */
+nb_status nb__gpu_layer_norm_rows(nb_gpu_ctx *c, int64_t rows, int64_t D, const nb_view *out, const nb_view *mean,
+                                  const nb_view *rstd, const nb_view *x, const nb_view *gamma, const nb_view *beta,
+                                  double epsilon);
+nb_status nb__gpu_layer_norm_rows_grad(nb_gpu_ctx *c, int64_t rows, int64_t D, const nb_view *dx,
+                                       const nb_view *dgamma, const nb_view *dbeta, const nb_view *g, const nb_view *x,
+                                       const nb_view *rstd, const nb_view *gamma);
 /* gpu_index.cu */
 nb_status nb__gpu_gather(nb_gpu_ctx *c, const char *op, const nb_view *out,
                          const nb_view *params, const nb_view *indices);

@@ -538,8 +538,10 @@ static nb_tensor *layer_norm_rows(const nb_tensor *x, const nb_tensor *gamma, co
     int token = nb__tapes_pause();
     const nb_tensor *xd = dense(x), *gd = dense(gamma), *bd = dense(beta);
     nb_tensor *y = NULL, *rstd = NULL;
+    /* rstd in f32 for f16 and bf16, whose own precision would blur the gradient */
+    const nb_dtype stat_dt = dt == NB_F16 || dt == NB_BF16 ? NB_F32 : dt;
     bool ok = xd && (!gamma || gd) && (!beta || bd) && (y = nb__out(op, dev, dt, x->ndim, x->shape)) &&
-              (rstd = nb__out(op, dev, dt, 1, &rows));
+              (rstd = nb__out(op, dev, stat_dt, 1, &rows));
     if (ok) {
         nb_view vy = nb__view(y), vr = nb__view(rstd), vx = nb__view(xd), vg = gd ? nb__view(gd) : (nb_view){0},
                 vb = bd ? nb__view(bd) : (nb_view){0};

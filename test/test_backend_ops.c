@@ -3125,9 +3125,11 @@ static nb_tensor *apply_ln_kernel(nb_tensor *const *in, const ln_bo_ctx *c)
     for (int i = x->ndim - k->n_axes; i < x->ndim; i++)
         D *= x->shape[i];
     int64_t rows = x->numel / D;
+    /* mean and rstd are f32 for the half types (backend.h) */
+    nb_dtype sdt = is_half(x->dtype) ? NB_F32 : x->dtype;
     nb_tensor *t[6] = {nb__tensor_new("layer_norm", dev, x->dtype, x->ndim, x->shape),
-                       nb__tensor_new("layer_norm", dev, x->dtype, 1, &rows),
-                       nb__tensor_new("layer_norm", dev, x->dtype, 1, &rows),
+                       nb__tensor_new("layer_norm", dev, sdt, 1, &rows),
+                       nb__tensor_new("layer_norm", dev, sdt, 1, &rows),
                        nb__tensor_new("layer_norm", dev, x->dtype, x->ndim, x->shape),
                        nb__tensor_new("layer_norm", dev, x->dtype, 1, &D),
                        nb__tensor_new("layer_norm", dev, x->dtype, 1, &D)};
@@ -3273,7 +3275,8 @@ static void run_ln_kernel(bool grad)
             for (int wi = first; wi <= (int)klast; wi++) {
                 if (wi > (int)last && wi < (int)kfirst)
                     continue;
-                if (wi >= LN_K_OUT && (!entries || is_half(dt)))
+                /* (the half types' statistics are f32: checked through the outputs) */
+                if (wi >= LN_K_OUT && (!entries || (is_half(dt) && (wi == LN_K_MEAN || wi == LN_K_RSTD))))
                     continue;
                 /* the op's gradients of an absent gamma or beta are zeros; the
                  * entry's dgamma and dbeta do not depend on them */

@@ -259,11 +259,11 @@ struct nb_backend {
                                 const nb_view *s, const nb_view *b, const nb_view *t, const nb_view *u);
 
     /* ---- rows (layer normalisation) ----
-     * Optional: a backend may leave both NULL (the GPU's does), and the op
-     * then runs on the per-channel kernels; ops test the pointer before
-     * asking supports. x, out, dx and g are contiguous [rows, D]; gamma,
-     * beta, dgamma and dbeta [D]; mean and rstd [rows]; one dtype (the CPU:
-     * f32 and f64). */
+     * Optional: a backend may leave both NULL, and the op then runs as a
+     * composition of ops; ops test the pointer before asking supports. x,
+     * out, dx and g are contiguous [rows, D]; gamma, beta, dgamma and dbeta
+     * [D]; mean and rstd [rows]; one dtype (the CPU: f32 and f64; the GPU
+     * f16 and bf16 too), but mean and rstd are f32 for f16 and bf16. */
     /* Per row r: mean[r] and var = the mean of (x - mean[r])^2 (two passes
      * over the row, accumulated in double), rstd[r] = 1 / sqrt(var +
      * epsilon), and out = (x - mean[r]) rstd[r] gamma + beta (gamma NULL: 1,
