@@ -2,7 +2,7 @@
 # The GPU check, in steps that each end well inside ten minutes on a 16-core GPU
 # machine and write their log to OUTDIR:
 #
-#   bench/gpu-check.sh OUTDIR [info] [build] [test] [bench]    (no step: all four)
+#   bench/gpu-check.sh OUTDIR [info] [build] [test] [sanitize] [bench]    (no step: all five)
 #
 #   info   nvidia-smi, nvcc and the CUDA library folders        -> OUTDIR/info.log
 #   build  meson setup + ninja in $BUILD (default build-gpu): CUDA on, the
@@ -10,6 +10,9 @@
 #   test   every test suite with NB_REQUIRE_GPU=1, so a GPU test fails naming
 #          the CUDA error instead of skipping when no GPU is usable
 #                                                  -> OUTDIR/test.log, OUTDIR/testlog.json
+#   sanitize  compute-sanitizer's memcheck over the GPU suite's programs and
+#          initcheck over the pooling, normalisation and index tests
+#          (bench/gpu-sanitize.sh): any report fails it   -> OUTDIR/sanitize.log, OUTDIR/sanitize.txt
 #   bench  every benchmark (bench/run.sh), NB_REQUIRE_GPU=1 too -> OUTDIR/bench.log
 #
 # Run from anywhere; nvcc is looked for in /usr/local/cuda/bin when it is not on
@@ -20,10 +23,10 @@
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
-out="${1:?usage: bench/gpu-check.sh OUTDIR [info] [build] [test] [bench]}"
+out="${1:?usage: bench/gpu-check.sh OUTDIR [info] [build] [test] [sanitize] [bench]}"
 shift
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(info build test bench)
+[ ${#steps[@]} -eq 0 ] && steps=(info build test sanitize bench)
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 build="${BUILD:-$root/build-gpu}"
@@ -57,6 +60,10 @@ test_() {
   return $st
 }
 
+sanitize() {
+  "$here/gpu-sanitize.sh" "$build" "$out"
+}
+
 bench() {
   local st=0
   "$here/run.sh" "$build" || st=$?
@@ -66,12 +73,12 @@ bench() {
 status=0
 for step in "${steps[@]}"; do
   case "$step" in
-    info|build|bench) fn="$step" ;;
+    info|build|sanitize|bench) fn="$step" ;;
     test) fn=test_ ;;
-    *) echo "unknown step '$step' (info, build, test, bench)" >&2; exit 2 ;;
+    *) echo "unknown step '$step' (info, build, test, sanitize, bench)" >&2; exit 2 ;;
   esac
   echo "=== $step ($(date -u +%H:%M:%S)), log in $out/$step.log"
-  export -f "$fn" info build test_ bench 2>/dev/null
+  export -f "$fn" info build test_ sanitize bench 2>/dev/null
   export build out here root
   timeout "$limit" bash -c "$fn" >"$out/$step.log" 2>&1
   st=$?
