@@ -61,6 +61,47 @@ typedef enum nb_reduction {
  * when a thread or memory cannot be had. */
 nb_mirrored *nb_mirrored_new(int n, const char *const *devices);
 
+/* ---- across processes ------------------------------------------------------ */
+
+/* Like nb_mirrored_new, for this process's n devices, and spanning every
+ * process that mpirun started (the world): the replicas of all processes form
+ * one strategy. Initialises MPI (MPI_THREAD_SERIALIZED) when the program has
+ * not, and then finalises it at exit; a program that initialises MPI itself
+ * does so before this call and finalises it after freeing the strategy. Run
+ * without mpirun, or built without MPI, it is nb_mirrored_new: one process.
+ * Each process calls the strategy's functions in the same order from one
+ * thread (the one that initialised MPI, when that was MPI_THREAD_FUNNELED):
+ *   - nb_mirrored_variable_new is collective: every process must make the same
+ *     variables (name, dtype, shape) in the same order, or every process fails
+ *     naming the first difference; each starts from rank 0's initial value.
+ *   - nb_mirrored_step takes this process's share of the global batch (shares
+ *     may differ in size, and be empty); its replicas reduce their gradients,
+ *     then the processes sum theirs (MPI, through host memory), so MEAN is the
+ *     mean over every row of every process, and *loss the global batch's.
+ *   - nb_mirrored_all_reduce sums over every replica of every process (MEAN
+ *     divides by their count); nb_mirrored_run and nb_mirrored_reduce stay
+ *     within the process.
+ * Every wait across processes has a deadline (nb_mirrored_set_timeout): a
+ * process that dies or stops answering makes the others' call fail with
+ * NB_ERR_TIMEOUT naming its rank where it is known, and from then on every
+ * call across processes fails at once (MPI is then not finalised at exit, since
+ * that would wait for the dead process; mpirun needs --enable-recovery for the
+ * others to outlive one that was killed). Returns the strategy, or NULL with
+ * the error (NB_ERR_BACKEND when MPI cannot start, NB_ERR_TIMEOUT or
+ * NB_ERR_INVALID_ARGUMENT when the processes do not agree to start). */
+nb_mirrored *nb_mirrored_new_world(int n, const char *const *devices);
+
+/* This process's rank among the processes (0 with one), their count (1 without
+ * mpirun), and the replicas of all of them; 0 for NULL. */
+int nb_mirrored_world_rank(const nb_mirrored *s);
+int nb_mirrored_world_size(const nb_mirrored *s);
+int nb_mirrored_world_replicas(const nb_mirrored *s);
+
+/* The deadline of every wait across processes, in seconds (default
+ * NB_WORLD_TIMEOUT from the environment, else 300): process-wide.
+ * NB_ERR_INVALID_ARGUMENT for NULL or a value that is not positive. */
+nb_status nb_mirrored_set_timeout(nb_mirrored *s, double seconds);
+
 /* Waits for a call (step, run, all-reduce) running on another thread to finish, then frees the
  * strategy, its threads and its buffers. Mirrored variables stay valid (each
  * keeps its copies) but can no longer be used by a step. NULL is ignored.

@@ -60,7 +60,8 @@ typedef enum nb_status {
     NB_ERR_BACKEND,          /* a CUDA, cuBLAS, cuDNN, ... call failed */
     NB_ERR_UNSUPPORTED,      /* valid, but not available in this build or on this device */
     NB_ERR_INTERNAL,
-    NB_ERR_OUT_OF_RANGE      /* past the end: a dataset iterator with no more elements */
+    NB_ERR_OUT_OF_RANGE,     /* past the end: a dataset iterator with no more elements */
+    NB_ERR_TIMEOUT           /* another process did not answer in time (it died or stopped) */
 } nb_status;
 
 #ifdef __cplusplus

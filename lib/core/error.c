@@ -58,6 +58,7 @@ const char *nb_status_name(nb_status code)
     case NB_ERR_UNSUPPORTED: return "NB_ERR_UNSUPPORTED";
     case NB_ERR_INTERNAL: return "NB_ERR_INTERNAL";
     case NB_ERR_OUT_OF_RANGE: return "NB_ERR_OUT_OF_RANGE";
+    case NB_ERR_TIMEOUT: return "NB_ERR_TIMEOUT";
     }
     return "NB_ERR_UNKNOWN";
 }

@@ -10,6 +10,7 @@
  * other devices first copy the part into a temporary on their own device (the
  * backend orders that copy after the producer's queued work). */
 #include "distribute_impl.h"
+#include "world.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -313,8 +314,89 @@ static nb_status collective_sum(nb_replica_state *rs, int n_buckets, nb_tensor *
     return st;
 }
 
+/* ---- across processes ------------------------------------------------------------------ */
+
+static bool all_reduce_local(nb_replica_state *rs, bool ok, int n_buckets, nb_tensor *const *src,
+                             nb_tensor *const *dst, double scale);
+
+/* Replica 0's part: every bucket of dst summed with the other processes', in
+ * host memory (a device's buckets through a staging buffer). */
+static nb_status world_sum_buckets(nb_replica_state *rs, int n_buckets, nb_tensor *const *dst)
+{
+    nb_mirrored *s = rs->s;
+    nb_device *dev = rs->dev;
+    const char *who = "nb_mirrored_step";
+    for (int k = 0; k < n_buckets; k++) {
+        nb_tensor *b = dst[k];
+        size_t bytes = (size_t)b->numel * nb_dtype_size(b->dtype);
+        if (dev->kind == NB_DEVICE_CPU) {
+            nb_status st = nb__world_sum(who, nb__data(b), b->numel, b->dtype);
+            if (st)
+                return st;
+            continue;
+        }
+        if (bytes > s->host_bytes) {
+            void *h = realloc(s->host, bytes);
+            if (!h)
+                return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory for a %zu-byte bucket", who, bytes);
+            s->host = h;
+            s->host_bytes = bytes;
+        }
+        nb_status st = dev->backend->copy_to_host(dev, s->host, nb__data(b), bytes);
+        if (!st)
+            st = nb__world_sum(who, s->host, b->numel, b->dtype);
+        if (!st)
+            st = dev->backend->copy_from_host(dev, nb__data(b), s->host, bytes);
+        if (st)
+            return st;
+    }
+    return NB_OK;
+}
+
+/* The other replicas take replica 0's sums. */
+static nb_status copy_from_first(nb_replica_state *rs, int n_buckets, nb_tensor *const *dst)
+{
+    nb_replica_state *first = &rs->s->reps[0];
+    for (int k = 0; k < n_buckets; k++) {
+        nb_tensor *mine = dst[k];
+        const nb_tensor *theirs = first->ar_dst[k];
+        nb_status st = rs->dev->backend->copy_between(rs->dev, nb__data(mine), first->dev, nb__data(theirs),
+                                                      (size_t)mine->numel * nb_dtype_size(mine->dtype));
+        if (st)
+            return st;
+    }
+    return NB_OK;
+}
+
+/* After the process's own all-reduce: the sum with the other processes. */
+static bool all_reduce_world(nb_replica_state *rs, int n_buckets, nb_tensor *const *dst)
+{
+    nb_mirrored *s = rs->s;
+    bool ok = true;
+    if (rs->index == 0) {
+        nb_status st = world_sum_buckets(rs, n_buckets, dst);
+        ok = st == NB_OK || nb__replica_failed(rs, st, "the all-reduce across processes failed");
+    }
+    if (!nb__mirrored_barrier(s, ok, NULL, NULL))
+        return false;
+    if (rs->index != 0) {
+        nb_status st = copy_from_first(rs, n_buckets, dst);
+        ok = st == NB_OK || nb__replica_failed(rs, st, "all-reduce: copying the processes' sums failed");
+    }
+    return nb__mirrored_barrier(s, ok, NULL, NULL);
+}
+
 bool nb__all_reduce_buckets(nb_replica_state *rs, bool ok, int n_buckets, nb_tensor *const *src,
                             nb_tensor *const *dst, double scale)
+{
+    if (!all_reduce_local(rs, ok, n_buckets, src, dst, scale))
+        return false;
+    return !rs->s->world || all_reduce_world(rs, n_buckets, dst);
+}
+
+/* The all-reduce among this process's replicas. */
+static bool all_reduce_local(nb_replica_state *rs, bool ok, int n_buckets, nb_tensor *const *src,
+                             nb_tensor *const *dst, double scale)
 {
     nb_mirrored *s = rs->s;
     rs->ar_src = src;

@@ -118,6 +118,15 @@ struct nb_mirrored {
     /* counters */
     int64_t steps, collective_calls;
     int last_buckets;
+
+    /* across processes (nb_mirrored_new_world with more than one): this
+     * process's replicas reduce first, then replica 0 sums the buckets with
+     * the other processes (world.h) through host memory, then the others copy
+     * its result */
+    bool world;
+    int world_replicas;  /* the replicas of every process */
+    void *host;          /* staging for buckets that are not in host memory */
+    size_t host_bytes;
 };
 
 /* ---- mirrored.c ------------------------------------------------------------ */

@@ -11,6 +11,7 @@
  * what follows (never a hang, never a partial update). Errors are moved off the
  * replica threads and raised on the caller's, naming the replica and device. */
 #include "distribute_impl.h"
+#include "world.h"
 
 #include "lib/optim/optimizer_impl.h"
 #include "lib/variable/variable_impl.h"
@@ -337,6 +338,7 @@ static void strategy_destroy(nb_mirrored *s)
     free(s->present);
     free(s->dtypes);
     free(s->numels);
+    free(s->host);
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->work_cv);
     pthread_cond_destroy(&s->done_cv);
@@ -413,6 +415,47 @@ nb_mirrored *nb_mirrored_new(int n, const char *const *devices)
     return s;
 }
 
+nb_mirrored *nb_mirrored_new_world(int n, const char *const *devices)
+{
+    const char *who = "nb_mirrored_new_world";
+    if (nb__world_join(who))
+        return NULL;
+    nb_mirrored *s = nb_mirrored_new(n, devices);
+    if (!s)
+        return NULL;
+    s->world = nb__world_size() > 1;
+    s->world_replicas = s->n;
+    if (!s->world)
+        return s;
+    int64_t counts[4096], *c = nb__world_size() <= 4096 ? counts : malloc(sizeof *c * (size_t)nb__world_size());
+    nb_status st = c ? nb__world_handshake(who, who, "", s->n, c) : nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+    if (!st) {
+        s->world_replicas = 0;
+        for (int r = 0; r < nb__world_size(); r++)
+            s->world_replicas += (int)c[r];
+    }
+    if (c != counts)
+        free(c);
+    if (st) {
+        nb_mirrored_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+int nb_mirrored_world_rank(const nb_mirrored *s) { return s && s->world ? nb__world_rank() : 0; }
+int nb_mirrored_world_size(const nb_mirrored *s) { return s ? (s->world ? nb__world_size() : 1) : 0; }
+int nb_mirrored_world_replicas(const nb_mirrored *s) { return s ? (s->world ? s->world_replicas : s->n) : 0; }
+
+nb_status nb_mirrored_set_timeout(nb_mirrored *s, double seconds)
+{
+    if (!s || !(seconds > 0))
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_mirrored_set_timeout: %s",
+                        !s ? "strategy is NULL" : "the timeout must be a positive number of seconds");
+    nb__world_set_timeout(seconds);
+    return NB_OK;
+}
+
 /* Fails (and returns true) when the caller is one of s's own replica threads:
  * waiting for s there would wait for itself. */
 static bool called_from_replica(const nb_mirrored *s, const char *who)
@@ -468,7 +511,32 @@ nb_variable *nb_mirrored_variable_new(nb_mirrored *s, const char *name, const nb
     const char *who = "nb_mirrored_variable_new";
     if (!s)
         return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: strategy is NULL", who);
-    return nb__variable_mirrored_new(s->id, name, s->n, s->devices, initial, who);
+    if (!s->world || !initial || !name)
+        return nb__variable_mirrored_new(s->id, name, s->n, s->devices, initial, who);
+    /* Every process makes the same variable (checked: name, dtype, shape), and
+     * all start from rank 0's value. */
+    char desc[200], sh[NB_SHAPE_STR_MAX];
+    snprintf(desc, sizeof desc, "'%s' %s %s", name, nb_dtype_name(initial->dtype),
+             nb__shape_str(initial->ndim, initial->shape, sh, sizeof sh));
+    if (nb__world_handshake(who, who, desc, 0, NULL))
+        return NULL;
+    size_t bytes = (size_t)initial->numel * nb_dtype_size(initial->dtype);
+    void *buf = malloc(bytes ? bytes : 1);
+    if (!buf)
+        return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory for '%s'", who, name);
+    nb_variable *v = NULL;
+    if (nb_tensor_read(initial, buf, bytes) == NB_OK && nb__world_broadcast(who, buf, bytes) == NB_OK) {
+        nb_scope *scope = nb_scope_begin();
+        nb_device_push(initial->device->name);
+        nb_shape shape = {initial->ndim, {0}};
+        memcpy(shape.dims, initial->shape, sizeof(int64_t) * (size_t)initial->ndim);
+        nb_tensor *same = nb_from_buffer(initial->dtype, shape, buf);
+        nb_device_pop();
+        v = same ? nb__variable_mirrored_new(s->id, name, s->n, s->devices, same, who) : NULL;
+        nb_scope_end(scope);
+    }
+    free(buf);
+    return v;
 }
 
 nb_tensor *nb_mirrored_variable_read(nb_variable *v, int replica)
@@ -765,7 +833,7 @@ nb_status nb_mirrored_all_reduce(nb_mirrored *s, nb_reduction reduction, nb_tens
     if (called_from_replica(s, who))
         return NB_ERR_INVALID_ARGUMENT;
     pthread_mutex_lock(&s->call_lock);
-    all_reduce_job j = {per_replica, out, reduction == NB_REDUCE_MEAN ? 1.0 / s->n : 1.0};
+    all_reduce_job j = {per_replica, out, reduction == NB_REDUCE_MEAN ? 1.0 / nb_mirrored_world_replicas(s) : 1.0};
     dispatch(s, all_reduce_on_replica, &j);
     nb_status st = raise_replica_error(s, who);
     if (!st) {
@@ -1011,6 +1079,51 @@ static nb_tensor *combine_losses(nb_mirrored *s, nb_reduction reduction)
     return sum_in_order(s->n, losses, w, 1.0, true);
 }
 
+/* Across processes: every process says how many rows it has (its local
+ * batch), and each replica's global rows become the sum over the processes,
+ * so MEAN weighs every row of the global batch alike. *rows: the global count. */
+static nb_status world_rows(nb_mirrored *s, const char *who, int n_vars, nb_reduction reduction, int64_t *rows)
+{
+    int64_t counts[4096], *c = nb__world_size() <= 4096 ? counts : malloc(sizeof *c * (size_t)nb__world_size());
+    if (!c)
+        return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+    char desc[64];
+    snprintf(desc, sizeof desc, "%d variables, %s", n_vars, reduction == NB_REDUCE_MEAN ? "MEAN" : "SUM");
+    nb_status st = nb__world_handshake(who, who, desc, *rows, c);
+    if (!st) {
+        int64_t total = 0;
+        for (int r = 0; r < nb__world_size(); r++)
+            total += c[r];
+        for (int r = 0; r < s->n; r++)
+            s->reps[r].ctx.global_rows = total;
+        *rows = total;
+    }
+    if (c != counts)
+        free(c);
+    return st;
+}
+
+/* The loss of the whole global batch: this process's (its replicas' losses
+ * already weighted by the global rows) summed with the other processes',
+ * whether the caller asked for it or not, since every rank must make the same
+ * calls. To *loss (when not NULL) as an f64 scalar on the current device. */
+static nb_status world_loss(nb_mirrored *s, const char *who, nb_reduction reduction, nb_tensor **loss)
+{
+    double v = 0; /* a process with no rows adds nothing */
+    bool had_error = nb_error() != NB_OK;
+    nb_scope *scope = nb_scope_begin();
+    nb_tensor *local = combine_losses(s, reduction);
+    if (local)
+        v = nb_tensor_item(local);
+    nb_scope_end(scope);
+    nb_status st = had_error ? NB_OK : nb_error();
+    if (!st)
+        st = nb__world_sum(who, &v, 1, NB_F64);
+    if (!st && loss && !(*loss = nb_scalar(NB_F64, v)))
+        st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
+    return st;
+}
+
 nb_status nb_mirrored_step(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_variable *const *vars,
                            nb_replica_step_fn fn, void *user, int n_inputs, nb_tensor *const *inputs,
                            nb_reduction reduction, nb_tensor **loss)
@@ -1035,6 +1148,8 @@ nb_status nb_mirrored_step(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_var
     st = reserve_vars(s, n_vars, who);
     if (!st)
         st = split_batch(s, who, n_inputs, inputs, &rows);
+    if (!st && s->world)
+        st = world_rows(s, who, n_vars, reduction, &rows);
     if (!st && rows == 0)
         st = nb__fail(NB_ERR_SHAPE, "%s: the batch has no rows", who);
     if (!st)
@@ -1048,7 +1163,9 @@ nb_status nb_mirrored_step(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_var
             s->steps++;
             s->collective_calls += s->plan.n_buckets;
             s->last_buckets = s->plan.n_buckets;
-            if (loss && !(*loss = combine_losses(s, reduction)))
+            if (s->world)
+                st = world_loss(s, who, reduction, loss);
+            else if (loss && !(*loss = combine_losses(s, reduction)))
                 st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
         }
         for (int r = 0; r < s->n; r++) {

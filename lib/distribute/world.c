@@ -1,0 +1,338 @@
+/* The processes a strategy spans, over MPI (world.h says what each call
+ * promises). Every wait is a nonblocking MPI call polled against the deadline,
+ * never a blocking one: a dead or silent rank becomes an error on the others
+ * instead of a hang. */
+#include "world.h"
+
+#include "nb_config.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if NB_HAVE_MPI
+#include <mpi.h>
+#include <sched.h>
+#endif
+
+#define DEFAULT_TIMEOUT 300.0
+
+static struct {
+    pthread_mutex_t lock;
+    bool joined, we_initialised, broken;
+    bool stuck; /* requests left pending for a rank that never answered: no MPI_Finalize */
+    int rank, size;
+    double timeout;
+    int64_t calls; /* collectives made so far: each handshake carries the count */
+    nb_status broken_code;
+    char broken_message[512];
+} W = {PTHREAD_MUTEX_INITIALIZER, false, false, false, false, 0, 1, 0, 0, NB_OK, ""};
+
+int nb__world_rank(void) { return W.rank; }
+int nb__world_size(void) { return W.size; }
+bool nb__world_broken(void) { return W.broken; }
+
+double nb__world_timeout(void)
+{
+    if (W.timeout > 0)
+        return W.timeout;
+    const char *e = getenv("NB_WORLD_TIMEOUT");
+    double t = e && *e ? strtod(e, NULL) : 0;
+    return t > 0 ? t : DEFAULT_TIMEOUT;
+}
+
+void nb__world_set_timeout(double seconds) { W.timeout = seconds > 0 ? seconds : 0; }
+
+#if NB_HAVE_MPI
+
+/* Finalises MPI at exit when the library started it, unless a rank stopped
+ * answering: MPI_Finalize would wait for it for ever, so the process then
+ * simply ends (mpirun reports that it did not finalise). */
+static void world_exit(void)
+{
+    int finalized = 0;
+    if (W.we_initialised && !W.stuck && MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized)
+        MPI_Finalize();
+}
+
+nb_status nb__world_join(const char *who)
+{
+    pthread_mutex_lock(&W.lock);
+    nb_status st = NB_OK;
+    if (!W.joined) {
+        int inited = 0;
+        MPI_Initialized(&inited);
+        if (!inited) {
+            int provided = 0;
+            if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
+                pthread_mutex_unlock(&W.lock);
+                return nb__fail(NB_ERR_BACKEND, "%s: MPI could not start (MPI_Init_thread failed)", who);
+            }
+            W.we_initialised = true;
+            atexit(world_exit);
+        }
+        MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+        MPI_Comm_rank(MPI_COMM_WORLD, &W.rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &W.size);
+        W.joined = true;
+    }
+    pthread_mutex_unlock(&W.lock);
+    return st;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Records a failure that breaks the world; returns its code. */
+static nb_status world_fail(nb_status code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static nb_status world_fail(nb_status code, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (code == NB_ERR_TIMEOUT || code == NB_ERR_BACKEND)
+        W.stuck = true;
+    if (!W.broken) {
+        W.broken = true;
+        W.broken_code = code;
+        snprintf(W.broken_message, sizeof W.broken_message, "%s", msg);
+    }
+    return nb__fail(code, "%s", msg);
+}
+
+static nb_status already_broken(const char *who)
+{
+    return nb__fail(W.broken_code, "%s: the processes can no longer work together after an earlier failure: %s", who,
+                    W.broken_message);
+}
+
+/* Polls reqs until all are complete or the deadline passes: the first few
+ * looks spin (a step's partners usually answer within microseconds), then it
+ * sleeps between looks so a rank waiting for a slow one leaves the core to
+ * others. done[i] says which completed. */
+static bool wait_all(int n, MPI_Request *reqs, bool *done, double deadline)
+{
+    int left = 0;
+    for (int i = 0; i < n; i++)
+        left += !done[i];
+    for (int spins = 0; left > 0; spins++) {
+        for (int i = 0; i < n; i++) {
+            if (done[i])
+                continue;
+            int flag = 0;
+            if (MPI_Test(&reqs[i], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+                flag = 0;
+            if (flag) {
+                done[i] = true;
+                left--;
+            }
+        }
+        if (left == 0)
+            break;
+        if (now_s() > deadline)
+            return false;
+        if (spins < 200) {
+            sched_yield();
+        } else {
+            struct timespec ts = {0, spins < 2000 ? 50000 : 1000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return true;
+}
+
+typedef struct hs_header {
+    uint32_t magic;
+    int32_t rank;
+    int64_t call;
+    int64_t value;
+    char kind[40];
+    char desc[208];
+} hs_header;
+
+#define HS_MAGIC 0x6E62776Cu /* "nbwl" */
+#define HS_TAG 7301
+
+nb_status nb__world_handshake(const char *who, const char *kind, const char *desc, int64_t value, int64_t *values)
+{
+    if (W.broken)
+        return already_broken(who);
+    if (values)
+        values[W.rank] = value;
+    if (W.size <= 1)
+        return NB_OK;
+    const int n = W.size, me = W.rank;
+    hs_header mine;
+    memset(&mine, 0, sizeof mine);
+    mine.magic = HS_MAGIC;
+    mine.rank = me;
+    mine.call = W.calls++;
+    mine.value = value;
+    snprintf(mine.kind, sizeof mine.kind, "%s", kind);
+    snprintf(mine.desc, sizeof mine.desc, "%s", desc ? desc : "");
+    hs_header *theirs = calloc((size_t)n, sizeof *theirs);
+    MPI_Request *reqs = malloc(sizeof *reqs * (size_t)(2 * n));
+    bool *done = calloc((size_t)(2 * n), sizeof *done);
+    if (!theirs || !reqs || !done) {
+        free(theirs), free(reqs), free(done);
+        return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+    }
+    int bad_post = 0;
+    for (int r = 0; r < n; r++) {
+        if (r == me) {
+            done[2 * r] = done[2 * r + 1] = true;
+            continue;
+        }
+        bad_post |= MPI_Irecv(&theirs[r], (int)sizeof(hs_header), MPI_BYTE, r, HS_TAG, MPI_COMM_WORLD, &reqs[2 * r]);
+        bad_post |= MPI_Isend(&mine, (int)sizeof(hs_header), MPI_BYTE, r, HS_TAG, MPI_COMM_WORLD, &reqs[2 * r + 1]);
+    }
+    nb_status st = NB_OK;
+    const double t = nb__world_timeout();
+    if (bad_post) {
+        st = world_fail(NB_ERR_BACKEND, "%s: MPI could not send to the other processes", who);
+    } else if (!wait_all(2 * n, reqs, done, now_s() + t)) {
+        char names[160] = "";
+        int missing = 0;
+        for (int r = 0; r < n; r++)
+            if (r != me && !done[2 * r]) {
+                size_t len = strlen(names);
+                if (missing++ < 8)
+                    snprintf(names + len, sizeof names - len, "%s%d", len ? ", " : "", r);
+            }
+        /* the sends may be stuck too when nobody answered; a rank that was not
+         * heard from is the one to name */
+        st = world_fail(NB_ERR_TIMEOUT,
+                        "%s: rank %s of %d did not answer within %g s at %s (call %lld): it died or stopped "
+                        "answering (this is rank %d)",
+                        who, missing ? names : "?", n, t, kind, (long long)mine.call, me);
+    } else {
+        for (int r = 0; r < n && !st; r++) {
+            if (r == me)
+                continue;
+            const hs_header *h = &theirs[r];
+            if (h->magic != HS_MAGIC) {
+                st = world_fail(NB_ERR_BACKEND, "%s: rank %d sent a message that is not nabla's", who, r);
+            } else if (h->call != mine.call || strcmp(h->kind, mine.kind) != 0 || strcmp(h->desc, mine.desc) != 0) {
+                st = world_fail(NB_ERR_INVALID_ARGUMENT,
+                                "%s: the processes differ: rank %d is at %s %s (call %lld) while rank %d is at %s %s "
+                                "(call %lld); every process must make the same calls in the same order",
+                                who, r, h->kind, h->desc, (long long)h->call, me, mine.kind, mine.desc,
+                                (long long)mine.call);
+            } else if (values) {
+                values[r] = h->value;
+            }
+        }
+    }
+    free(theirs), free(reqs), free(done);
+    return st;
+}
+
+static MPI_Datatype mpi_type(nb_dtype d)
+{
+    switch (d) {
+    case NB_F32: return MPI_FLOAT;
+    case NB_F64: return MPI_DOUBLE;
+    case NB_I32: return MPI_INT32_T;
+    case NB_I64: return MPI_INT64_T;
+    default: return MPI_DATATYPE_NULL;
+    }
+}
+
+/* Waits for one request against the deadline; what names the operation. */
+static nb_status wait_one(const char *who, MPI_Request *req, const char *what)
+{
+    bool done = false;
+    double t = nb__world_timeout();
+    if (!wait_all(1, req, &done, now_s() + t))
+        return world_fail(NB_ERR_TIMEOUT,
+                          "%s: %s across %d processes did not finish within %g s: a rank died or stopped answering "
+                          "(this is rank %d)",
+                          who, what, W.size, t, W.rank);
+    return NB_OK;
+}
+
+nb_status nb__world_sum(const char *who, void *buf, int64_t count, nb_dtype dtype)
+{
+    if (W.broken)
+        return already_broken(who);
+    if (W.size <= 1 || count <= 0)
+        return NB_OK;
+    MPI_Datatype type = mpi_type(dtype);
+    if (type == MPI_DATATYPE_NULL)
+        return nb__fail(NB_ERR_DTYPE, "%s: %s gradients cannot be summed across processes (f32, f64, i32, i64 can)",
+                        who, nb_dtype_name(dtype));
+    char desc[96];
+    snprintf(desc, sizeof desc, "%lld %s", (long long)count, nb_dtype_name(dtype));
+    nb_status st = nb__world_handshake(who, "a sum", desc, 0, NULL);
+    const size_t es = nb_dtype_size(dtype);
+    for (int64_t done = 0; done < count && !st;) {
+        int64_t k = count - done < (int64_t)1 << 30 ? count - done : (int64_t)1 << 30;
+        MPI_Request req;
+        if (MPI_Iallreduce(MPI_IN_PLACE, (char *)buf + (size_t)done * es, (int)k, type, MPI_SUM, MPI_COMM_WORLD,
+                           &req) != MPI_SUCCESS)
+            return world_fail(NB_ERR_BACKEND, "%s: MPI_Iallreduce failed", who);
+        st = wait_one(who, &req, "the sum");
+        done += k;
+    }
+    return st;
+}
+
+nb_status nb__world_broadcast(const char *who, void *buf, size_t bytes)
+{
+    if (W.broken)
+        return already_broken(who);
+    if (W.size <= 1 || bytes == 0)
+        return NB_OK;
+    char desc[64];
+    snprintf(desc, sizeof desc, "%zu bytes", bytes);
+    nb_status st = nb__world_handshake(who, "a broadcast", desc, 0, NULL);
+    for (size_t done = 0; done < bytes && !st;) {
+        size_t k = bytes - done < ((size_t)1 << 30) ? bytes - done : ((size_t)1 << 30);
+        MPI_Request req;
+        if (MPI_Ibcast((char *)buf + done, (int)k, MPI_BYTE, 0, MPI_COMM_WORLD, &req) != MPI_SUCCESS)
+            return world_fail(NB_ERR_BACKEND, "%s: MPI_Ibcast failed", who);
+        st = wait_one(who, &req, "the broadcast");
+        done += k;
+    }
+    return st;
+}
+
+#else /* no MPI: one process */
+
+nb_status nb__world_join(const char *who)
+{
+    (void)who;
+    W.joined = true;
+    return NB_OK;
+}
+
+nb_status nb__world_handshake(const char *who, const char *kind, const char *desc, int64_t value, int64_t *values)
+{
+    (void)who, (void)kind, (void)desc;
+    if (values)
+        values[0] = value;
+    return NB_OK;
+}
+
+nb_status nb__world_sum(const char *who, void *buf, int64_t count, nb_dtype dtype)
+{
+    (void)who, (void)buf, (void)count, (void)dtype;
+    return NB_OK;
+}
+
+nb_status nb__world_broadcast(const char *who, void *buf, size_t bytes)
+{
+    (void)who, (void)buf, (void)bytes;
+    return NB_OK;
+}
+
+#endif

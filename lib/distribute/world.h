@@ -1,0 +1,53 @@
+/* nabla internal — the processes a strategy spans (the MPI world), for
+ * mirrored.c: every call here is collective (each rank makes the same calls in
+ * the same order), made from one thread at a time, and bounded by a deadline.
+ *
+ * Every collective starts with a handshake: each rank sends every other its
+ * header (what it is doing, its call count, a description and a number) and
+ * waits for theirs, polling against the deadline. A rank that does not answer
+ * is named; a rank doing something else (another call, another variable) is
+ * named with both descriptions. After any failure the world is broken for
+ * good: later calls fail at once with the first error; after a rank stopped
+ * answering, MPI_Finalize is not called at exit either (it would wait for the
+ * dead rank for ever).
+ *
+ * Built without MPI, or run without mpirun, the world is one process and every
+ * call is a local no-op. */
+#ifndef NB_DISTRIBUTE_WORLD_H
+#define NB_DISTRIBUTE_WORLD_H
+
+#include "lib/core/core.h"
+
+/* Joins the world: initialises MPI (MPI_THREAD_SERIALIZED) unless the program
+ * did, with errors returned rather than aborting, and finalises it at exit when
+ * the library initialised it. NB_OK, or NB_ERR_BACKEND naming who when MPI
+ * cannot start. Safe to call again. */
+nb_status nb__world_join(const char *who);
+
+/* This process's rank and the number of processes (0 and 1 before joining or
+ * without MPI). */
+int nb__world_rank(void);
+int nb__world_size(void);
+
+/* The deadline of every wait, in seconds (NB_WORLD_TIMEOUT in the
+ * environment, else 300). */
+double nb__world_timeout(void);
+void nb__world_set_timeout(double seconds);
+
+/* The handshake alone: every rank says it is at kind/desc with value; on
+ * success values[r] holds rank r's value (values may be NULL). Fails naming the
+ * rank that did not answer within the deadline, or the first whose kind or
+ * description differs from this rank's. */
+nb_status nb__world_handshake(const char *who, const char *kind, const char *desc, int64_t value, int64_t *values);
+
+/* In place: buf (count elements of dtype: f32, f64, i32, i64) becomes the sum
+ * over the ranks. Host memory. */
+nb_status nb__world_sum(const char *who, void *buf, int64_t count, nb_dtype dtype);
+
+/* In place: rank 0's bytes to every rank. Host memory. */
+nb_status nb__world_broadcast(const char *who, void *buf, size_t bytes);
+
+/* Whether an earlier failure broke the world (its error is given again). */
+bool nb__world_broken(void);
+
+#endif

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Runs test_mpi's scenarios under mpirun and checks that rank 0 reported the
+# promise kept ("test_mpi: <scenario> OK"): mpirun's own status says less when
+# a rank is killed on purpose. Skips (77), saying why, where mpirun is missing,
+# the build has no MPI, or the build runs under ThreadSanitizer (which cannot
+# see into OpenMPI's threads). Every mpirun runs under timeout, so a hang fails.
+#
+#   test/mpi_run.sh TEST_MPI SCENARIO      SCENARIO: train, mismatch, silent, kill, resume
+set -uo pipefail
+exe="${1:?usage: mpi_run.sh TEST_MPI SCENARIO}"
+scenario="${2:?usage: mpi_run.sh TEST_MPI SCENARIO}"
+if [ -n "${NB_MPI_TEST_SKIP:-}" ]; then
+  echo "test_mpi $scenario: skipped: $NB_MPI_TEST_SKIP"
+  exit 77
+fi
+if ! command -v mpirun >/dev/null; then
+  echo "test_mpi $scenario: mpirun not found (apt-get install openmpi-bin): skipped"
+  exit 77
+fi
+"$exe" --probe >/dev/null 2>&1
+[ $? -eq 77 ] && { echo "test_mpi $scenario: built without MPI: skipped"; exit 77; }
+args=(--oversubscribe)
+[ "$(id -u)" -eq 0 ] && args+=(--allow-run-as-root)
+# OpenMPI keeps its start-up allocations to the end: not nabla's leaks.
+export ASAN_OPTIONS="${ASAN_OPTIONS:-}${ASAN_OPTIONS:+:}detect_leaks=0"
+export NB_NUM_THREADS=1 OMPI_MCA_rmaps_base_oversubscribe=1
+run() { # NP EXTRA_ARGS... -- ARGS...: mpirun, output to $log
+  local np="$1"; shift
+  local extra=()
+  while [ "$1" != -- ]; do extra+=("$1"); shift; done
+  shift
+  local pass=()
+  for v in ASAN_OPTIONS UBSAN_OPTIONS NB_NUM_THREADS NB_DEBUG_POISON; do
+    [ -n "${!v+x}" ] && pass+=(-x "$v")
+  done
+  timeout 120 mpirun "${args[@]}" "${extra[@]}" "${pass[@]}" -np "$np" "$exe" "$@" >"$log" 2>&1
+  local rc=$?
+  cat "$log"
+  [ $rc -eq 124 ] && echo "mpi_run.sh: mpirun did not finish within 120 s"
+  return $rc
+}
+log="$(mktemp)"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$log" "$tmp"' EXIT
+expect() { grep -q "test_mpi: $1 OK" "$log" || { echo "mpi_run.sh: no 'test_mpi: $1 OK' from rank 0"; exit 1; }; }
+# train, mismatch and resume: every rank must also end well (status 0)
+ok() { [ "$1" -eq 0 ] || { echo "mpi_run.sh: mpirun ended with status $1"; exit 1; }; }
+case "$scenario" in
+  train) run 2 -- train; ok $?; expect train ;;
+  mismatch)
+    run 2 -- mismatch; ok $?
+    [ "$(grep -c 'test_mpi: mismatch OK' "$log")" -eq 2 ] || { echo "mpi_run.sh: not every rank failed naming both"; exit 1; } ;;
+  silent) run 2 -- silent; expect silent ;;
+  # without --enable-recovery mpirun itself would end every rank when one is killed
+  kill) run 2 --enable-recovery -- kill; expect kill ;;
+  resume)
+    run 2 -- resume-write "$tmp"; ok $?; expect resume-write
+    for np in 1 3; do run "$np" -- resume-read "$tmp"; ok $?; expect resume; done ;;
+  *) echo "mpi_run.sh: unknown scenario $scenario"; exit 2 ;;
+esac
+exit 0
