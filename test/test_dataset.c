@@ -55,6 +55,49 @@ static void test_from_tensors(void)
     nb_dataset_free(ds);
 }
 
+/* Shards: index, index + count, ...; every shard together is the whole, each
+ * element once; a batch of a shard; bad arguments. */
+static void test_shard(void)
+{
+    for (int count = 1; count <= 4; count++) {
+        int seen[11] = {0};
+        for (int index = 0; index < count; index++) {
+            nb_dataset *ds = nb_dataset_shard(range_ds(11), count, index);
+            nb_dataset_iterator *it = nb_dataset_iterate(ds);
+            nb_tensor *out[1];
+            int k = 0;
+            while (nb_dataset_next(it, out) == NB_OK) {
+                int v = (int)nb_tensor_item(out[0]);
+                CHECKF(v == index + k * count, "shard %d of %d: element %d is %d", index, count, k, v);
+                if (v >= 0 && v < 11)
+                    seen[v]++;
+                k++;
+            }
+            CHECK(nb_error() == NB_OK);
+            nb_dataset_iterator_free(it);
+            nb_dataset_free(ds);
+        }
+        for (int v = 0; v < 11; v++)
+            CHECKF(seen[v] == 1, "%d shards: element %d seen %d times", count, v, seen[v]);
+    }
+    /* a shard batched: rows 1, 4, 7 then 10 */
+    nb_dataset *ds = nb_dataset_batch(nb_dataset_shard(range_ds(11), 3, 1), 3, false);
+    nb_dataset_iterator *it = nb_dataset_iterate(ds);
+    nb_tensor *out[1];
+    CHECK_OK(nb_dataset_next(it, out));
+    CHECK(has_shape(out[0], NB_SHAPE(3)) && nb_tensor_get(out[0], 0) == 1 && nb_tensor_get(out[0], 2) == 7);
+    CHECK_OK(nb_dataset_next(it, out));
+    CHECK(has_shape(out[0], NB_SHAPE(1)) && nb_tensor_get(out[0], 0) == 10);
+    CHECK(nb_dataset_next(it, out) == NB_ERR_OUT_OF_RANGE);
+    nb_dataset_iterator_free(it);
+    nb_dataset_free(ds);
+    CHECK(nb_dataset_shard(range_ds(5), 0, 0) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_dataset_shard", "index 0 of 0");
+    CHECK(nb_dataset_shard(range_ds(5), 2, 2) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_dataset_shard", "index 2 of 2");
+    CHECK(nb_dataset_shard(NULL, 2, 0) == NULL);
+}
+
 /* The dataset keeps its tensors: they outlive the scope that made them, and the
  * elements outlive the iterator and the dataset. */
 static void test_ownership(void)
@@ -486,6 +529,7 @@ int main(void)
 {
     nb_set_logical_cpu_devices(2);
     RUN(test_from_tensors);
+    RUN(test_shard);
     RUN(test_ownership);
     RUN(test_batch);
     RUN(test_map);

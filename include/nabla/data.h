@@ -107,6 +107,17 @@ nb_dataset *nb_dataset_from_generator(int n, nb_dataset_generator_fn fn, void *u
  * buffer_size < 1 (ds is freed). */
 nb_dataset *nb_dataset_shuffle(nb_dataset *ds, int64_t buffer_size, uint64_t seed);
 
+/* Every count-th element of ds starting at index: elements index, index +
+ * count, index + 2 count, ... (tf.data's shard). With count the number of
+ * processes and index this one's rank (nb_mirrored_world_size and _rank), the
+ * processes read disjoint shares that together make ds. Shard before
+ * shuffling, parsing or mapping: the elements skipped are then neither
+ * decoded nor mapped (rows of a tensor source or an IDX file are not even
+ * made; a TFRecord file's skipped records are read but not parsed). Takes over
+ * ds. NULL and NB_ERR_INVALID_ARGUMENT for count < 1 or index outside
+ * [0, count) (ds is freed). */
+nb_dataset *nb_dataset_shard(nb_dataset *ds, int64_t count, int64_t index);
+
 /* ds count times over (count < 0: forever; 0: empty). Takes over ds. A pass
  * that gives no element ends the repetition (so an empty dataset repeated
  * forever is empty, not a hang). */

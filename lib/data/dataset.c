@@ -1,5 +1,5 @@
-/* Datasets: sources (tensors, IDX files, a callback), transformations (shuffle,
- * repeat, batch, map, prefetch) and iterators over them.
+/* Datasets: sources (tensors, IDX files, a callback), transformations (shard,
+ * shuffle, repeat, batch, map, prefetch) and iterators over them.
  *
  * Inside, an iterator's next() gives an element whose tensors are plain
  * references (retained, owned by no scope): each step opens a scope for its
@@ -20,7 +20,7 @@
 #include <string.h>
 
 typedef enum ds_kind {
-    DS_TENSORS, DS_GENERATOR, DS_TFRECORD, DS_SHUFFLE, DS_REPEAT, DS_BATCH, DS_MAP, DS_PARSE, DS_PREFETCH
+    DS_TENSORS, DS_GENERATOR, DS_TFRECORD, DS_SHARD, DS_SHUFFLE, DS_REPEAT, DS_BATCH, DS_MAP, DS_PARSE, DS_PREFETCH
 } ds_kind;
 
 struct nb_dataset {
@@ -38,8 +38,10 @@ struct nb_dataset {
     int64_t buffer_size;
     uint64_t seed;
     _Atomic uint64_t passes; /* passes started, for the per-pass seeds */
-    /* DS_REPEAT */
+    /* DS_REPEAT, DS_SHARD */
     int64_t count;
+    /* DS_SHARD */
+    int64_t index;
     /* DS_BATCH */
     int64_t batch_size;
     bool drop_remainder;
@@ -275,6 +277,21 @@ nb_dataset *nb_dataset_shuffle(nb_dataset *ds, int64_t buffer_size, uint64_t see
     return out;
 }
 
+nb_dataset *nb_dataset_shard(nb_dataset *ds, int64_t count, int64_t index)
+{
+    if (!ds)
+        return NULL;
+    if (count < 1 || index < 0 || index >= count)
+        return BAD_ARG(ds, "nb_dataset_shard: index %lld of %lld shards (count >= 1, 0 <= index < count)",
+                       (long long)index, (long long)count);
+    nb_dataset *out = ds_alloc(DS_SHARD, ds->n, ds, "nb_dataset_shard");
+    if (out) {
+        out->count = count;
+        out->index = index;
+    }
+    return out;
+}
+
 nb_dataset *nb_dataset_repeat(nb_dataset *ds, int64_t count)
 {
     if (!ds)
@@ -399,6 +416,23 @@ static nb_status tfrecord_next(nb_dataset_iterator *it, elem *e)
         memcpy(nb__data(t), data, size);
     e->t[0] = t;
     return NB_OK;
+}
+
+/* ---- shard --------------------------------------------------------------------- */
+
+/* The input's elements index, index + count, ...: the others are taken and
+ * dropped (a tensor source's rows unmade; it->pos counts the input's). */
+static nb_status shard_next(nb_dataset_iterator *it, elem *e)
+{
+    const nb_dataset *ds = it->ds;
+    for (;;) {
+        nb_status st = it_next(it->input, e);
+        if (st)
+            return st;
+        if (it->pos++ % ds->count == ds->index)
+            return NB_OK;
+        elem_clear(e, ds->n);
+    }
 }
 
 /* ---- shuffle ------------------------------------------------------------------- */
@@ -843,6 +877,7 @@ static nb_status it_next(nb_dataset_iterator *it, elem *e)
     case DS_GENERATOR: return generator_next(it, e);
     case DS_TFRECORD: return tfrecord_next(it, e);
     case DS_PARSE: return parse_next(it, e);
+    case DS_SHARD: return shard_next(it, e);
     case DS_SHUFFLE: return shuffle_next(it, e);
     case DS_REPEAT: return repeat_next(it, e);
     case DS_BATCH: return batch_next(it, e);
