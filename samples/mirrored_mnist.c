@@ -12,7 +12,12 @@
  * the steps per epoch; --quick trains on 4000 images for one epoch. The data are
  * the four IDX files of Fashion-MNIST (apt-get install dataset-fashion-mnist).
  * --logdir writes TensorBoard summaries there: each epoch's loss and test
- * accuracy and histograms of the weights. */
+ * accuracy and histograms of the weights.
+ *
+ * Under mpirun (mpirun -np 2 mirrored_mnist --replicas 2: four replicas in two
+ * processes) the strategy spans the processes: each takes its share of every
+ * global batch, the gradients are summed across all replicas of all
+ * processes, and only rank 0 prints and writes summaries. */
 #include <nabla/nabla.h>
 #include <math.h>
 #include <stdio.h>
@@ -151,9 +156,13 @@ int main(int argc, char **argv)
         return 1;
     }
     nb_set_error_handler(nb_error_handler_exit, NULL);
-    nb_summary_writer *summary = logdir ? nb_summary_writer_open(logdir) : NULL;
-    /* Without names: the first N GPUs (logical ones when split), else CPU devices. */
-    nb_mirrored *s = nb_mirrored_new(replicas, list ? (const char *const *)names : NULL);
+    /* Without names: the first N GPUs (logical ones when split), else CPU
+     * devices; across every process mpirun started, when it started several. */
+    nb_mirrored *s = nb_mirrored_new_world(replicas, list ? (const char *const *)names : NULL);
+    const int rank = nb_mirrored_world_rank(s), processes = nb_mirrored_world_size(s);
+    if (rank != 0) /* rank 0 alone speaks */
+        freopen("/dev/null", "w", stdout);
+    nb_summary_writer *summary = logdir && rank == 0 ? nb_summary_writer_open(logdir) : NULL;
 
     nb_scope *outer = nb_scope_begin();
     nb_device_push(nb_mirrored_device(s, 0)); /* data, batches and losses live on replica 0 */
@@ -168,6 +177,8 @@ int main(int argc, char **argv)
     printf("%d replica%s:", replicas, replicas > 1 ? "s" : "");
     for (int r = 0; r < replicas; r++)
         printf(" %s", nb_mirrored_device(s, r));
+    if (processes > 1)
+        printf(" in each of %d processes: %d in all", processes, nb_mirrored_world_replicas(s));
     printf(" (global batch %d)\n", BATCH);
 
     /* He-initialised weights, zero biases, as in fashion_mnist; one copy per replica. */
@@ -210,10 +221,13 @@ int main(int argc, char **argv)
         for (int64_t step = 0; step < steps_per_epoch; step++) {
             nb_scope *sc = nb_scope_begin();
             int64_t start = step * BATCH, len = n - start < BATCH ? n - start : BATCH;
-            nb_tensor *idx = nb_slice(perm, NB_SHAPE(start), NB_SHAPE(len));
+            /* this process's share of the global batch (all of it in one process) */
+            int64_t lo = len * rank / processes, hi = len * (rank + 1) / processes;
+            nb_tensor *idx = nb_slice(perm, NB_SHAPE(start + lo), NB_SHAPE(hi - lo));
             nb_tensor *batch[2] = {nb_gather(x_train, idx), nb_gather(y_train, idx)};
             nb_tensor *loss;
-            /* MEAN weights each replica by its rows: the update of one device on the batch. */
+            /* MEAN weights each replica by its rows: the update of one device on the
+             * batch; the loss is the global batch's */
             nb_mirrored_step(s, opt, 6, params, train_step, NULL, 2, batch, NB_REDUCE_MEAN, &loss);
             nb_variable_assign_add(loss_sum, nb_mul_scalar(loss, (double)len));
             seen += len;
