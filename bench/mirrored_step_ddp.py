@@ -3,11 +3,13 @@
 the CPU, in one process and data-parallel with DistributedDataParallel over two
 processes (gloo backend, one thread each, each with half the batch).
 
-    python3 mirrored_step_ddp.py [REPS] [GLOBAL_BATCH]
+    python3 mirrored_step_ddp.py [REPS] [GLOBAL_BATCH] [WORLDS]
 
-Prints "version V", "torch1 IMAGES_PER_S" (one process, default threads) and
-"ddp2 IMAGES_PER_S" (images of the global batch per second, from the median
-step of rank 0), or "PyTorch: not installed"."""
+Prints "version V", "torch1 IMAGES_PER_S" (one process, default threads) and,
+for each process count P in WORLDS (default "2"; "1,2,4" for bench/world.sh),
+"ddpP IMAGES_PER_S" (images of the global batch per second, from the median
+step of rank 0; P = 1 is one process of one thread, without DDP), or
+"PyTorch: not installed"."""
 import os
 import socket
 import statistics
@@ -86,7 +88,10 @@ def ddp(world):
 
 
 if __name__ == "__main__":
+    WORLDS = [int(w) for w in (sys.argv[3] if len(sys.argv) > 3 else "2").split(",")]
     print("version", torch.__version__)
     print("torch1", BATCH / (median_step_us(1, 0) * 1e-6))
     sys.stdout.flush()
-    print("ddp2", BATCH / (ddp(2) * 1e-6))
+    for w in WORLDS:
+        print(f"ddp{w}", BATCH / (ddp(w) * 1e-6))
+        sys.stdout.flush()
