@@ -307,16 +307,14 @@ static size_t g_ring_bytes;
 
 /* One exchange of the ring: receives rc_n elements from prev into into, sends
  * sc_n from from to next; waits against the deadline. */
-static nb_status ring_exchange(const char *who, const char *phase, MPI_Datatype type, size_t es, void *into,
-                               int64_t rc_n, const void *from, int64_t sc_n, int prev, int next, int tag,
-                               double deadline)
+static nb_status ring_exchange(const char *who, const char *phase, MPI_Datatype type, void *into, int64_t rc_n,
+                               const void *from, int64_t sc_n, int prev, int next, int tag, double deadline)
 {
     MPI_Request reqs[2];
     bool done[2] = {false, false};
     if (MPI_Irecv(into, (int)rc_n, type, prev, tag, MPI_COMM_WORLD, &reqs[0]) != MPI_SUCCESS ||
         MPI_Isend((void *)from, (int)sc_n, type, next, tag, MPI_COMM_WORLD, &reqs[1]) != MPI_SUCCESS)
         return world_fail(NB_ERR_BACKEND, "%s: MPI could not send to rank %d", who, next);
-    (void)es;
     if (!wait_all(2, reqs, done, deadline))
         return world_fail(NB_ERR_TIMEOUT,
                           "%s: rank %d did not %s within %g s during the sum across %d processes (%s): it died or "
@@ -350,7 +348,7 @@ static nb_status ring_sum(const char *who, char *buf, int64_t count, nb_dtype dt
 #define PART_N(c) (PART_LO((c) + 1) - PART_LO(c))
     for (int step = 0; step < n - 1; step++) {
         int sc = (r - step + n) % n, rc = (r - step - 1 + n) % n;
-        nb_status st = ring_exchange(who, "reduce-scatter", type, es, g_ring_tmp, PART_N(rc), buf + PART_LO(sc) * es,
+        nb_status st = ring_exchange(who, "reduce-scatter", type, g_ring_tmp, PART_N(rc), buf + PART_LO(sc) * es,
                                      PART_N(sc), prev, next, 7401, deadline);
         if (st)
             return st;
@@ -358,7 +356,7 @@ static nb_status ring_sum(const char *who, char *buf, int64_t count, nb_dtype dt
     }
     for (int step = 0; step < n - 1; step++) {
         int sc = (r + 1 - step + n) % n, rc = (r - step + n) % n;
-        nb_status st = ring_exchange(who, "all-gather", type, es, buf + PART_LO(rc) * es, PART_N(rc),
+        nb_status st = ring_exchange(who, "all-gather", type, buf + PART_LO(rc) * es, PART_N(rc),
                                      buf + PART_LO(sc) * es, PART_N(sc), prev, next, 7402, deadline);
         if (st)
             return st;
