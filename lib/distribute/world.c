@@ -48,11 +48,18 @@ void nb__world_set_timeout(double seconds) { W.timeout = seconds > 0 ? seconds :
 
 #if NB_HAVE_MPI
 
+/* A receive buffer kept from one sum to the next (collectives come from one
+ * thread at a time). */
+static void *g_ring_tmp;
+static size_t g_ring_bytes;
+
 /* Finalises MPI at exit when the library started it, unless a rank stopped
  * answering: MPI_Finalize would wait for it for ever, so the process then
  * simply ends (mpirun reports that it did not finalise). */
 static void world_exit(void)
 {
+    free(g_ring_tmp);
+    g_ring_tmp = NULL;
     int finalized = 0;
     if (W.we_initialised && !W.stuck && MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized)
         MPI_Finalize();
@@ -299,11 +306,6 @@ static void add_into(void *dst, const void *src, int64_t n, nb_dtype dtype)
     }
     }
 }
-
-/* A receive buffer kept from one sum to the next (collectives come from one
- * thread at a time). */
-static void *g_ring_tmp;
-static size_t g_ring_bytes;
 
 /* One exchange of the ring: receives rc_n elements from prev into into, sends
  * sc_n from from to next; waits against the deadline. */
