@@ -66,9 +66,11 @@ nb_mirrored *nb_mirrored_new(int n, const char *const *devices);
 /* Like nb_mirrored_new, for this process's n devices, and spanning every
  * process that mpirun started (the world): the replicas of all processes form
  * one strategy. Initialises MPI (MPI_THREAD_SERIALIZED) when the program has
- * not, and then finalises it at exit; a program that initialises MPI itself
- * does so before this call and finalises it after freeing the strategy. Run
- * without mpirun, or built without MPI, it is nb_mirrored_new: one process.
+ * not and a launcher (mpirun, mpiexec, srun) started the process, and then
+ * finalises it at exit; a program that initialises MPI itself does so before
+ * this call and finalises it after freeing the strategy. Started without a
+ * launcher (and without MPI initialised), or built without MPI, it is
+ * nb_mirrored_new: one process, MPI untouched.
  * Each process calls the strategy's functions in the same order from one
  * thread (the one that initialised MPI, when that was MPI_THREAD_FUNNELED):
  *   - nb_mirrored_variable_new is collective: every process must make the same

@@ -65,6 +65,19 @@ static void world_exit(void)
         MPI_Finalize();
 }
 
+/* Whether a process launcher (mpirun, mpiexec, srun) started this process:
+ * the variables their process managers set. Without one, MPI is not started
+ * (a singleton MPI_Init costs time and leaves its allocations behind). */
+static bool launched(void)
+{
+    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_SIZE", "PMI_RANK",
+                                       "MV2_COMM_WORLD_SIZE", "MPI_LOCALNRANKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
+        if (getenv(vars[i]))
+            return true;
+    return false;
+}
+
 nb_status nb__world_join(const char *who)
 {
     pthread_mutex_lock(&W.lock);
@@ -72,6 +85,11 @@ nb_status nb__world_join(const char *who)
     if (!W.joined) {
         int inited = 0;
         MPI_Initialized(&inited);
+        if (!inited && !launched()) {
+            W.joined = true; /* one process: MPI stays off */
+            pthread_mutex_unlock(&W.lock);
+            return NB_OK;
+        }
         if (!inited) {
             int provided = 0;
             if (MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS) {
