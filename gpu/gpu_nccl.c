@@ -5,13 +5,20 @@
  * is ordered after the kernels that wrote the gradients with no host wait.
  * Each rank is driven from its own host thread: NCCL may block a rank's call
  * until the other ranks reach theirs, so one thread calling every rank in turn
- * would hang. Built only when NCCL is found (NB_HAVE_NCCL). */
+ * would hang. Built only when NCCL is found (NB_HAVE_NCCL).
+ *
+ * Across processes (the mirrored strategy under mpirun with one GPU per
+ * process): one communicator of one rank per process, made and used in
+ * NCCL's nonblocking mode and polled against a deadline, aborted when it
+ * passes, so a dead process is an error on the others, not a hang. */
 #include "gpu_internal.h"
 
 #include <nccl.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 typedef struct nb_gpu_nccl_comm {
     int n;
@@ -221,9 +228,163 @@ static void nccl_comm_free(void *comm)
     comm_release(c);
 }
 
+/* ---- across processes -------------------------------------------------------------- */
+
+/* One process's rank of a communicator over processes: nonblocking (NCCL's
+ * calls return at once and the caller polls), so a rank that never arrives is
+ * a timeout and an abort, not a hang. */
+typedef struct nb_gpu_nccl_world {
+    ncclComm_t comm;
+    nb_gpu_ctx *ctx;
+    bool aborted;
+} nb_gpu_nccl_world;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void pause_briefly(void)
+{
+    struct timespec ts = {0, 20000};
+    nanosleep(&ts, NULL);
+}
+
+static nb_status nccl_world_make_id(void *id)
+{
+    ncclResult_t r = ncclGetUniqueId((ncclUniqueId *)id);
+    return r == ncclSuccess ? NB_OK : nccl_fail(r, "ncclGetUniqueId", "this process");
+}
+
+/* Polls the communicator's state until it leaves ncclInProgress, at most
+ * until deadline. */
+static ncclResult_t world_settle(ncclComm_t comm, double deadline, bool *late)
+{
+    ncclResult_t state = ncclInProgress;
+    *late = false;
+    while (ncclCommGetAsyncError(comm, &state) == ncclSuccess && state == ncclInProgress) {
+        if (now_s() > deadline) {
+            *late = true;
+            break;
+        }
+        pause_briefly();
+    }
+    return state;
+}
+
+static nb_status nccl_world_comm_new(nb_device *dev, int rank, int size, const void *id, double timeout_s,
+                                     void **out)
+{
+    *out = NULL;
+    nb_gpu_nccl_world *w = calloc(1, sizeof *w);
+    if (!w)
+        return nb__fail(NB_ERR_OUT_OF_MEMORY, "nccl: no host memory for a communicator");
+    nb_status st = nb__gpu_enter(dev, "nccl", &w->ctx);
+    if (st) {
+        free(w);
+        return st;
+    }
+    ncclUniqueId uid;
+    memcpy(&uid, id, sizeof uid);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclResult_t r = ncclCommInitRankConfig(&w->comm, size, uid, rank, &config);
+    bool late = false;
+    if (r == ncclSuccess || r == ncclInProgress)
+        r = world_settle(w->comm, now_s() + timeout_s, &late);
+    if (r != ncclSuccess || late) {
+        if (w->comm)
+            (void)ncclCommAbort(w->comm);
+        free(w);
+        if (late)
+            return nb__fail(NB_ERR_TIMEOUT,
+                            "nccl: the communicator over %d processes did not form within %g s on %s (rank %d): a "
+                            "process died or stopped answering",
+                            size, timeout_s, dev->name, rank);
+        return nccl_fail(r, "ncclCommInitRankConfig", dev->name);
+    }
+    *out = w;
+    return NB_OK;
+}
+
+static nb_status nccl_world_sum(void *comm, int n_bufs, void *const *bufs, const int64_t *counts, nb_dtype dtype,
+                                double timeout_s)
+{
+    nb_gpu_nccl_world *w = comm;
+    nb_gpu_ctx *ctx = w->ctx;
+    if (w->aborted)
+        return nb__fail(NB_ERR_TIMEOUT, "nccl: the communicator on %s was aborted after an earlier timeout",
+                        ctx->dev->name);
+    ncclDataType_t type;
+    if (!nccl_type(dtype, &type))
+        return nb__fail(NB_ERR_DTYPE, "nccl: cannot sum %s across processes on %s", nb_dtype_name(dtype),
+                        ctx->dev->name);
+    nb_status st = nb__gpu_set_device(ctx->ordinal, ctx->dev->name);
+    if (st)
+        return st;
+    const double deadline = now_s() + timeout_s;
+    bool late = false;
+    ncclResult_t r = ncclGroupStart();
+    for (int i = 0; i < n_bufs && (r == ncclSuccess || r == ncclInProgress); i++)
+        if (counts[i] > 0)
+            r = ncclAllReduce(bufs[i], bufs[i], (size_t)counts[i], type, ncclSum, w->comm, ctx->stream);
+    ncclResult_t end = ncclGroupEnd();
+    if (r == ncclSuccess || r == ncclInProgress)
+        r = end;
+    if (r == ncclSuccess || r == ncclInProgress)
+        r = world_settle(w->comm, deadline, &late); /* the calls enqueued */
+    /* then the sums themselves, on the stream */
+    while (!late && r == ncclSuccess) {
+        cudaError_t e = cudaStreamQuery(ctx->stream);
+        if (e == cudaSuccess)
+            break;
+        if (e != cudaErrorNotReady)
+            return nb__gpu_cuda_fail(e, "cudaStreamQuery", ctx->dev->name);
+        ncclResult_t async = ncclSuccess;
+        if (ncclCommGetAsyncError(w->comm, &async) == ncclSuccess && async != ncclSuccess &&
+            async != ncclInProgress)
+            r = async;
+        else if (now_s() > deadline)
+            late = true;
+        else
+            pause_briefly();
+    }
+    (void)cudaGetLastError(); /* cudaErrorNotReady is not an error */
+    if (late) {
+        (void)ncclCommAbort(w->comm); /* frees the stream of the stuck sums */
+        w->aborted = true;
+        return nb__fail(NB_ERR_TIMEOUT,
+                        "nccl: the sum across processes did not finish within %g s on %s: a process died or "
+                        "stopped answering (the communicator was aborted)",
+                        timeout_s, ctx->dev->name);
+    }
+    return r == ncclSuccess ? NB_OK : nccl_fail(r, "ncclAllReduce", ctx->dev->name);
+}
+
+static void nccl_world_comm_free(void *comm)
+{
+    nb_gpu_nccl_world *w = comm;
+    if (!w)
+        return;
+    if (!w->aborted && nb__gpu_set_device(w->ctx->ordinal, w->ctx->dev->name) == NB_OK) {
+        nb__gpu_count_wait(w->ctx);
+        (void)cudaStreamSynchronize(w->ctx->stream);
+        nb__gpu_count_card_wait(w->ctx->phys);
+        (void)ncclCommDestroy(w->comm);
+    }
+    free(w);
+}
+
 const nb_collective nb__gpu_nccl = {
     .name = "nccl",
     .comm_new = nccl_comm_new,
     .all_reduce_sum = nccl_all_reduce_sum,
     .comm_free = nccl_comm_free,
+    .world_id_bytes = sizeof(ncclUniqueId),
+    .world_make_id = nccl_world_make_id,
+    .world_comm_new = nccl_world_comm_new,
+    .world_sum = nccl_world_sum,
+    .world_comm_free = nccl_world_comm_free,
 };

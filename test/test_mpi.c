@@ -151,6 +151,10 @@ static int scenario_train(void)
         model m = {0};
         CHECK(model_new(&m, true, 0));
         rank = nb_mirrored_world_rank(m.s), size = nb_mirrored_world_size(m.s);
+        nb_mirrored_stats stats;
+        CHECK_OK(nb_mirrored_get_stats(m.s, &stats));
+        CHECK(stats.world_algorithm && !strcmp(stats.world_algorithm, "mpi")); /* CPU replicas */
+        CHECK(nb_mirrored_world_replicas(m.s) == 2 * size);
         CHECK_OK(train(&m, 0, STEPS));
         values(&m, world[run]);
         model_free(&m);

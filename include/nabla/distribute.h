@@ -78,8 +78,10 @@ nb_mirrored *nb_mirrored_new(int n, const char *const *devices);
  *     naming the first difference; each starts from rank 0's initial value.
  *   - nb_mirrored_step takes this process's share of the global batch (shares
  *     may differ in size, and be empty); its replicas reduce their gradients,
- *     then the processes sum theirs (MPI, through host memory), so MEAN is the
- *     mean over every row of every process, and *loss the global batch's.
+ *     then the processes sum theirs: with NCCL where every process's first
+ *     replica is a GPU of its own (waiting for each sum, so that a dead
+ *     process is found), else with MPI through host memory; MEAN is the mean
+ *     over every row of every process, and *loss the global batch's.
  *   - nb_mirrored_all_reduce sums over every replica of every process (MEAN
  *     divides by their count); nb_mirrored_run and nb_mirrored_reduce stay
  *     within the process.
@@ -128,6 +130,8 @@ typedef struct nb_mirrored_stats {
     int last_buckets;        /* buckets in the last all-reduce */
     size_t bucket_bytes;     /* the current setting */
     const char *algorithm;   /* "nccl" or "copies" (reduce-scatter + all-gather) */
+    const char *world_algorithm; /* across processes: "nccl" (a GPU per process) or "mpi"
+                                    (a ring through host memory); NULL in one process */
 } nb_mirrored_stats;
 
 /* Writes the counters to *out. NB_ERR_INVALID_ARGUMENT for NULL. */

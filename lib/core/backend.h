@@ -108,6 +108,22 @@ typedef struct nb_collective {
                                 void *const *recv, const int64_t *counts, nb_dtype dtype);
     /* Frees the communicator after waiting for its queued work; NULL is ignored. */
     void (*comm_free)(void *comm);
+
+    /* ---- across processes (NULL where the library has none) ----
+     * One communicator over `size` processes, one device each: rank 0 makes a
+     * unique id of world_id_bytes (world_make_id), the caller hands it to every
+     * process (MPI), and each makes its rank's communicator with it
+     * (world_comm_new: waits for the others at most timeout_s, then gives up,
+     * NB_ERR_TIMEOUT). world_sum sums n_bufs buffers (device memory of dev)
+     * in place across the processes and waits for the result at most
+     * timeout_s; a sum that does not finish in time aborts the communicator
+     * (NB_ERR_TIMEOUT), which is then only good for world_comm_free. */
+    size_t world_id_bytes;
+    nb_status (*world_make_id)(void *id);
+    nb_status (*world_comm_new)(nb_device *dev, int rank, int size, const void *id, double timeout_s, void **comm);
+    nb_status (*world_sum)(void *comm, int n_bufs, void *const *bufs, const int64_t *counts, nb_dtype dtype,
+                           double timeout_s);
+    void (*world_comm_free)(void *comm);
 } nb_collective;
 
 struct nb_backend {

@@ -12,6 +12,7 @@
 #include "distribute_impl.h"
 #include "world.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -319,13 +320,44 @@ static nb_status collective_sum(nb_replica_state *rs, int n_buckets, nb_tensor *
 static bool all_reduce_local(nb_replica_state *rs, bool ok, int n_buckets, nb_tensor *const *src,
                              nb_tensor *const *dst, double scale);
 
+/* Replica 0's part through the processes' collective (NCCL): one call per run
+ * of buckets of one dtype, after a handshake that checks every process is
+ * there with the same buckets. */
+static nb_status world_sum_collective(nb_replica_state *rs, int n_buckets, nb_tensor *const *dst)
+{
+    nb_mirrored *s = rs->s;
+    const char *who = "nb_mirrored_step";
+    char desc[64];
+    int64_t total = 0;
+    for (int k = 0; k < n_buckets; k++)
+        total += dst[k]->numel;
+    snprintf(desc, sizeof desc, "%d buckets, %lld elements", n_buckets, (long long)total);
+    nb_status st = nb__world_handshake(who, "a sum (nccl)", desc, 0, NULL);
+    void *bufs[64];
+    int64_t counts[64];
+    for (int k = 0; k < n_buckets && !st;) {
+        int m = 0;
+        nb_dtype d = dst[k]->dtype;
+        while (k < n_buckets && m < 64 && dst[k]->dtype == d) {
+            bufs[m] = nb__data(dst[k]);
+            counts[m] = dst[k]->numel;
+            m++, k++;
+        }
+        st = s->world_collective->world_sum(s->world_comm, m, bufs, counts, d, nb__world_timeout());
+    }
+    return st;
+}
+
 /* Replica 0's part: every bucket of dst summed with the other processes', in
- * host memory (a device's buckets through a staging buffer). */
+ * host memory (a device's buckets through a staging buffer), or through the
+ * processes' collective where the strategy has one. */
 static nb_status world_sum_buckets(nb_replica_state *rs, int n_buckets, nb_tensor *const *dst)
 {
     nb_mirrored *s = rs->s;
     nb_device *dev = rs->dev;
     const char *who = "nb_mirrored_step";
+    if (s->world_comm)
+        return world_sum_collective(rs, n_buckets, dst);
     for (int k = 0; k < n_buckets; k++) {
         nb_tensor *b = dst[k];
         size_t bytes = (size_t)b->numel * nb_dtype_size(b->dtype);

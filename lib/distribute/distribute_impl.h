@@ -125,6 +125,10 @@ struct nb_mirrored {
      * its result */
     bool world;
     int world_replicas;  /* the replicas of every process */
+    /* the processes' own collective (NCCL, one GPU per process), when every
+     * process's replica 0 is a GPU of its own; else MPI through host memory */
+    const nb_collective *world_collective;
+    void *world_comm;
     void *host;          /* staging for buckets that are not in host memory */
     size_t host_bytes;
 };

@@ -334,6 +334,8 @@ static void strategy_destroy(nb_mirrored *s)
     }
     if (s->comm)
         s->collective->comm_free(s->comm);
+    if (s->world_comm)
+        s->world_collective->world_comm_free(s->world_comm);
     nb__bucket_plan_free(&s->plan);
     free(s->present);
     free(s->dtypes);
@@ -415,6 +417,56 @@ nb_mirrored *nb_mirrored_new(int n, const char *const *devices)
     return s;
 }
 
+/* The processes' own collective (NCCL) where every process's replica 0 is a
+ * GPU and the backend has one: all processes agree first whether they can,
+ * then rank 0's id is broadcast, each makes its rank, and all agree it
+ * worked; otherwise (or when it fails anywhere) the sums go through host
+ * memory with MPI, with a warning. Fails only when the processes stop
+ * agreeing (a timeout or a mismatch). */
+static nb_status open_world_collective(nb_mirrored *s, const char *who)
+{
+    const nb_collective *c = s->devices[0]->backend->collective;
+    bool able = c && c->world_comm_new && s->devices[0]->kind == NB_DEVICE_GPU && c->world_id_bytes <= 256;
+    int size = nb__world_size();
+    int64_t votes[4096], *v = size <= 4096 ? votes : malloc(sizeof *v * (size_t)size);
+    if (!v)
+        return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+    nb_status st = nb__world_handshake(who, "choosing the collective", "", able, v);
+    for (int r = 0; r < size && !st; r++)
+        able &= v[r] != 0;
+    if (!st && able) {
+        unsigned char id[256] = {0};
+        bool had_error = nb_error() != NB_OK;
+        nb_status made = nb__world_rank() == 0 ? c->world_make_id(id) : NB_OK;
+        /* every rank takes part in the broadcast, even after rank 0 failed (its id is then zeros) */
+        st = nb__world_broadcast(who, id, c->world_id_bytes);
+        void *comm = NULL;
+        if (!st && !made)
+            made = c->world_comm_new(s->devices[0], nb__world_rank(), size, id, nb__world_timeout(), &comm);
+        if (!st)
+            st = nb__world_handshake(who, "starting the collective", c->name, made == NB_OK, v);
+        bool all = !st;
+        for (int r = 0; r < size && all; r++)
+            all = v[r] != 0;
+        if (all) {
+            s->world_collective = c;
+            s->world_comm = comm;
+        } else {
+            if (comm)
+                c->world_comm_free(comm);
+            if (!st) {
+                nb__log(NB_LOG_WARNING, "%s: %s across the processes could not start (%s); summing through host "
+                        "memory with MPI", who, c->name, made ? nb_error_message() : "on another process");
+                if (!had_error)
+                    nb_error_clear();
+            }
+        }
+    }
+    if (v != votes)
+        free(v);
+    return st;
+}
+
 nb_mirrored *nb_mirrored_new_world(int n, const char *const *devices)
 {
     const char *who = "nb_mirrored_new_world";
@@ -436,6 +488,8 @@ nb_mirrored *nb_mirrored_new_world(int n, const char *const *devices)
     }
     if (c != counts)
         free(c);
+    if (!st)
+        st = open_world_collective(s, who);
     if (st) {
         nb_mirrored_free(s);
         return NULL;
@@ -500,7 +554,8 @@ nb_status nb_mirrored_get_stats(const nb_mirrored *s, nb_mirrored_stats *out)
                                .collective_calls = s->collective_calls,
                                .last_buckets = s->last_buckets,
                                .bucket_bytes = s->bucket_bytes,
-                               .algorithm = s->comm ? s->collective->name : "copies"};
+                               .algorithm = s->comm ? s->collective->name : "copies",
+                               .world_algorithm = !s->world ? NULL : s->world_comm ? s->world_collective->name : "mpi"};
     return NB_OK;
 }
 
