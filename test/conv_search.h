@@ -444,6 +444,28 @@ static inline int cs_paths(const cs_config *c, bool gpu, cs_path *out)
     return n;
 }
 
+/* A configuration with no output, on one path: the op must fail with
+ * NB_ERR_SHAPE and a message holding want. */
+static inline void cs_expect_empty(const cs_config *c, const cs_path *p, const char *want, cs_result *r)
+{
+    nb_scope *s = nb_scope_begin();
+    bool nchw = (c->kind == CS_CONV ? c->conv.format : c->pool.format) == NB_NCHW;
+    nb_tensor *x = nb_to_device(
+        nb_zeros(p->dtype, nchw ? NB_SHAPE(c->N, c->C, c->H, c->W) : NB_SHAPE(c->N, c->H, c->W, c->C)), p->device);
+    nb_tensor *y;
+    if (c->kind == CS_CONV) {
+        nb_tensor *w =
+            nb_to_device(nb_zeros(p->dtype, NB_SHAPE(c->R, c->S, c->C / c->conv.groups, c->K)), p->device);
+        y = nb_conv2d(x, w, &c->conv);
+    } else {
+        y = cs_pool_op(c, x);
+    }
+    if (y || nb_error() != NB_ERR_SHAPE || !strstr(nb_error_message(), want))
+        cs_fail(r, "%s: an empty output gave %s: %s", p->name, nb_status_name(nb_error()), nb_error_message());
+    nb_error_clear();
+    nb_scope_end(s);
+}
+
 /* Runs c on the CPU's paths (gpu false) or the GPU's (gpu true). Clears any
  * error it provokes; leaves no tensors alive. */
 static inline cs_result cs_run(const cs_config *c, bool gpu)
@@ -453,49 +475,23 @@ static inline cs_result cs_run(const cs_config *c, bool gpu)
     int np = cs_paths(c, gpu, paths);
     if (c->kind == CS_CONV) {
         conv_geo g = {c->N, c->H, c->W, c->C, c->K, c->R, c->S, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-        if (!conv_resolve(&g, &c->conv)) {
-            /* no output: an error naming the op, on every path */
-            for (int i = 0; i < np && r.ok; i++) {
-                nb_scope *s = nb_scope_begin();
-                cs_path *p = &paths[i];
-                nb_tensor *x = nb_to_device(nb_zeros(p->dtype, c->conv.format == NB_NCHW
-                                                                    ? NB_SHAPE(c->N, c->C, c->H, c->W)
-                                                                    : NB_SHAPE(c->N, c->H, c->W, c->C)),
-                                            p->device);
-                nb_tensor *w = nb_to_device(nb_zeros(p->dtype, NB_SHAPE(c->R, c->S, c->C / c->conv.groups, c->K)), p->device);
-                if (nb_conv2d(x, w, &c->conv) || nb_error() != NB_ERR_SHAPE ||
-                    !strstr(nb_error_message(), "conv2d: the output would be smaller than 1x1"))
-                    cs_fail(&r, "%s: an empty output gave %s: %s", p->name, nb_status_name(nb_error()),
-                            nb_error_message());
-                nb_error_clear();
-                nb_scope_end(s);
-            }
-            return r;
+        bool empty = !conv_resolve(&g, &c->conv);
+        for (int i = 0; i < np && r.ok; i++) {
+            if (empty) /* no output: an error naming the op, on every path */
+                cs_expect_empty(c, &paths[i], "conv2d: the output would be smaller than 1x1", &r);
+            else
+                cs_run_conv_path(c, &g, &paths[i], &r);
         }
-        for (int i = 0; i < np && r.ok; i++)
-            cs_run_conv_path(c, &g, &paths[i], &r);
     } else {
         pool_case pc = {c->N, c->H, c->W, c->C, c->pool};
         pool_geo g = pool_geo_of(&pc);
         const char *op = c->kind == CS_MAX_POOL ? "max_pool2d" : "avg_pool2d";
-        if (g.P < 1 || g.Q < 1) {
-            for (int i = 0; i < np && r.ok; i++) {
-                nb_scope *s = nb_scope_begin();
-                cs_path *p = &paths[i];
-                nb_tensor *x = nb_to_device(nb_zeros(p->dtype, c->pool.format == NB_NCHW
-                                                                    ? NB_SHAPE(c->N, c->C, c->H, c->W)
-                                                                    : NB_SHAPE(c->N, c->H, c->W, c->C)),
-                                            p->device);
-                if (cs_pool_op(c, x) || nb_error() != NB_ERR_SHAPE || !strstr(nb_error_message(), op))
-                    cs_fail(&r, "%s: an empty output gave %s: %s", p->name, nb_status_name(nb_error()),
-                            nb_error_message());
-                nb_error_clear();
-                nb_scope_end(s);
-            }
-            return r;
+        for (int i = 0; i < np && r.ok; i++) {
+            if (g.P < 1 || g.Q < 1)
+                cs_expect_empty(c, &paths[i], op, &r);
+            else
+                cs_run_pool_path(c, &pc, &g, &paths[i], &r);
         }
-        for (int i = 0; i < np && r.ok; i++)
-            cs_run_pool_path(c, &pc, &g, &paths[i], &r);
     }
     nb_error_clear();
     return r;
