@@ -291,26 +291,33 @@ static nb_status collective_prepare(nb_replica_state *rs, int n_buckets, nb_tens
     return st;
 }
 
-/* One grouped call per run of buckets of one dtype (the plan groups them).
- * Every rank makes the same calls: the layouts agree and the checks that can
- * fail depend only on them. */
+/* The run of buckets of one dtype that starts at bucket k (at most 64: one
+ * grouped call each; the plan groups the dtypes): their data and counts to bufs
+ * and counts; returns how many. */
+static int dtype_run(int n_buckets, nb_tensor *const *dst, int k, void **bufs, int64_t *counts)
+{
+    int m = 0;
+    for (nb_dtype d = dst[k]->dtype; k < n_buckets && m < 64 && dst[k]->dtype == d; k++, m++) {
+        bufs[m] = nb__data(dst[k]);
+        counts[m] = dst[k]->numel;
+    }
+    return m;
+}
+
+/* One grouped call per run of buckets of one dtype, in place. Every rank makes
+ * the same calls: the layouts agree and the checks that can fail depend only
+ * on them. */
 static nb_status collective_sum(nb_replica_state *rs, int n_buckets, nb_tensor *const *dst)
 {
     nb_mirrored *s = rs->s;
-    const void *sends[64];
-    void *recvs[64];
+    void *bufs[64];
     int64_t counts[64];
     nb_status st = NB_OK;
     for (int k = 0; k < n_buckets && !st;) {
-        int m = 0;
-        nb_dtype d = dst[k]->dtype;
-        while (k < n_buckets && m < 64 && dst[k]->dtype == d) {
-            sends[m] = nb__data(dst[k]);
-            recvs[m] = nb__data(dst[k]);
-            counts[m] = dst[k]->numel;
-            m++, k++;
-        }
-        st = s->collective->all_reduce_sum(s->comm, rs->index, m, sends, recvs, counts, d);
+        int m = dtype_run(n_buckets, dst, k, bufs, counts);
+        st = s->collective->all_reduce_sum(s->comm, rs->index, m, (const void *const *)bufs, bufs, counts,
+                                           dst[k]->dtype);
+        k += m;
     }
     return st;
 }
@@ -332,18 +339,13 @@ static nb_status world_sum_collective(nb_replica_state *rs, int n_buckets, nb_te
     for (int k = 0; k < n_buckets; k++)
         total += dst[k]->numel;
     snprintf(desc, sizeof desc, "%d buckets, %lld elements", n_buckets, (long long)total);
-    nb_status st = nb__world_handshake(who, "a sum (nccl)", desc, 0, NULL);
+    nb_status st = nb__world_handshake(who, "a sum (nccl)", desc, 0, NULL, NULL);
     void *bufs[64];
     int64_t counts[64];
     for (int k = 0; k < n_buckets && !st;) {
-        int m = 0;
-        nb_dtype d = dst[k]->dtype;
-        while (k < n_buckets && m < 64 && dst[k]->dtype == d) {
-            bufs[m] = nb__data(dst[k]);
-            counts[m] = dst[k]->numel;
-            m++, k++;
-        }
-        st = s->world_collective->world_sum(s->world_comm, m, bufs, counts, d, nb__world_timeout());
+        int m = dtype_run(n_buckets, dst, k, bufs, counts);
+        st = s->world_collective->world_sum(s->world_comm, m, bufs, counts, dst[k]->dtype, nb__world_timeout());
+        k += m;
     }
     return st;
 }

@@ -427,14 +427,9 @@ static nb_status open_world_collective(nb_mirrored *s, const char *who)
 {
     const nb_collective *c = s->devices[0]->backend->collective;
     bool able = c && c->world_comm_new && s->devices[0]->kind == NB_DEVICE_GPU && c->world_id_bytes <= 256;
-    int size = nb__world_size();
-    int64_t votes[4096], *v = size <= 4096 ? votes : malloc(sizeof *v * (size_t)size);
-    if (!v)
-        return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
-    nb_status st = nb__world_handshake(who, "choosing the collective", "", able, v);
-    for (int r = 0; r < size && !st; r++)
-        able &= v[r] != 0;
-    if (!st && able) {
+    int64_t all_able = 0, all_made = 0;
+    nb_status st = nb__world_handshake(who, "choosing the collective", "", able, NULL, &all_able);
+    if (!st && all_able) {
         unsigned char id[256] = {0};
         bool had_error = nb_error() != NB_OK;
         nb_status made = nb__world_rank() == 0 ? c->world_make_id(id) : NB_OK;
@@ -442,13 +437,11 @@ static nb_status open_world_collective(nb_mirrored *s, const char *who)
         st = nb__world_broadcast(who, id, c->world_id_bytes);
         void *comm = NULL;
         if (!st && !made)
-            made = c->world_comm_new(s->devices[0], nb__world_rank(), size, id, nb__world_timeout(), &comm);
+            made = c->world_comm_new(s->devices[0], nb__world_rank(), nb__world_size(), id, nb__world_timeout(),
+                                     &comm);
         if (!st)
-            st = nb__world_handshake(who, "starting the collective", c->name, made == NB_OK, v);
-        bool all = !st;
-        for (int r = 0; r < size && all; r++)
-            all = v[r] != 0;
-        if (all) {
+            st = nb__world_handshake(who, "starting the collective", c->name, made == NB_OK, NULL, &all_made);
+        if (!st && all_made) {
             s->world_collective = c;
             s->world_comm = comm;
         } else {
@@ -462,8 +455,6 @@ static nb_status open_world_collective(nb_mirrored *s, const char *who)
             }
         }
     }
-    if (v != votes)
-        free(v);
     return st;
 }
 
@@ -479,15 +470,9 @@ nb_mirrored *nb_mirrored_new_world(int n, const char *const *devices)
     s->world_replicas = s->n;
     if (!s->world)
         return s;
-    int64_t counts[4096], *c = nb__world_size() <= 4096 ? counts : malloc(sizeof *c * (size_t)nb__world_size());
-    nb_status st = c ? nb__world_handshake(who, who, "", s->n, c) : nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
-    if (!st) {
-        s->world_replicas = 0;
-        for (int r = 0; r < nb__world_size(); r++)
-            s->world_replicas += (int)c[r];
-    }
-    if (c != counts)
-        free(c);
+    int64_t replicas = 0;
+    nb_status st = nb__world_handshake(who, who, "", s->n, &replicas, NULL);
+    s->world_replicas = (int)replicas;
     if (!st)
         st = open_world_collective(s, who);
     if (st) {
@@ -573,7 +558,7 @@ nb_variable *nb_mirrored_variable_new(nb_mirrored *s, const char *name, const nb
     char desc[200], sh[NB_SHAPE_STR_MAX];
     snprintf(desc, sizeof desc, "'%s' %s %s", name, nb_dtype_name(initial->dtype),
              nb__shape_str(initial->ndim, initial->shape, sh, sizeof sh));
-    if (nb__world_handshake(who, who, desc, 0, NULL))
+    if (nb__world_handshake(who, who, desc, 0, NULL, NULL))
         return NULL;
     size_t bytes = (size_t)initial->numel * nb_dtype_size(initial->dtype);
     void *buf = malloc(bytes ? bytes : 1);
@@ -1139,22 +1124,15 @@ static nb_tensor *combine_losses(nb_mirrored *s, nb_reduction reduction)
  * so MEAN weighs every row of the global batch alike. *rows: the global count. */
 static nb_status world_rows(nb_mirrored *s, const char *who, int n_vars, nb_reduction reduction, int64_t *rows)
 {
-    int64_t counts[4096], *c = nb__world_size() <= 4096 ? counts : malloc(sizeof *c * (size_t)nb__world_size());
-    if (!c)
-        return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
     char desc[64];
     snprintf(desc, sizeof desc, "%d variables, %s", n_vars, reduction == NB_REDUCE_MEAN ? "MEAN" : "SUM");
-    nb_status st = nb__world_handshake(who, who, desc, *rows, c);
+    int64_t total = 0;
+    nb_status st = nb__world_handshake(who, who, desc, *rows, &total, NULL);
     if (!st) {
-        int64_t total = 0;
-        for (int r = 0; r < nb__world_size(); r++)
-            total += c[r];
         for (int r = 0; r < s->n; r++)
             s->reps[r].ctx.global_rows = total;
         *rows = total;
     }
-    if (c != counts)
-        free(c);
     return st;
 }
 

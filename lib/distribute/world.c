@@ -33,7 +33,6 @@ static struct {
 
 int nb__world_rank(void) { return W.rank; }
 int nb__world_size(void) { return W.size; }
-bool nb__world_broken(void) { return W.broken; }
 
 double nb__world_timeout(void)
 {
@@ -48,20 +47,26 @@ void nb__world_set_timeout(double seconds) { W.timeout = seconds > 0 ? seconds :
 
 #if NB_HAVE_MPI
 
-/* A receive buffer kept from one sum to the next (collectives come from one
- * thread at a time). */
+/* Buffers kept from one collective to the next (collectives come from one
+ * thread at a time): the ring's receive buffer, and the handshake's headers,
+ * requests and flags for every rank. */
 static void *g_ring_tmp;
 static size_t g_ring_bytes;
+static struct hs_header *g_headers;
+static MPI_Request *g_reqs;
+static bool *g_done;
 
 /* Finalises MPI at exit when the library started it, unless a rank stopped
  * answering: MPI_Finalize would wait for it for ever, so the process then
  * simply ends (mpirun reports that it did not finalise). */
 static void world_exit(void)
 {
-    free(g_ring_tmp);
-    g_ring_tmp = NULL;
+    if (W.stuck) /* requests may still point into the buffers */
+        return;
+    free(g_ring_tmp), free(g_headers), free(g_reqs), free(g_done);
+    g_ring_tmp = NULL, g_headers = NULL, g_reqs = NULL, g_done = NULL;
     int finalized = 0;
-    if (W.we_initialised && !W.stuck && MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized)
+    if (W.we_initialised && MPI_Finalized(&finalized) == MPI_SUCCESS && !finalized)
         MPI_Finalize();
 }
 
@@ -81,7 +86,6 @@ static bool launched(void)
 nb_status nb__world_join(const char *who)
 {
     pthread_mutex_lock(&W.lock);
-    nb_status st = NB_OK;
     if (!W.joined) {
         int inited = 0;
         MPI_Initialized(&inited);
@@ -105,7 +109,7 @@ nb_status nb__world_join(const char *who)
         W.joined = true;
     }
     pthread_mutex_unlock(&W.lock);
-    return st;
+    return NB_OK;
 }
 
 static double now_s(void)
@@ -180,24 +184,28 @@ static bool wait_all(int n, MPI_Request *reqs, bool *done, double deadline)
     return true;
 }
 
-typedef struct hs_header {
+struct hs_header {
     uint32_t magic;
     int32_t rank;
     int64_t call;
     int64_t value;
     char kind[40];
     char desc[208];
-} hs_header;
+};
+typedef struct hs_header hs_header;
 
 #define HS_MAGIC 0x6E62776Cu /* "nbwl" */
 #define HS_TAG 7301
 
-nb_status nb__world_handshake(const char *who, const char *kind, const char *desc, int64_t value, int64_t *values)
+nb_status nb__world_handshake(const char *who, const char *kind, const char *desc, int64_t value, int64_t *sum,
+                              int64_t *min)
 {
     if (W.broken)
         return already_broken(who);
-    if (values)
-        values[W.rank] = value;
+    if (sum)
+        *sum = value;
+    if (min)
+        *min = value;
     if (W.size <= 1)
         return NB_OK;
     const int n = W.size, me = W.rank;
@@ -209,13 +217,20 @@ nb_status nb__world_handshake(const char *who, const char *kind, const char *des
     mine.value = value;
     snprintf(mine.kind, sizeof mine.kind, "%s", kind);
     snprintf(mine.desc, sizeof mine.desc, "%s", desc ? desc : "");
-    hs_header *theirs = calloc((size_t)n, sizeof *theirs);
-    MPI_Request *reqs = malloc(sizeof *reqs * (size_t)(2 * n));
-    bool *done = calloc((size_t)(2 * n), sizeof *done);
-    if (!theirs || !reqs || !done) {
-        free(theirs), free(reqs), free(done);
-        return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+    if (!g_headers) { /* the world's size never changes: made once */
+        g_headers = malloc(sizeof *g_headers * (size_t)n);
+        g_reqs = malloc(sizeof *g_reqs * (size_t)(2 * n));
+        g_done = malloc(sizeof *g_done * (size_t)(2 * n));
+        if (!g_headers || !g_reqs || !g_done) {
+            free(g_headers), free(g_reqs), free(g_done);
+            g_headers = NULL, g_reqs = NULL, g_done = NULL;
+            return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+        }
     }
+    hs_header *theirs = g_headers;
+    MPI_Request *reqs = g_reqs;
+    bool *done = g_done;
+    memset(done, 0, sizeof *done * (size_t)(2 * n));
     int bad_post = 0;
     for (int r = 0; r < n; r++) {
         if (r == me) {
@@ -257,12 +272,14 @@ nb_status nb__world_handshake(const char *who, const char *kind, const char *des
                                 "(call %lld); every process must make the same calls in the same order",
                                 who, r, h->kind, h->desc, (long long)h->call, me, mine.kind, mine.desc,
                                 (long long)mine.call);
-            } else if (values) {
-                values[r] = h->value;
+            } else {
+                if (sum)
+                    *sum += h->value;
+                if (min && h->value < *min)
+                    *min = h->value;
             }
         }
     }
-    free(theirs), free(reqs), free(done);
     return st;
 }
 
@@ -398,7 +415,7 @@ nb_status nb__world_sum(const char *who, void *buf, int64_t count, nb_dtype dtyp
                         who, nb_dtype_name(dtype));
     char desc[96];
     snprintf(desc, sizeof desc, "%lld %s", (long long)count, nb_dtype_name(dtype));
-    nb_status st = nb__world_handshake(who, "a sum", desc, 0, NULL);
+    nb_status st = nb__world_handshake(who, "a sum", desc, 0, NULL, NULL);
     /* pieces whose parts each fit an int count */
     const int64_t piece = ((int64_t)1 << 30) * W.size;
     const size_t es = nb_dtype_size(dtype);
@@ -417,7 +434,7 @@ nb_status nb__world_broadcast(const char *who, void *buf, size_t bytes)
         return NB_OK;
     char desc[64];
     snprintf(desc, sizeof desc, "%zu bytes", bytes);
-    nb_status st = nb__world_handshake(who, "a broadcast", desc, 0, NULL);
+    nb_status st = nb__world_handshake(who, "a broadcast", desc, 0, NULL, NULL);
     for (size_t done = 0; done < bytes && !st;) {
         size_t k = bytes - done < ((size_t)1 << 30) ? bytes - done : ((size_t)1 << 30);
         MPI_Request req;
@@ -438,11 +455,14 @@ nb_status nb__world_join(const char *who)
     return NB_OK;
 }
 
-nb_status nb__world_handshake(const char *who, const char *kind, const char *desc, int64_t value, int64_t *values)
+nb_status nb__world_handshake(const char *who, const char *kind, const char *desc, int64_t value, int64_t *sum,
+                              int64_t *min)
 {
     (void)who, (void)kind, (void)desc;
-    if (values)
-        values[0] = value;
+    if (sum)
+        *sum = value;
+    if (min)
+        *min = value;
     return NB_OK;
 }
 

@@ -35,10 +35,11 @@ double nb__world_timeout(void);
 void nb__world_set_timeout(double seconds);
 
 /* The handshake alone: every rank says it is at kind/desc with value; on
- * success values[r] holds rank r's value (values may be NULL). Fails naming the
- * rank that did not answer within the deadline, or the first whose kind or
- * description differs from this rank's. */
-nb_status nb__world_handshake(const char *who, const char *kind, const char *desc, int64_t value, int64_t *values);
+ * success *sum and *min (either may be NULL) receive the sum and the least of
+ * the ranks' values. Fails naming the rank that did not answer within the
+ * deadline, or the first whose kind or description differs from this rank's. */
+nb_status nb__world_handshake(const char *who, const char *kind, const char *desc, int64_t value, int64_t *sum,
+                              int64_t *min);
 
 /* In place: buf (count elements of dtype: f32, f64, i32, i64) becomes the sum
  * over the ranks. Host memory. */
@@ -46,8 +47,5 @@ nb_status nb__world_sum(const char *who, void *buf, int64_t count, nb_dtype dtyp
 
 /* In place: rank 0's bytes to every rank. Host memory. */
 nb_status nb__world_broadcast(const char *who, void *buf, size_t bytes);
-
-/* Whether an earlier failure broke the world (its error is given again). */
-bool nb__world_broken(void);
 
 #endif
