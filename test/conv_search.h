@@ -201,7 +201,7 @@ static inline double *cs_read(nb_tensor *t, bool nchw_image)
 {
     if (!t)
         return NULL;
-    nb_tensor *c = nb_cast(nb_to_device(t, "/cpu:0"), NB_F64);
+    nb_tensor *c = nb_to_device(nb_cast(t, NB_F64), "/cpu:0"); /* cast first: the CPU holds no f16 */
     if (c && nchw_image)
         c = nb_contiguous(nb_permute(c, NB_AXES(0, 2, 3, 1)));
     if (!c)
@@ -247,18 +247,25 @@ static inline void cs_compare(cs_result *r, const cs_path *p, const char *what, 
 
 /* An NHWC-ordered array as a tensor of the path's dtype and device, in NCHW
  * when asked. */
+/* t (f64, on the CPU) on the path's device in its dtype: moved first, since
+ * the CPU holds no f16 or bf16. */
+static inline nb_tensor *cs_on_path(const cs_path *p, nb_tensor *t)
+{
+    return nb_cast(nb_to_device(t, p->device), p->dtype);
+}
+
 static inline nb_tensor *cs_image(const cs_path *p, const double *v, int64_t N, int64_t H, int64_t W, int64_t C,
                                   bool nchw)
 {
     nb_tensor *t = nb_from_buffer(NB_F64, NB_SHAPE(N, H, W, C), v);
     if (nchw)
         t = nb_contiguous(nb_permute(t, NB_AXES(0, 3, 1, 2)));
-    return nb_to_device(nb_cast(t, p->dtype), p->device);
+    return cs_on_path(p, t);
 }
 
 static inline nb_tensor *cs_filter(const cs_path *p, const double *v, int64_t R, int64_t S, int64_t Cg, int64_t K)
 {
-    return nb_to_device(nb_cast(nb_from_buffer(NB_F64, NB_SHAPE(R, S, Cg, K), v), p->dtype), p->device);
+    return cs_on_path(p, nb_from_buffer(NB_F64, NB_SHAPE(R, S, Cg, K), v));
 }
 
 /* Gradients of target for two sources; false (recorded in r) on failure. */
@@ -386,9 +393,9 @@ static inline void cs_run_pool_path(const cs_config *c, const pool_case *pc, con
     const int64_t o4[4] = {c->N, nchw ? c->C : g->P, nchw ? g->P : g->Q, nchw ? g->Q : c->C};
     nb_scope *s = nb_scope_begin();
     nb_shape xs = NB_SHAPE(s4[0], s4[1], s4[2], s4[3]), ys = NB_SHAPE(o4[0], o4[1], o4[2], o4[3]);
-    nb_tensor *x = nb_to_device(nb_cast(nb_from_buffer(NB_F64, xs, xv), p->dtype), p->device);
-    nb_tensor *dy = nb_to_device(nb_cast(nb_from_buffer(NB_F64, ys, dyv), p->dtype), p->device);
-    nb_tensor *z = nb_to_device(nb_cast(nb_from_buffer(NB_F64, xs, zv), p->dtype), p->device);
+    nb_tensor *x = cs_on_path(p, nb_from_buffer(NB_F64, xs, xv));
+    nb_tensor *dy = cs_on_path(p, nb_from_buffer(NB_F64, ys, dyv));
+    nb_tensor *z = cs_on_path(p, nb_from_buffer(NB_F64, xs, zv));
     const char *op = is_max ? "max_pool2d" : "avg_pool2d";
     if (!x || !dy || !z) {
         cs_fail(r, "%s: the inputs could not be made: %s", p->name, nb_error_message());
@@ -450,12 +457,11 @@ static inline void cs_expect_empty(const cs_config *c, const cs_path *p, const c
 {
     nb_scope *s = nb_scope_begin();
     bool nchw = (c->kind == CS_CONV ? c->conv.format : c->pool.format) == NB_NCHW;
-    nb_tensor *x = nb_to_device(
-        nb_zeros(p->dtype, nchw ? NB_SHAPE(c->N, c->C, c->H, c->W) : NB_SHAPE(c->N, c->H, c->W, c->C)), p->device);
+    nb_tensor *x =
+        cs_on_path(p, nb_zeros(NB_F64, nchw ? NB_SHAPE(c->N, c->C, c->H, c->W) : NB_SHAPE(c->N, c->H, c->W, c->C)));
     nb_tensor *y;
     if (c->kind == CS_CONV) {
-        nb_tensor *w =
-            nb_to_device(nb_zeros(p->dtype, NB_SHAPE(c->R, c->S, c->C / c->conv.groups, c->K)), p->device);
+        nb_tensor *w = cs_on_path(p, nb_zeros(NB_F64, NB_SHAPE(c->R, c->S, c->C / c->conv.groups, c->K)));
         y = nb_conv2d(x, w, &c->conv);
     } else {
         y = cs_pool_op(c, x);

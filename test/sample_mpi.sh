@@ -2,7 +2,8 @@
 # mirrored_mnist --quick under mpirun: two processes of two replicas each must
 # train as one process of four (the same loss and accuracy to the digits
 # printed), and rank 0 alone prints. Skips (77), saying why, without mpirun,
-# without the data set, or under ThreadSanitizer.
+# without the data set, under ThreadSanitizer, or when the sample was built
+# without MPI.
 #   test/sample_mpi.sh MIRRORED_MNIST
 set -uo pipefail
 exe="${1:?usage: sample_mpi.sh MIRRORED_MNIST}"
@@ -23,6 +24,8 @@ timeout 300 mpirun "${args[@]}" "${pass[@]}" -np 2 "$exe" --quick --replicas 2 >
 rc=$?
 cat "$two"
 [ $rc -eq 0 ] || { echo "sample_mpi.sh: mpirun -np 2 failed ($rc)"; exit 1; }
+# Built without MPI, each process trains alone (and says nothing of processes).
+grep -q 'in each of 2 processes' "$two" || { echo "sample_mpi.sh: the sample was built without MPI: skipped"; exit 77; }
 a="$(grep -o 'loss [0-9.]*, test accuracy [0-9.]*%' "$one")"
 b="$(grep -o 'loss [0-9.]*, test accuracy [0-9.]*%' "$two")"
 [ -n "$a" ] && [ "$a" = "$b" ] || { echo "sample_mpi.sh: one process: '$a'; two processes: '$b'"; exit 1; }
