@@ -28,7 +28,33 @@ static nb_status cublas_fail(const nb_gpu_ctx *c, const char *call, cublasStatus
                     cublasGetStatusName(s));
 }
 
-/* The device's cuBLAS handle, bound to its stream, made on first use. */
+/* cuBLAS's workspace per handle. Without one of its own a handle finds no
+ * workspace while a stream is recorded (gpu_graph.cu) and falls back to other
+ * kernels, whose results differ in the last bits from the eager step's; with
+ * this one both choose alike. 32 MiB: what cuBLAS asks for on Hopper. */
+#define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+
+static nb_status set_workspace(nb_gpu_ctx *c, cublasHandle_t h)
+{
+    void *ws = NULL;
+    /* Not from the caching allocator: a recording's pool would take it back. */
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    bool swapped = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+    cudaError_t e = cudaMalloc(&ws, CUBLAS_WORKSPACE_BYTES);
+    if (swapped)
+        (void)cudaThreadExchangeStreamCaptureMode(&mode);
+    if (e != cudaSuccess)
+        return nb__gpu_cuda_fail(e, "cudaMalloc (cuBLAS workspace)", c->dev->name);
+    cublasStatus_t s = cublasSetWorkspace(h, ws, CUBLAS_WORKSPACE_BYTES);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        (void)cudaFree(ws);
+        return cublas_fail(c, "cublasSetWorkspace", s);
+    }
+    return NB_OK;
+}
+
+/* The device's cuBLAS handle, bound to its stream and its own workspace (for
+ * the handle's life, as the handle), made on first use. */
 static nb_status handle_of(nb_gpu_ctx *c, cublasHandle_t *out)
 {
     cublasHandle_t h = __atomic_load_n((cublasHandle_t *)&c->cublas, __ATOMIC_ACQUIRE);
@@ -44,6 +70,8 @@ static nb_status handle_of(nb_gpu_ctx *c, cublasHandle_t *out)
             st = cublas_fail(c, "cublasCreate", s);
         } else if ((s = cublasSetStream(h, c->stream)) != CUBLAS_STATUS_SUCCESS) {
             st = cublas_fail(c, "cublasSetStream", s);
+            cublasDestroy(h);
+        } else if ((st = set_workspace(c, h)) != NB_OK) {
             cublasDestroy(h);
         } else {
             __atomic_store_n((cublasHandle_t *)&c->cublas, h, __ATOMIC_RELEASE);
