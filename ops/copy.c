@@ -1,5 +1,6 @@
 /* Copying ops: cast, pad, stop_gradient, and copies between devices. */
 #include "op.h"
+#include "lib/core/capture.h"
 
 #include <string.h>
 
@@ -151,6 +152,9 @@ nb_tensor *nb__copy_to_device(const nb_tensor *t, nb_device *dev)
         if (from == dev) {
             nb_view vo = nb__view(out), vi = nb__view(src);
             out = nb__kernel_done(dev->backend->copy(dev, &vo, &vi), out);
+        } else if (nb__capture_check(NULL, op, "a copy between devices")) {
+            nb__release(out);
+            out = NULL;
         } else {
             /* The non-CPU side's backend knows how to reach the other side. */
             const nb_backend *be = dev->kind != NB_DEVICE_CPU ? dev->backend : from->backend;

@@ -1,5 +1,6 @@
 /* Creation functions: filled, ranged, copied from the host, random. */
 #include "core.h"
+#include "capture.h"
 #include "backend.h"
 
 #include <math.h>
@@ -118,6 +119,10 @@ nb_tensor *nb_from_buffer(nb_dtype dtype, nb_shape shape, const void *data)
     if (!t)
         return NULL;
     size_t bytes = (size_t)t->numel * nb_dtype_size(dtype);
+    if (bytes && nb__capture_check(dev, "nb_from_buffer", "copying host data in")) {
+        nb__release(t);
+        return NULL;
+    }
     if (bytes && dev->backend->copy_from_host(dev, nb__data(t), data, bytes)) {
         nb__release(t);
         return NULL;

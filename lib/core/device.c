@@ -1,6 +1,7 @@
 /* The device registry, device names, the per-thread device stack and placement
  * settings. */
 #include "core.h"
+#include "capture.h"
 #include "backend.h"
 
 #include <ctype.h>
@@ -255,6 +256,8 @@ void nb__log_op(const char *op, const nb_device *dev)
 
 nb_status nb_synchronize(void)
 {
+    if (nb__capture_check(NULL, "nb_synchronize", "waiting for the devices"))
+        return nb_error();
     ensure_init();
     for (int k = 0; k < NB_KIND_COUNT; k++)
         for (int i = 0; i < g_n[k]; i++) {

@@ -1,5 +1,6 @@
 /* Tensor objects: pooled structs, reference counts, geometry, views, reading back. */
 #include "core.h"
+#include "capture.h"
 #include "backend.h"
 
 #include <math.h>
@@ -173,6 +174,8 @@ nb_tensor *nb__tensor_new(const char *who, nb_device *dev, nb_dtype dtype, int n
     if ((unsigned)dtype >= NB_DTYPE_COUNT || !(dev->backend->dtypes & (1u << dtype)))
         return nb__fail_null(NB_ERR_DTYPE, "%s: dtype %s is not supported on %s", who, nb_dtype_name(dtype),
                              dev->name);
+    if (nb__capture_check_device(dev, who))
+        return NULL;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0) {
             char sh[NB_SHAPE_STR_MAX];
@@ -382,6 +385,8 @@ nb_status nb_tensor_read(const nb_tensor *t, void *dst, size_t size)
     }
     if (need == 0)
         return NB_OK;
+    if (nb__capture_check(t->device, "nb_tensor_read", "reading a tensor to the host"))
+        return nb_error();
     const nb_backend *be = t->device->backend;
     if (t->contiguous)
         return be->copy_to_host(t->device, dst, nb__data(t), need);
@@ -438,6 +443,8 @@ double nb_tensor_get(const nb_tensor *t, int64_t flat)
         off += (rem % t->shape[i]) * t->strides[i];
         rem /= t->shape[i];
     }
+    if (nb__capture_check(t->device, "nb_tensor_get", "reading a tensor to the host"))
+        return NAN;
     unsigned char buf[8];
     size_t es = nb_dtype_size(t->dtype);
     if (t->device->backend->copy_to_host(t->device, buf, (char *)nb__data(t) + off, es) != NB_OK)

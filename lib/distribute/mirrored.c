@@ -12,6 +12,7 @@
  * replica threads and raised on the caller's, naming the replica and device. */
 #include "distribute_impl.h"
 #include "world.h"
+#include "lib/core/capture.h"
 
 #include "lib/optim/optimizer_impl.h"
 #include "lib/variable/variable_impl.h"
@@ -732,6 +733,8 @@ nb_status nb_mirrored_run(nb_mirrored *s, nb_replica_fn fn, void *user, int n_in
                           int n_outputs, nb_tensor **outputs)
 {
     const char *who = "nb_mirrored_run";
+    if (nb__capture_check(NULL, who, "a mirrored strategy's call"))
+        return nb_error();
     if (n_outputs > 0 && outputs && s)
         for (size_t i = 0; i < (size_t)s->n * (size_t)n_outputs; i++)
             outputs[i] = NULL;
@@ -787,6 +790,8 @@ static nb_tensor *sum_in_order(int n, nb_tensor *const *xs, const double *w, dou
 nb_tensor *nb_mirrored_reduce(nb_mirrored *s, nb_reduction reduction, nb_tensor *const *per_replica)
 {
     const char *who = "nb_mirrored_reduce";
+    if (nb__capture_check(NULL, who, "a mirrored strategy's call"))
+        return NULL;
     if (!s || !per_replica)
         return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", who, !s ? "strategy" : "per_replica");
     if (reduction != NB_REDUCE_SUM && reduction != NB_REDUCE_MEAN)
@@ -846,6 +851,8 @@ static void all_reduce_on_replica(nb_replica_state *rs, void *arg)
 nb_status nb_mirrored_all_reduce(nb_mirrored *s, nb_reduction reduction, nb_tensor *const *per_replica, nb_tensor **out)
 {
     const char *who = "nb_mirrored_all_reduce";
+    if (nb__capture_check(NULL, who, "a mirrored strategy's call"))
+        return nb_error();
     if (s && out)
         for (int r = 0; r < s->n; r++)
             out[r] = NULL;
@@ -1162,6 +1169,8 @@ nb_status nb_mirrored_step(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_var
                            nb_reduction reduction, nb_tensor **loss)
 {
     const char *who = "nb_mirrored_step";
+    if (nb__capture_check(NULL, who, "a mirrored strategy's call"))
+        return nb_error();
     if (loss)
         *loss = NULL;
     if (!s || !opt || !fn)

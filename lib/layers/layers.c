@@ -1,5 +1,6 @@
 /* Layers (include/nabla/layers.h): each a few variables made in a scope named
  * after the layer, and a function of them built from public ops. */
+#include "lib/core/capture.h"
 #include "lib/core/core.h"
 #include "lib/core/record.h"
 #include <nabla/layers.h>
@@ -282,5 +283,8 @@ nb_tensor *nb_dropout_apply(nb_dropout_layer *layer, const nb_tensor *x, bool tr
         return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "nb_dropout_apply: input 0 is NULL");
     if (!training || layer->rate == 0)
         return nb_retain((nb_tensor *)x);
+    /* The seed advances on the host each call: a replay would repeat one mask. */
+    if (nb__capture_check(x->device, "nb_dropout_apply", "a dropout layer in training (its seed advances on the host)"))
+        return NULL;
     return nb_dropout(x, layer->rate, layer->seed++);
 }

@@ -17,6 +17,7 @@
 #include "optimizer_impl.h"
 
 #include "lib/core/backend.h"
+#include "lib/core/capture.h"
 #include "lib/variable/variable_impl.h"
 #include "ops/op.h"
 #include "tape/record.h"
@@ -37,6 +38,8 @@ struct nb_optimizer {
     const char *kind_name; /* "sgd", "momentum", "adam", "adamw" */
     nb_update_params params;
     int64_t iterations;
+    uint64_t recorded_in;  /* the recording (capture id) its last recorded update belongs to */
+    int recorded_updates;  /* updates recorded in it so far */
     slot_entry *slots; /* open addressing on uid; capacity a power of two */
     size_t cap, count;
 };
@@ -220,6 +223,11 @@ static slot_entry *slots_for(nb_optimizer *opt, nb_variable *v, bool create, con
         return NULL;
     const nb_tensor *value = nb__variable_value(v);
     int need = opt->kind == OPT_ADAM ? 2 : opt->kind == OPT_MOMENTUM ? 1 : 0;
+    if (((need >= 1 && !e->s1) || (need >= 2 && !e->s2)) && nb__capture_recording(nb__capture_current()))
+        return nb__fail_null(NB_ERR_UNSUPPORTED,
+                             "%s: the %s slots of '%s' cannot be made while a step is recorded (a replay would zero "
+                             "them again): the warm-up step makes them, so update the same variables in every step",
+                             who, opt->kind_name, nb_variable_name(v));
     if (need >= 1 && !e->s1 && !(e->s1 = zeros_like_value(value)))
         return NULL;
     if (need >= 2 && !e->s2 && !(e->s2 = zeros_like_value(value)))
@@ -306,6 +314,61 @@ void nb__optimizer_advance(nb_optimizer *opt) { opt->iterations++; }
 
 int64_t nb__optimizer_next_step(const nb_optimizer *opt) { return opt->iterations + 1; }
 
+/* ---- inside a recorded step -------------------------------------------------------
+ * The recording runs nothing, and a replay repeats the recorded kernels: the
+ * update's numbers (the step count's bias corrections, the learning rate) come
+ * from device doubles that each replay refreshes, the iteration count the
+ * recording advanced is taken back when it ends, and each replay advances it
+ * as an apply call does. */
+
+typedef struct recorded_update {
+    nb_optimizer *opt;
+    int first;       /* its NB_UPD_COUNT doubles in the replay's array */
+    int order;       /* updates of opt recorded before it in the same step */
+    int64_t before;  /* opt->iterations when it was recorded */
+} recorded_update;
+
+static void recorded_fill(void *ctx, double *params)
+{
+    const recorded_update *r = ctx;
+    nb_update_params p = r->opt->params;
+    p.step = r->opt->iterations + 1 + r->order;
+    nb_update_pack(&p, params + r->first);
+}
+
+static void recorded_end(void *ctx, bool kept)
+{
+    (void)kept;
+    recorded_update *r = ctx;
+    r->opt->iterations = r->before; /* the hooks end in reverse: the first leaves the oldest */
+}
+
+static void recorded_advance(void *ctx) { ((recorded_update *)ctx)->opt->iterations++; }
+
+/* The device doubles an update recorded now reads, or NULL with the error. */
+static const double *record_update(nb_optimizer *opt, nb__capture *c)
+{
+    recorded_update *r = malloc(sizeof *r);
+    if (!r)
+        return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "nb_optimizer_apply: out of host memory");
+    if (opt->recorded_in != nb__capture_id(c)) {
+        opt->recorded_in = nb__capture_id(c);
+        opt->recorded_updates = 0;
+    }
+    *r = (recorded_update){opt, 0, opt->recorded_updates, opt->iterations};
+    const double *dp = nb__capture_params(c, NB_UPD_COUNT, &r->first);
+    if (!dp) {
+        free(r);
+        return NULL;
+    }
+    static const nb__capture_hooks hooks = {
+        .at_end = recorded_end, .before_replay = recorded_fill, .after_replay = recorded_advance, .release = free};
+    if (nb__capture_hook(c, &hooks, r) != NB_OK)
+        return NULL;
+    opt->recorded_updates++;
+    return dp;
+}
+
 nb_status nb__optimizer_update(nb_optimizer *opt, int n, nb_variable *const *vars, nb_tensor *const *grads,
                                int64_t step, const char *who)
 {
@@ -351,6 +414,9 @@ nb_status nb__optimizer_update(nb_optimizer *opt, int n, nb_variable *const *var
     /* The updates. */
     nb_update_params p = opt->params;
     p.step = step;
+    nb__capture *rec = nb__capture_current();
+    if (!st && nb__capture_recording(rec) && !(p.device_params = record_update(opt, rec)))
+        st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
     for (int i = 0; i < n && !st; i++) {
         if (!ready[i])
             continue;

@@ -16,6 +16,7 @@
 #include "variable_impl.h"
 
 #include "lib/core/backend.h"
+#include "lib/core/capture.h"
 #include "ops/op.h"
 #include "tape/sources.h"
 
@@ -29,6 +30,7 @@ struct nb_variable {
                          NULL for a mirrored variable */
     uint64_t uid;
     uint64_t mirror_owner; /* the strategy's id for a mirrored variable, else 0 */
+    uint64_t moved_in;     /* the recording (capture id) that holds its old value */
     int n_copies;
     nb_variable **copies;  /* one plain variable per replica */
 };
@@ -86,6 +88,8 @@ static nb_variable *plain_new(const char *name, const nb_tensor *initial)
 
 nb_variable *nb_variable_new(const char *name, const nb_tensor *initial)
 {
+    if (nb__capture_check(NULL, "nb_variable_new", "making a variable"))
+        return NULL;
     nb_variable *v = plain_new(name, initial);
     if (v && nb__variable_register(v, "nb_variable_new") != NB_OK) {
         nb_variable_free(v);
@@ -229,13 +233,71 @@ nb_tensor *nb__variable_update_target(nb_variable *v, const char *who)
     return nb__tensor_new(who, cur->device, cur->dtype, cur->ndim, cur->shape);
 }
 
+/* ---- moving while a step is recorded ---------------------------------------------
+ * A replay reads a variable where the recording first found it. A variable
+ * that moves to a fresh tensor during a recording (copy-on-write) therefore
+ * goes back to its old tensor when the recording ends, its new value copied
+ * there by the last recorded kernel. */
+
+typedef struct moved {
+    nb_variable *v;
+    nb_tensor *old;
+} moved;
+
+static void moved_end(void *ctx, bool kept)
+{
+    moved *m = ctx;
+    nb_tensor *now = m->v->value;
+    m->v->moved_in = 0;
+    if (now == m->old)
+        return;
+    if (kept) {
+        nb_device *dev = now->device;
+        nb_view dst = nb__view(m->old), src = nb__view(now);
+        if (dev->backend->copy(dev, &dst, &src) != NB_OK)
+            nb__log(NB_LOG_WARNING, "graph capture: variable '%s' could not be copied back on %s: %s", m->v->name,
+                    dev->name, nb_error_message());
+    }
+    m->v->value = m->old; /* the reference the hook held */
+    m->old = NULL;
+    nb__release(now);
+}
+
+static void moved_release(void *ctx)
+{
+    moved *m = ctx;
+    nb__release(m->old);
+    free(m);
+}
+
+/* v (plain) takes t as its value, releasing the old one, or keeping it for the
+ * recording that runs on the calling thread. */
+static void set_value(nb_variable *v, nb_tensor *t)
+{
+    nb__capture *c = nb__capture_current();
+    if (nb__capture_recording(c) && v->moved_in != nb__capture_id(c)) {
+        moved *m = malloc(sizeof *m);
+        static const nb__capture_hooks hooks = {.at_end = moved_end, .release = moved_release};
+        if (m) {
+            *m = (moved){v, v->value};
+            v->value = t;
+            if (nb__capture_hook(c, &hooks, m) == NB_OK)
+                v->moved_in = nb__capture_id(c);
+            /* else released: the recording fails (its error is recorded) */
+            return;
+        }
+        nb__log(NB_LOG_WARNING, "graph capture: out of host memory keeping variable '%s'", v->name);
+    }
+    nb__release(v->value);
+    v->value = t;
+}
+
 void nb__variable_commit(nb_variable *v, nb_tensor *t)
 {
     v = local(v);
     if (t == v->value)
         return;
-    nb__release(v->value);
-    v->value = t;
+    set_value(v, t);
 }
 
 /* ---- assignment ----------------------------------------------------------------- */
@@ -315,8 +377,7 @@ static nb_status assign(nb_variable *v, const nb_tensor *value, assign_kind kind
     }
     if (out != cur) {
         if (st == NB_OK) {
-            v->value = out;
-            nb__release(cur);
+            set_value(v, out);
         } else {
             nb__release(out);
         }
