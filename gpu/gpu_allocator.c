@@ -17,6 +17,11 @@
  * waits for the card, gives every cached block back (to CUDA or to the arena)
  * and tries once more before failing with NB_ERR_OUT_OF_MEMORY.
  *
+ * While a stream is recorded into a graph (gpu_graph.cu), its allocations come
+ * from a pool private to that graph instead, and the blocks it frees (the
+ * pool's own and any other) stay with the pool: a replay writes the same
+ * addresses, so none of them may go to anyone else while the graph lives.
+ *
  * A hash table maps live pointers to their blocks, so free needs no header in
  * device memory. One mutex per card guards everything. */
 #include "gpu_internal.h"
@@ -43,8 +48,15 @@ typedef struct block {
     bool fenced;       /* event was recorded at the last free (gpu_transfer's copy stream waits on it) */
     bool recycled;     /* handed out again from the cache: earlier users may still be queued */
     bool in_arena;
+    struct nb_gpu_pool *pool; /* the recorded graph's pool it belongs to, or NULL */
     struct block *next;
 } block;
+
+struct nb_gpu_pool {
+    nb_gpu_ctx *ctx;
+    block *free; /* its blocks, freed (a replay may still write them) */
+    block *held; /* blocks of the shared cache freed while recording */
+};
 
 typedef struct range {
     size_t off, size;
@@ -383,7 +395,7 @@ static cudaError_t flush_cache(nb_gpu_allocator *a, const char **call)
 
 /* New memory of size for c: from the arena, else from CUDA (when growth is
  * allowed). NULL with *err set: cudaErrorMemoryAllocation when there is none. */
-static char *fresh_memory(nb_gpu_allocator *a, size_t size, bool *in_arena, cudaError_t *err,
+static char *fresh_memory(nb_gpu_allocator *a, size_t size, bool recording, bool *in_arena, cudaError_t *err,
                           const char **call)
 {
     char *p = arena_take(a, size);
@@ -395,7 +407,13 @@ static char *fresh_memory(nb_gpu_allocator *a, size_t size, bool *in_arena, cuda
         return NULL;
     void *q = NULL;
     a->device_mallocs++;
+    /* While this thread records a stream, cudaMalloc is a call the capture
+     * would refuse; it queues nothing, so let it through. */
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    bool swapped = recording && cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
     cudaError_t e = cudaMalloc(&q, size);
+    if (swapped)
+        (void)cudaThreadExchangeStreamCaptureMode(&mode);
     if (e == cudaSuccess) {
         a->outside_arena += size;
         return q;
@@ -406,6 +424,8 @@ static char *fresh_memory(nb_gpu_allocator *a, size_t size, bool *in_arena, cuda
     return NULL;
 }
 
+static block *pool_take(nb_gpu_pool *p, size_t size);
+
 void *nb__gpu_malloc(nb_gpu_ctx *c, size_t nbytes)
 {
     nb_gpu_allocator *a = c->phys->alloc;
@@ -415,7 +435,8 @@ void *nb__gpu_malloc(nb_gpu_ctx *c, size_t nbytes)
                              c->dev->name, nbytes);
     pthread_mutex_lock(&a->lock);
     a->allocations++;
-    block *b = take_cached(a, c, size);
+    nb_gpu_pool *pool = c->rec_pool;
+    block *b = pool ? pool_take(pool, size) : take_cached(a, c, size);
     cudaError_t err = cudaSuccess;
     const char *call = "cudaMalloc";
     bool host_oom = false;
@@ -423,14 +444,15 @@ void *nb__gpu_malloc(nb_gpu_ctx *c, size_t nbytes)
         a->cache_hits++;
     } else {
         bool in_arena = false;
-        char *p = fresh_memory(a, size, &in_arena, &err, &call);
-        if (!p && err == cudaErrorMemoryAllocation && a->cached > 0) {
+        char *p = fresh_memory(a, size, pool != NULL, &in_arena, &err, &call);
+        /* Emptying the cache waits for the card, which a recording cannot. */
+        if (!p && err == cudaErrorMemoryAllocation && a->cached > 0 && !pool) {
             a->cache_flushes++;
             cudaError_t fe = flush_cache(a, &call);
             if (fe != cudaSuccess) {
                 err = fe;
             } else {
-                p = fresh_memory(a, size, &in_arena, &err, &call);
+                p = fresh_memory(a, size, pool != NULL, &in_arena, &err, &call);
             }
         }
         if (p) {
@@ -448,6 +470,7 @@ void *nb__gpu_malloc(nb_gpu_ctx *c, size_t nbytes)
                 b->ptr = p;
                 b->size = size;
                 b->in_arena = in_arena;
+                b->pool = pool;
             }
         }
     }
@@ -508,6 +531,16 @@ void nb__gpu_free(nb_gpu_ctx *c, void *ptr)
     a->in_use -= b->size;
     a->requested -= b->requested;
     b->owner = c;
+    /* A recorded graph's blocks stay with it; so do the others freed while it
+     * is recorded (the recording may have read them before their free). */
+    nb_gpu_pool *keep = b->pool ? b->pool : c->rec_pool;
+    if (keep) {
+        block **list = b->pool ? &keep->free : &keep->held;
+        b->next = *list;
+        *list = b;
+        pthread_mutex_unlock(&a->lock);
+        return;
+    }
     b->event_pending = false;
     b->fenced = false;
     if (c->phys->n_logical > 1 || b->size >= NB_GPU_FENCE_BYTES) {
@@ -560,6 +593,76 @@ bool nb__gpu_block_fence(nb_gpu_ctx *c, const void *ptr, cudaStream_t waiter)
     }
     pthread_mutex_unlock(&a->lock);
     return ok;
+}
+
+/* ---- pools of recorded graphs ---------------------------------------------------- */
+
+/* A block of p fit for size (the cache's rule: the class itself up to 1 MiB,
+ * up to 25% more above), unlinked; NULL when none. */
+static block *pool_take(nb_gpu_pool *p, size_t size)
+{
+    size_t hi = size;
+    if (size > SMALL_LIMIT)
+        hi += size / 4 / class_step(size) * class_step(size);
+    for (block **pp = &p->free; *pp; pp = &(*pp)->next) {
+        block *b = *pp;
+        if (b->size >= size && b->size <= hi) {
+            *pp = b->next;
+            b->next = NULL;
+            return b;
+        }
+    }
+    return NULL;
+}
+
+nb_status nb__gpu_pool_start(nb_gpu_ctx *c, nb_gpu_pool **out)
+{
+    nb_gpu_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return nb__fail(NB_ERR_OUT_OF_MEMORY, "graph capture: out of host memory on %s", c->dev->name);
+    p->ctx = c;
+    nb_gpu_allocator *a = c->phys->alloc;
+    pthread_mutex_lock(&a->lock);
+    c->rec_pool = p;
+    pthread_mutex_unlock(&a->lock);
+    *out = p;
+    return NB_OK;
+}
+
+void nb__gpu_pool_stop(nb_gpu_ctx *c)
+{
+    nb_gpu_allocator *a = c->phys->alloc;
+    pthread_mutex_lock(&a->lock);
+    c->rec_pool = NULL;
+    pthread_mutex_unlock(&a->lock);
+}
+
+void nb__gpu_pool_release(nb_gpu_pool *p)
+{
+    if (!p)
+        return;
+    nb_gpu_allocator *a = p->ctx->phys->alloc;
+    pthread_mutex_lock(&a->lock);
+    for (int list = 0; list < 2; list++) {
+        block *b = list ? p->held : p->free;
+        while (b) {
+            block *next = b->next;
+            b->pool = NULL;
+            b->owner = p->ctx;
+            b->event_pending = false; /* the caller waited for the stream */
+            b->fenced = false;
+            b->recycled = true;
+            cache_put(a, b);
+            b = next;
+        }
+    }
+    /* The pool's live blocks (a variable's value, an optimizer's slot made
+     * while recording) become ordinary blocks. */
+    for (size_t i = 0; i < a->table_cap; i++)
+        if (a->table[i] && a->table[i]->pool == p)
+            a->table[i]->pool = NULL;
+    pthread_mutex_unlock(&a->lock);
+    free(p);
 }
 
 /* ---- the public functions ----------------------------------------------------------- */

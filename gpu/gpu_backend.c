@@ -251,6 +251,7 @@ const nb_backend nb__gpu_backend = {
     .collective = NULL, /* built without NCCL: the strategy reduces through copies */
 #endif
     .optim = &gpu_optim,
+    .graph = &nb__gpu_graph_kernels,
     .discover = nb__gpu_discover,
     .physical_count = nb__gpu_physical_count,
     .unavailable = nb__gpu_unavailable,

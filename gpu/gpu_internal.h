@@ -11,6 +11,7 @@
  *   gpu_conv.c        conv2d and its gradients through cuDNN
  *   gpu_pool_cudnn.c  average pooling through cuDNN (own kernels as fallback)
  *   gpu_nccl.c        collectives through NCCL (when NCCL is found)
+ *   gpu_graph.cu      recording a step into a CUDA graph, and its replays
  *   gpu_*.cu          the kernels (elementwise, reduce, softmax, index, random, optim)
  *   gpu_stub.c        the whole of it when CUDA is off */
 #ifndef NB_GPU_INTERNAL_H
@@ -36,6 +37,7 @@ extern "C" {
 #define NB_GPU_MAX_PHYS 64
 
 typedef struct nb_gpu_allocator nb_gpu_allocator;
+typedef struct nb_gpu_pool nb_gpu_pool;
 
 /* One physical card: its properties and its caching allocator, shared by the
  * logical devices that split it. */
@@ -99,6 +101,7 @@ typedef struct nb_gpu_ctx {
     cudaEvent_t copy_done;    /* recorded on copy_stream after an upload; stream waits on it */
     cudaEvent_t copy_fence;   /* recorded on stream when copy_stream must wait for it */
     int64_t host_waits;       /* host waits for this stream (__atomic) */
+    nb_gpu_pool *rec_pool;    /* while the stream is recorded: the graph's pool (allocator lock) */
 } nb_gpu_ctx;
 
 /* ---- host waits (nb_gpu_host_waits) -------------------------------------------
@@ -190,6 +193,19 @@ void nb__gpu_free(nb_gpu_ctx *c, void *ptr);
  * false when the block is unknown or has no such event (the caller must then
  * order waiter after c's stream itself). */
 bool nb__gpu_block_fence(nb_gpu_ctx *c, const void *ptr, cudaStream_t waiter);
+
+/* The pools of recorded graphs (gpu_graph.cu). start: until stop, c's
+ * allocations come from a new pool, which also keeps every block c frees
+ * (NB_OK, or NB_ERR_OUT_OF_MEMORY recorded). release: after the caller waited
+ * for c's stream, every block of the pool goes back to the cache and its live
+ * blocks become ordinary ones; p is freed (NULL is ignored). */
+nb_status nb__gpu_pool_start(nb_gpu_ctx *c, nb_gpu_pool **out);
+void nb__gpu_pool_stop(nb_gpu_ctx *c);
+void nb__gpu_pool_release(nb_gpu_pool *p);
+
+/* ---- gpu_graph.cu: recording steps into CUDA graphs ----------------------------- */
+
+extern const nb_graph_kernels nb__gpu_graph_kernels;
 
 /* ---- gpu_nccl.c (built when NB_HAVE_NCCL) ------------------------------------ */
 

@@ -9,20 +9,29 @@
 //            AdamW (weight_decay > 0) also p -= lr * weight_decay * p, from the
 //            value before the step (decoupled).
 // f16/bf16/f32 compute in float, f64 in double; the bias corrections are
-// computed once on the host in double.
+// computed once on the host in double (nb_update_pack), and come from device
+// memory instead in a recorded graph (nb_update_params.device_params).
 #include "gpu_kernels.cuh"
 
 using namespace nbg;
 
 namespace {
 
+// The numbers of one update (nb_update_pack's layout), by value, or read from
+// device memory that a recorded graph refreshes before each replay.
+struct Upd {
+    double v[NB_UPD_COUNT];
+};
+
+__device__ inline double upd(const Upd &a, const double *dp, int i) { return dp ? dp[i] : a.v[i]; }
+
 template <nb_dtype D>
 __global__ void __launch_bounds__(kThreads) k_sgd(T_of<D> *param, const T_of<D> *source, const T_of<D> *grad,
-                                                  T_of<D> *mom, int64_t n, double lr_, double momentum_, double wd_,
-                                                  bool nesterov)
+                                                  T_of<D> *mom, int64_t n, Upd a, const double *dp, bool nesterov)
 {
     using C = typename DT<D>::Acc;
-    const C lr = (C)lr_, momentum = (C)momentum_, wd = (C)wd_;
+    const C lr = (C)upd(a, dp, NB_UPD_LR), momentum = (C)upd(a, dp, NB_UPD_MOMENTUM),
+            wd = (C)upd(a, dp, NB_UPD_WEIGHT_DECAY);
     for (int64_t i = gtid(); i < n; i += gstride()) {
         C p = ld<D>(source[i]); // param itself for an in-place update
         C g = ld<D>(grad[i]) + wd * p;
@@ -37,13 +46,14 @@ __global__ void __launch_bounds__(kThreads) k_sgd(T_of<D> *param, const T_of<D> 
 
 template <nb_dtype D>
 __global__ void __launch_bounds__(kThreads)
-    k_adam(T_of<D> *param, const T_of<D> *source, const T_of<D> *grad, T_of<D> *m1, T_of<D> *m2, int64_t n,
-           double lr_, double b1_,
-           double b2_, double eps_, double wd_, double bc1_, double bc2_)
+    k_adam(T_of<D> *param, const T_of<D> *source, const T_of<D> *grad, T_of<D> *m1, T_of<D> *m2, int64_t n, Upd a,
+           const double *dp)
 {
     using C = typename DT<D>::Acc;
-    const C lr = (C)lr_, b1 = (C)b1_, b2 = (C)b2_, eps = (C)eps_, wd = (C)wd_;
-    const C inv_bc1 = (C)(1.0 / bc1_), inv_bc2 = (C)(1.0 / bc2_);
+    const double b1_ = upd(a, dp, NB_UPD_BETA1), b2_ = upd(a, dp, NB_UPD_BETA2);
+    const C lr = (C)upd(a, dp, NB_UPD_LR), b1 = (C)b1_, b2 = (C)b2_, eps = (C)upd(a, dp, NB_UPD_EPSILON),
+            wd = (C)upd(a, dp, NB_UPD_WEIGHT_DECAY);
+    const C inv_bc1 = (C)(1.0 / upd(a, dp, NB_UPD_BC1)), inv_bc2 = (C)(1.0 / upd(a, dp, NB_UPD_BC2));
     const C c1 = (C)(1.0 - b1_), c2 = (C)(1.0 - b2_); // in double, as the CPU
     for (int64_t i = gtid(); i < n; i += gstride()) {
         const C p = ld<D>(source[i]), g = ld<D>(grad[i]);
@@ -54,6 +64,13 @@ __global__ void __launch_bounds__(kThreads)
         const C step = (m * inv_bc1) / (m_sqrt(v * inv_bc2) + eps);
         param[i] = st<D>(p - lr * step - lr * wd * p);
     }
+}
+
+Upd packed(const nb_update_params *p)
+{
+    Upd a;
+    nb_update_pack(p, a.v);
+    return a;
 }
 
 nb_status check_same(const nb_gpu_ctx *c, const char *op, const nb_view *param, const nb_view *v, const char *what)
@@ -83,8 +100,8 @@ extern "C" nb_status nb__gpu_sgd_update(nb_gpu_ctx *c, const nb_view *param, con
         k_sgd<D><<<grid_for(c, n), kThreads, 0, c->stream>>>(
             static_cast<T_of<D> *>(param->data),
             static_cast<const T_of<D> *>(p->source ? p->source : param->data),
-            static_cast<const T_of<D> *>(grad->data), slot1 ? static_cast<T_of<D> *>(slot1->data) : nullptr, n, p->lr, p->momentum, p->weight_decay,
-            p->nesterov);
+            static_cast<const T_of<D> *>(grad->data), slot1 ? static_cast<T_of<D> *>(slot1->data) : nullptr, n,
+            packed(p), p->device_params, p->nesterov);
         return nb__gpu_launched(c, op);
     });
 }
@@ -104,15 +121,13 @@ extern "C" nb_status nb__gpu_adam_update(nb_gpu_ctx *c, const nb_view *param, co
         (s = check_same(c, op, param, slot1, "the first-moment slot")) != NB_OK ||
         (s = check_same(c, op, param, slot2, "the second-moment slot")) != NB_OK)
         return s;
-    const double t = (double)(p->step > 0 ? p->step : 1);
-    const double bc1 = 1.0 - pow(p->beta1, t), bc2 = 1.0 - pow(p->beta2, t);
     return dispatch_float(param->dtype, c, op, [&](auto tag) -> nb_status {
         constexpr nb_dtype D = decltype(tag)::value;
         k_adam<D><<<grid_for(c, n), kThreads, 0, c->stream>>>(
             static_cast<T_of<D> *>(param->data),
             static_cast<const T_of<D> *>(p->source ? p->source : param->data),
-            static_cast<const T_of<D> *>(grad->data), static_cast<T_of<D> *>(slot1->data), static_cast<T_of<D> *>(slot2->data), n, p->lr, p->beta1,
-            p->beta2, p->epsilon, p->weight_decay, bc1, bc2);
+            static_cast<const T_of<D> *>(grad->data), static_cast<T_of<D> *>(slot1->data), static_cast<T_of<D> *>(slot2->data), n, packed(p),
+            p->device_params);
         return nb__gpu_launched(c, op);
     });
 }

@@ -126,6 +126,29 @@ typedef struct nb_collective {
     void (*world_comm_free)(void *comm);
 } nb_collective;
 
+/* Recording the kernels a step queues on one device into a graph that is then
+ * replayed whole (CUDA graphs), for lib/graph. A backend without it leaves
+ * nb_backend.graph NULL, and a graph on its devices replays by running the
+ * step again. The calling thread is the only one using dev meanwhile. */
+typedef struct nb_graph_kernels {
+    /* Starts recording what the calling thread queues on dev: nothing runs
+     * until a replay. Until end, dev's allocations come from a pool private
+     * to the recording, which also keeps every block freed meanwhile: a
+     * replay uses the same addresses, and nothing else gets them. */
+    nb_status (*begin)(nb_device *dev, void **rec);
+    /* Stops the recording rec. With keep, *exec is the replayable graph;
+     * without (or on failure: the error recorded), everything is released
+     * and *exec is NULL. */
+    nb_status (*end)(nb_device *dev, void *rec, bool keep, void **exec);
+    /* Queues n doubles (n may be 0) into dev_params, device memory, then one
+     * replay of exec, in dev's order; returns once queued. */
+    nb_status (*launch)(nb_device *dev, void *exec, double *dev_params, int n, const double *params);
+    /* How many kernels and copies exec replays. */
+    int64_t (*nodes)(const void *exec);
+    /* Waits for exec's replays, then frees it and gives its pool back. */
+    void (*destroy)(nb_device *dev, void *exec);
+} nb_graph_kernels;
+
 struct nb_backend {
     const char *name;
     /* The kind of device it serves: one backend per kind in a process. */
@@ -138,6 +161,8 @@ struct nb_backend {
     const nb_collective *collective;
     /* Fused optimizer updates (optim_kernels.h); NULL when there are none. */
     const nb_optim_kernels *optim;
+    /* Graph recording (above); NULL when there is none. */
+    const nb_graph_kernels *graph;
 
     /* ---- devices ---- */
     /* Fills up to max devices of this kind (kind, index, name "/<kind>:<index>",
