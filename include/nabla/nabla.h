@@ -17,6 +17,7 @@
 #include <nabla/tfrecord.h>
 #include <nabla/summary.h>
 #include <nabla/gpu.h>
+#include <nabla/graph.h>
 #include <nabla/distribute.h>
 
 #define NB_VERSION_MAJOR 0

@@ -1,0 +1,450 @@
+/* Step capture (nabla/graph.h): 100 steps as a capture and 99 replays give the
+ * variables and losses of 100 eager steps, bit for bit (f32 and f64; SGD,
+ * momentum, Adam; a learning rate changed between replays; a step that moves
+ * its variables by copy-on-write and one that updates them in place), on the
+ * CPU (the step runs again) and, where there is a GPU, on it (recorded into a
+ * CUDA graph); every rule of a captured step is refused with its message; a
+ * replay checks its inputs.
+ *
+ *   test_graph [--gpu]     (--gpu: the GPU cases only; 77 without a GPU) */
+#include "check.h"
+
+#define FEAT 12
+#define HID 16
+#define CLASSES 5
+#define BATCH 8
+#define STEPS 100
+
+typedef enum { OPT_SGD, OPT_MOMENTUM, OPT_ADAM } opt_kind;
+
+typedef struct model {
+    nb_variable *v[4];
+    nb_optimizer *opt;
+    bool free_tape_first; /* update in place (no read holds the values) */
+    int calls;            /* how many times the step ran */
+} model;
+
+static void model_init(model *m, nb_dtype dt, opt_kind k, const char *device)
+{
+    nb_device_push(device);
+    nb_scope *s = nb_scope_begin();
+    m->v[0] = nb_variable_new("w1", nb_cast(nb_random_normal(NB_F64, NB_SHAPE(FEAT, HID), 0, 0.4, 11), dt));
+    m->v[1] = nb_variable_new("b1", nb_zeros(dt, NB_SHAPE(HID)));
+    m->v[2] = nb_variable_new("w2", nb_cast(nb_random_normal(NB_F64, NB_SHAPE(HID, CLASSES), 0, 0.4, 12), dt));
+    m->v[3] = nb_variable_new("b2", nb_cast(nb_random_uniform(NB_F64, NB_SHAPE(CLASSES), -0.1, 0.1, 13), dt));
+    nb_scope_end(s);
+    nb_device_pop();
+    m->opt = k == OPT_SGD ? nb_sgd_new(0.1) : k == OPT_MOMENTUM ? nb_sgd_momentum_new(0.05, 0.9, true)
+                                                                : nb_adam_new(0.01, 0.9, 0.999, 1e-7);
+    m->calls = 0;
+}
+
+static void model_free(model *m)
+{
+    for (int i = 0; i < 4; i++)
+        nb_variable_free(m->v[i]);
+    nb_optimizer_free(m->opt);
+}
+
+/* Batch i: features and labels that differ from step to step (on the CPU). */
+static void batch(int i, nb_dtype dt, nb_tensor **x, nb_tensor **y)
+{
+    int64_t labels[BATCH];
+    for (int r = 0; r < BATCH; r++)
+        labels[r] = (r * 3 + i * 7) % CLASSES;
+    /* On the CPU whatever the current device: a GPU's normal draws may differ
+     * in the last bit of an f64. */
+    nb_device_push("/cpu:0");
+    *x = nb_cast(nb_random_normal(NB_F64, NB_SHAPE(BATCH, FEAT), 0, 1, 1000 + (uint64_t)i), dt);
+    *y = nb_from_buffer(NB_I64, NB_SHAPE(BATCH), labels);
+    nb_device_pop();
+}
+
+/* One training step: forward, loss, gradients, update; the loss is the output. */
+static nb_status train_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    model *m = user;
+    (void)n_in;
+    (void)n_out;
+    m->calls++;
+    nb_tape *tape = nb_tape_begin();
+    nb_tensor *h = nb_tanh(nb_add(nb_matmul(in[0], nb_read(m->v[0])), nb_read(m->v[1])));
+    nb_tensor *logits = nb_add(nb_matmul(h, nb_read(m->v[2])), nb_read(m->v[3]));
+    nb_tensor *loss = nb_mean_all(nb_sparse_softmax_cross_entropy(logits, in[1]));
+    nb_tensor *g[4];
+    nb_status st = nb_tape_gradient_vars(tape, loss, 4, m->v, g);
+    if (st)
+        return st;
+    if (m->free_tape_first) {
+        /* Nothing else holds the values: the update is in place. */
+        nb_tape_free(tape);
+        h = logits = NULL;
+    }
+    if ((st = nb_optimizer_apply(m->opt, 4, m->v, g)))
+        return st;
+    out[0] = loss;
+    return NB_OK;
+}
+
+/* The variables' bytes, concatenated (read on the host after the steps). */
+static size_t read_vars(const model *m, unsigned char *buf, size_t cap)
+{
+    size_t at = 0;
+    for (int i = 0; i < 4; i++) {
+        nb_tensor *t = nb_read(m->v[i]);
+        size_t n = (size_t)nb_tensor_numel(t) * nb_dtype_size(nb_tensor_dtype(t));
+        if (at + n > cap || nb_tensor_read(t, buf + at, n) != NB_OK)
+            return 0;
+        at += n;
+    }
+    return at;
+}
+
+/* 100 eager steps against a capture and 99 replays, from the same start. */
+static void same_as_eager(const char *device, nb_dtype dt, opt_kind k, bool in_place)
+{
+    static unsigned char a[8192 * 8], b[8192 * 8];
+    double loss_eager[STEPS], loss_graph[STEPS];
+    model m;
+
+    /* eager */
+    model_init(&m, dt, k, device);
+    m.free_tape_first = in_place;
+    nb_device_push(device);
+    for (int i = 0; i < STEPS; i++) {
+        nb_scope *s = nb_scope_begin();
+        if (i == 60)
+            nb_optimizer_set_learning_rate(m.opt, nb_optimizer_learning_rate(m.opt) * 0.5);
+        nb_tensor *x, *y, *loss = NULL;
+        batch(i, dt, &x, &y);
+        nb_tensor *in[2] = {nb_to_device(x, device), nb_to_device(y, device)};
+        CHECK_OK(train_step(&m, 2, in, 1, &loss));
+        loss_eager[i] = loss ? nb_tensor_item(loss) : NAN;
+        nb_scope_end(s);
+    }
+    nb_device_pop();
+    int64_t iters = nb_optimizer_iterations(m.opt);
+    size_t na = read_vars(&m, a, sizeof a);
+    model_free(&m);
+
+    /* captured and replayed */
+    model_init(&m, dt, k, device);
+    m.free_tape_first = in_place;
+    nb_graph *g = NULL;
+    for (int i = 0; i < STEPS; i++) {
+        nb_scope *s = nb_scope_begin();
+        if (i == 60)
+            nb_optimizer_set_learning_rate(m.opt, nb_optimizer_learning_rate(m.opt) * 0.5);
+        nb_tensor *x, *y, *loss = NULL;
+        batch(i, dt, &x, &y); /* on the CPU: the graph copies them over */
+        nb_tensor *in[2] = {x, y};
+        if (i == 0)
+            CHECK_OK(nb_graph_capture(device, train_step, &m, 2, in, 1, &loss, &g));
+        else
+            CHECK_OK(nb_graph_replay(g, in, &loss));
+        loss_graph[i] = loss ? nb_tensor_item(loss) : NAN;
+        nb_scope_end(s);
+        if (!g)
+            break;
+    }
+    CHECK(nb_optimizer_iterations(m.opt) == iters);
+    bool recorded = nb_graph_recorded(g);
+    CHECK(recorded == (strncmp(device, "/gpu", 4) == 0));
+    CHECK(!recorded || nb_graph_nodes(g) > 10);
+    /* Recorded: the step ran for the warm-up and the recording only. */
+    CHECK(m.calls == (recorded ? 2 : STEPS));
+    nb_graph_free(g);
+    size_t nbb = read_vars(&m, b, sizeof b);
+    model_free(&m);
+
+    CHECK(na > 0 && na == nbb);
+    bool same = na == nbb && memcmp(a, b, na) == 0;
+    CHECK(same);
+    int diff = -1;
+    for (int i = 0; i < STEPS && diff < 0; i++)
+        if (memcmp(&loss_eager[i], &loss_graph[i], sizeof(double)) != 0)
+            diff = i;
+    if (diff >= 0)
+        fprintf(stderr, "[%s] %s %s opt %d: loss of step %d: eager %.17g, graph %.17g\n", check_current, device,
+                nb_dtype_name(dt), (int)k, diff, loss_eager[diff], loss_graph[diff]);
+    CHECK(diff < 0);
+    CHECK(isfinite(loss_eager[STEPS - 1]) && loss_eager[STEPS - 1] < loss_eager[0]);
+}
+
+/* The graph's device, and another one (logical CPU devices: the inputs, made
+ * on /cpu:0, move to a graph on /cpu:1). */
+static const char *g_device = "/cpu:1", *g_other = "/cpu:0";
+
+static void bitwise_f64(void)
+{
+    for (int k = 0; k < 3; k++)
+        same_as_eager(g_device, NB_F64, (opt_kind)k, false);
+}
+
+static void bitwise_f32(void)
+{
+    for (int k = 0; k < 3; k++)
+        same_as_eager(g_device, NB_F32, (opt_kind)k, false);
+}
+
+static void bitwise_in_place(void)
+{
+    same_as_eager(g_device, NB_F32, OPT_ADAM, true);
+    same_as_eager(g_device, NB_F64, OPT_MOMENTUM, true);
+}
+
+/* ---- op by op: a replay gives each op's eager bits ------------------------------------ */
+
+enum { OP_MATMUL, OP_MATMUL_TA, OP_MATMUL_TB, OP_TANH, OP_ADD_ROW, OP_XENT, OP_MEAN, OP_GRAD, OP_COUNT };
+static const char *const op_names[OP_COUNT] = {"matmul", "matmul a^T", "matmul b^T", "tanh", "add a row",
+                                               "sparse_softmax_cross_entropy", "mean_all", "a tape gradient"};
+
+static nb_status one_op(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    int op = *(int *)user;
+    (void)n_in, (void)n_out;
+    nb_tensor *a = in[0], *b = in[1], *labels = in[2];
+    switch (op) {
+    case OP_MATMUL: out[0] = nb_matmul(a, b); break;
+    case OP_MATMUL_TA: out[0] = nb_matmul(nb_transpose(a, 0, 1), nb_matmul(a, b)); break;
+    case OP_MATMUL_TB: out[0] = nb_matmul(nb_matmul(a, b), nb_transpose(b, 0, 1)); break;
+    case OP_TANH: out[0] = nb_tanh(a); break;
+    case OP_ADD_ROW: out[0] = nb_add(nb_matmul(a, b), nb_slice(b, NB_SHAPE(0, 0), NB_SHAPE(1, -1))); break;
+    case OP_XENT: out[0] = nb_sparse_softmax_cross_entropy(nb_slice(nb_matmul(a, b), NB_SHAPE(0, 0), NB_SHAPE(-1, CLASSES)), labels); break;
+    case OP_MEAN: out[0] = nb_mean_all(nb_matmul(a, b)); break;
+    default: {
+        nb_tape *t = nb_tape_begin();
+        nb_tape_watch(t, a);
+        nb_tape_watch(t, b);
+        nb_tensor *logits = nb_slice(nb_tanh(nb_matmul(a, b)), NB_SHAPE(0, 0), NB_SHAPE(-1, CLASSES));
+        nb_tensor *loss = nb_mean_all(nb_sparse_softmax_cross_entropy(logits, labels));
+        nb_tensor *src[2] = {a, b}, *g[2];
+        nb_status st = nb_tape_gradient(t, loss, 2, src, g);
+        if (st)
+            return st;
+        out[0] = nb_concat(2, (nb_tensor *[]){nb_reshape(g[0], NB_SHAPE(-1)), nb_reshape(g[1], NB_SHAPE(-1))}, 0);
+    }
+    }
+    return out[0] ? NB_OK : nb_error();
+}
+
+static void ops_bitwise(void)
+{
+    int64_t lab[BATCH];
+    for (int r = 0; r < BATCH; r++)
+        lab[r] = (r * 3) % CLASSES;
+    for (int d = 0; d < 2; d++) {
+        nb_dtype dt = d ? NB_F64 : NB_F32;
+        for (int op = 0; op < OP_COUNT; op++) {
+            nb_scope *s = nb_scope_begin();
+            nb_device_push(g_device);
+            nb_tensor *in[3] = {nb_cast(nb_random_normal(NB_F64, NB_SHAPE(BATCH, FEAT), 0, 1, 5), dt),
+                                nb_cast(nb_random_normal(NB_F64, NB_SHAPE(FEAT, HID), 0, 1, 6), dt),
+                                nb_to_device(nb_from_buffer(NB_I64, NB_SHAPE(BATCH), lab), g_device)};
+            nb_tensor *eager = NULL, *first = NULL, *again = NULL;
+            nb_graph *g = NULL;
+            CHECK_OK(one_op(&op, 3, in, 1, &eager));
+            CHECK_OK(nb_graph_capture(g_device, one_op, &op, 3, in, 1, &first, &g));
+            CHECK_OK(nb_graph_replay(g, in, &again));
+            nb_graph_free(g);
+            nb_device_pop();
+            if (eager && first && again) {
+                bool ok_first = same_bits(eager, first), ok_again = same_bits(eager, again);
+                if (!ok_first || !ok_again)
+                    fprintf(stderr, "[ops_bitwise] %s %s on %s: the %s differs from the eager op's\n", op_names[op],
+                            nb_dtype_name(dt), g_device, !ok_first ? "warm-up" : "replay");
+                CHECK(ok_first && ok_again);
+            }
+            nb_scope_end(s);
+        }
+    }
+}
+
+/* ---- the rules -------------------------------------------------------------------- */
+
+typedef enum {
+    RULE_ITEM, RULE_READ, RULE_FROM_BUFFER, RULE_SYNC, RULE_OTHER_DEVICE, RULE_COPY_OUT, RULE_VARIABLE,
+    RULE_MIRRORED, RULE_DROPOUT, RULE_NESTED, RULE_COUNT
+} rule;
+
+static const char *const rule_calls[RULE_COUNT] = {
+    "nb_tensor_get", "nb_tensor_read", "nb_from_buffer", "nb_synchronize", "a tensor on /cpu:",
+    "copy_to_device", "nb_variable_new", "nb_mirrored_run", "nb_dropout_apply", "called inside a captured step",
+};
+
+typedef struct rule_case {
+    rule r;
+    nb_mirrored *strategy;
+} rule_case;
+
+static nb_status no_op_replica(nb_replica *r, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out, void *user)
+{
+    (void)user, (void)r, (void)n_in, (void)in, (void)n_out, (void)out;
+    return NB_OK;
+}
+
+static nb_status nested_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    (void)user, (void)n_in, (void)in, (void)n_out, (void)out;
+    return NB_OK;
+}
+
+/* A step that breaks rule c->r after some ordinary work. */
+static nb_status rule_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    rule_case *c = user;
+    (void)n_in;
+    (void)n_out;
+    nb_tensor *y = nb_mul_scalar(in[0], 2.0);
+    out[0] = y;
+    double v[4] = {0};
+    nb_graph *inner = NULL;
+    switch (c->r) {
+    case RULE_ITEM: return isnan(nb_tensor_item(nb_sum_all(y))) ? nb_error() : NB_OK;
+    case RULE_READ: return nb_tensor_read(y, v, sizeof v);
+    case RULE_FROM_BUFFER: return nb_from_buffer(NB_F64, NB_SHAPE(4), v) ? NB_OK : nb_error();
+    case RULE_SYNC: return nb_synchronize();
+    case RULE_OTHER_DEVICE: {
+        nb_device_push(g_other);
+        nb_tensor *z = nb_zeros(NB_F64, NB_SHAPE(2));
+        nb_device_pop();
+        return z ? NB_OK : nb_error();
+    }
+    case RULE_COPY_OUT: return nb_to_device(y, g_other) ? NB_OK : nb_error();
+    case RULE_VARIABLE: return nb_variable_new("late", y) ? NB_OK : nb_error();
+    case RULE_MIRRORED: return nb_mirrored_run(c->strategy, no_op_replica, NULL, 0, NULL, 0, NULL);
+    case RULE_DROPOUT: {
+        nb_dropout_layer d;
+        nb_dropout_init(&d, 0.5, 1);
+        return nb_dropout_apply(&d, y, true) ? NB_OK : nb_error();
+    }
+    case RULE_NESTED: {
+        nb_status st = nb_graph_capture(g_device, nested_step, NULL, 1, in, 0, NULL, &inner);
+        nb_graph_free(inner);
+        return st;
+    }
+    default: return NB_OK;
+    }
+}
+
+static void refusals(void)
+{
+    nb_mirrored *strategy = nb_mirrored_new(2, (const char *const[]){"/cpu:0", "/cpu:1"});
+    nb_device_push(g_device);
+    CHECK(strategy != NULL);
+    nb_tensor *x = nb_ones(NB_F64, NB_SHAPE(4));
+    for (int r = 0; r < RULE_COUNT; r++) {
+        rule_case c = {(rule)r, strategy};
+        nb_graph *g = (nb_graph *)&c; /* must come back NULL */
+        nb_tensor *out = NULL;
+        nb_status st = nb_graph_capture(g_device, rule_step, &c, 1, &x, 1, &out, &g);
+        CHECK(st == (r == RULE_NESTED ? NB_ERR_INVALID_ARGUMENT : NB_ERR_UNSUPPORTED));
+        CHECK(g == NULL && out == NULL);
+        if (r == RULE_NESTED)
+            CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_graph_capture", rule_calls[r]);
+        else
+            CHECK_ERROR(NB_ERR_UNSUPPORTED, rule_calls[r], "cannot", "captured on");
+    }
+    /* The thread is in no capture afterwards: everything works again. */
+    double v = 0;
+    CHECK_OK(nb_tensor_read(nb_sum_all(x), &v, sizeof v));
+    CHECK(v == 4);
+    nb_device_pop();
+    nb_mirrored_free(strategy);
+}
+
+/* ---- replay's checks --------------------------------------------------------------- */
+
+static nb_status double_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    (void)user, (void)n_in, (void)n_out;
+    out[0] = nb_mul_scalar(in[0], 2.0);
+    out[1] = nb_sum_all(in[0]);
+    return NB_OK;
+}
+
+static nb_status failing_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    int *calls = user;
+    (void)n_in, (void)n_out, (void)in, (void)out;
+    if (++*calls >= 2)
+        return nb_reshape(in[0], NB_SHAPE(7)) ? NB_OK : nb_error();
+    out[0] = nb_mul_scalar(in[0], 1.0);
+    return NB_OK;
+}
+
+static void replay_checks(void)
+{
+    nb_tensor *x = nb_arange(NB_F32, 0, 6, 1), *outs[2] = {NULL, NULL};
+    nb_graph *g = NULL;
+    CHECK_OK(nb_graph_capture(g_device, double_step, NULL, 1, &x, 2, outs, &g));
+    CHECK(g && !strcmp(nb_graph_device(g), g_device));
+    CHECK(outs[0] && nb_tensor_get(nb_to_device(outs[1], "/cpu:0"), 0) == 15);
+    nb_tensor *first = outs[0];
+    /* New values in, new tensors out; the earlier outputs keep theirs. */
+    nb_tensor *x2 = nb_add_scalar(x, 1.0);
+    CHECK_OK(nb_graph_replay(g, &x2, outs));
+    CHECK(outs[0] != first);
+    CHECK(nb_tensor_get(nb_to_device(outs[1], "/cpu:0"), 0) == 21);
+    CHECK(nb_tensor_get(nb_to_device(first, "/cpu:0"), 5) == 10);
+    CHECK(nb_tensor_get(nb_to_device(outs[0], "/cpu:0"), 5) == 12);
+    CHECK_OK(nb_graph_replay(g, &x2, NULL)); /* outputs not wanted */
+
+    nb_tensor *bad_shape = nb_zeros(NB_F32, NB_SHAPE(7));
+    CHECK(nb_graph_replay(g, &bad_shape, outs) == NB_ERR_SHAPE);
+    CHECK_ERROR(NB_ERR_SHAPE, "nb_graph_replay", "input 0", "[7]", "[6]");
+    nb_tensor *bad_dtype = nb_zeros(NB_F64, NB_SHAPE(6));
+    CHECK(nb_graph_replay(g, &bad_dtype, outs) == NB_ERR_DTYPE);
+    CHECK_ERROR(NB_ERR_DTYPE, "nb_graph_replay", "f64", "f32");
+    nb_tensor *none = NULL;
+    CHECK(nb_graph_replay(g, &none, outs) == NB_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "input 0 is NULL");
+    /* No inputs: the last step's again. */
+    CHECK_OK(nb_graph_replay(g, NULL, outs));
+    CHECK(nb_tensor_get(nb_to_device(outs[1], "/cpu:0"), 0) == 21);
+    nb_graph_free(g);
+
+    CHECK(nb_graph_replay(NULL, &x, outs) == NB_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "graph is NULL");
+    CHECK(nb_graph_capture(g_device, NULL, NULL, 1, &x, 1, outs, &g) == NB_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "fn is NULL");
+    CHECK(nb_graph_capture(g_device, double_step, NULL, 1, &none, 2, outs, &g) == NB_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "input 0 is NULL");
+    CHECK(nb_graph_capture("/tpu:0", double_step, NULL, 1, &x, 2, outs, &g) == NB_ERR_DEVICE);
+    nb_error_clear();
+    CHECK(g == NULL);
+
+    /* The step's own error, at capture (on a GPU its second run records) or replay. */
+    int calls = 0;
+    nb_status st = nb_graph_capture(g_device, failing_step, &calls, 1, &x, 1, outs, &g);
+    if (st == NB_OK) {
+        CHECK(nb_graph_replay(g, &x, outs) == NB_ERR_SHAPE);
+        CHECK_ERROR(NB_ERR_SHAPE, "reshape");
+        nb_graph_free(g);
+    } else {
+        CHECK(st == NB_ERR_SHAPE && g == NULL);
+        CHECK_ERROR(NB_ERR_SHAPE, "reshape");
+    }
+    nb_graph_free(NULL);
+    CHECK(!nb_graph_recorded(NULL) && nb_graph_nodes(NULL) == 0 && nb_graph_device(NULL) == NULL);
+}
+
+int main(int argc, char **argv)
+{
+    bool gpu_only = argc > 1 && !strcmp(argv[1], "--gpu");
+    nb_set_logical_cpu_devices(2);
+    nb_set_deterministic(true);
+    if (gpu_only) {
+        if (nb_device_count(NB_DEVICE_GPU) == 0)
+            return check_no_gpu("test_graph --gpu");
+        g_device = "/gpu:0";
+        g_other = "/cpu:1";
+    }
+    RUN(ops_bitwise);
+    RUN(bitwise_f64);
+    RUN(bitwise_f32);
+    RUN(bitwise_in_place);
+    RUN(refusals);
+    RUN(replay_checks);
+    return check_finish();
+}
