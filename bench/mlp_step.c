@@ -1,6 +1,8 @@
 /* One training step of a 784-256-10 MLP at batch 64: forward, sparse softmax
  * cross-entropy, backward, SGD update. On /cpu:0, and on /gpu:0 when there is one,
- * beside the same step in PyTorch eager from Python (bench/mlp_step.py).
+ * beside the same step in PyTorch eager from Python (bench/mlp_step.py); on the
+ * GPU also captured once (nb_graph_capture) and replayed, beside PyTorch's
+ * torch.cuda.CUDAGraph replay of the same step.
  *
  *   mlp_step [--reps R] [--no-peer]
  *
@@ -12,46 +14,81 @@
 
 #define WARM 20
 
-static double bench_device(const char *device, int reps)
+typedef struct mlp {
+    nb_variable *p[4];
+    nb_optimizer *opt;
+} mlp;
+
+static void mlp_init(mlp *m)
+{
+    m->p[0] = nb_variable_new("w1", nb_random_normal(NB_F32, NB_SHAPE(784, 256), 0, sqrt(2.0 / 784), 2));
+    m->p[1] = nb_variable_new("b1", nb_zeros(NB_F32, NB_SHAPE(256)));
+    m->p[2] = nb_variable_new("w2", nb_random_normal(NB_F32, NB_SHAPE(256, 10), 0, sqrt(1.0 / 256), 3));
+    m->p[3] = nb_variable_new("b2", nb_zeros(NB_F32, NB_SHAPE(10)));
+    m->opt = nb_sgd_new(0.01);
+}
+
+static void mlp_free(mlp *m)
+{
+    nb_optimizer_free(m->opt);
+    for (int i = 0; i < 4; i++)
+        nb_variable_free(m->p[i]);
+}
+
+/* The step (nb_graph_step_fn): inputs x [64, 784] and labels [64]; output the loss. */
+static nb_status mlp_train(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    mlp *m = user;
+    (void)n_in, (void)n_out;
+    nb_scope *s = nb_scope_begin();
+    nb_tape *tape = nb_tape_begin();
+    nb_tensor *h = nb_relu(nb_add(nb_matmul(in[0], nb_read(m->p[0])), nb_read(m->p[1])));
+    nb_tensor *logits = nb_add(nb_matmul(h, nb_read(m->p[2])), nb_read(m->p[3]));
+    nb_tensor *loss = nb_mean_all(nb_sparse_softmax_cross_entropy(logits, in[1]));
+    nb_tensor *g[4];
+    nb_tape_gradient_vars(tape, loss, 4, m->p, g);
+    nb_status st = nb_optimizer_apply(m->opt, 4, m->p, g);
+    out[0] = nb_keep(loss);
+    nb_scope_end(s);
+    return st;
+}
+
+/* Median microseconds per step: eager, or (graph) one capture then replays. */
+static double bench_device(const char *device, int reps, bool graph)
 {
     nb_scope *outer = nb_scope_begin();
     nb_device_push(device);
     int64_t labels[64];
     for (int i = 0; i < 64; i++)
         labels[i] = (i * 7 + 3) % 10;
-    nb_tensor *x = nb_random_normal(NB_F32, NB_SHAPE(64, 784), 0, 1, 1);
-    nb_tensor *y = nb_from_buffer(NB_I64, NB_SHAPE(64), labels);
-    nb_variable *p[4] = {
-        nb_variable_new("w1", nb_random_normal(NB_F32, NB_SHAPE(784, 256), 0, sqrt(2.0 / 784), 2)),
-        nb_variable_new("b1", nb_zeros(NB_F32, NB_SHAPE(256))),
-        nb_variable_new("w2", nb_random_normal(NB_F32, NB_SHAPE(256, 10), 0, sqrt(1.0 / 256), 3)),
-        nb_variable_new("b2", nb_zeros(NB_F32, NB_SHAPE(10))),
-    };
-    nb_optimizer *opt = nb_sgd_new(0.01);
+    nb_tensor *in[2] = {nb_random_normal(NB_F32, NB_SHAPE(64, 784), 0, 1, 1),
+                        nb_from_buffer(NB_I64, NB_SHAPE(64), labels)};
+    mlp m;
+    mlp_init(&m);
+    nb_graph *g = NULL;
+    if (graph)
+        nb_graph_capture(device, mlp_train, &m, 2, in, 1, NULL, &g);
     double *v = malloc(sizeof *v * (size_t)reps);
     for (int i = 0; i < WARM + reps; i++) {
         double t0 = bench_now();
         nb_scope *s = nb_scope_begin();
-        nb_tape *tape = nb_tape_begin();
-        nb_tensor *h = nb_relu(nb_add(nb_matmul(x, nb_read(p[0])), nb_read(p[1])));
-        nb_tensor *logits = nb_add(nb_matmul(h, nb_read(p[2])), nb_read(p[3]));
-        nb_tensor *loss = nb_mean_all(nb_sparse_softmax_cross_entropy(logits, y));
-        nb_tensor *g[4];
-        nb_tape_gradient_vars(tape, loss, 4, p, g);
-        nb_optimizer_apply(opt, 4, p, g);
+        nb_tensor *loss;
+        if (g) /* the inputs stay in the graph, as PyTorch's static ones */
+            nb_graph_replay(g, NULL, &loss);
+        else
+            mlp_train(&m, 2, in, 1, &loss);
         nb_scope_end(s);
         nb_synchronize();
         if (i >= WARM)
             v[i - WARM] = (bench_now() - t0) * 1e6;
     }
-    double m = bench_median(v, reps);
+    double med = bench_median(v, reps);
     free(v);
-    nb_optimizer_free(opt);
-    for (int i = 0; i < 4; i++)
-        nb_variable_free(p[i]);
+    nb_graph_free(g);
+    mlp_free(&m);
     nb_device_pop();
     nb_scope_end(outer);
-    return m;
+    return med;
 }
 
 int main(int argc, char **argv)
@@ -72,9 +109,10 @@ int main(int argc, char **argv)
         reps = 1;
     nb_set_error_handler(nb_error_handler_exit, NULL);
 
-    double cpu = bench_device("/cpu:0", reps);
+    double cpu = bench_device("/cpu:0", reps, false);
     bool gpu = nb_device_count(NB_DEVICE_GPU) > 0;
-    double gpu_us = gpu ? bench_device("/gpu:0", reps) : 0;
+    double gpu_us = gpu ? bench_device("/gpu:0", reps, false) : 0;
+    double graph_us = gpu ? bench_device("/gpu:0", reps, true) : 0;
 
     bench_peer p = {0};
     if (peer) {
@@ -89,6 +127,10 @@ int main(int argc, char **argv)
     bench_row("/cpu:0 (torch: cpu)", cpu, bench_peer_get(&p, "cpu"));
     if (gpu)
         bench_row("/gpu:0 (torch: cuda)", gpu_us, bench_peer_get(&p, "cuda"));
+    if (gpu) {
+        bench_row("/gpu:0 graph replay (torch: CUDA graph)", graph_us, bench_peer_get(&p, "cuda_graph"));
+        bench_row("/gpu:0 graph replay (torch: cuda eager)", graph_us, bench_peer_get(&p, "cuda"));
+    }
     else
         return bench_no_gpu("/gpu:0", nb_gpu_unavailable_reason());
     return 0;

@@ -1,7 +1,8 @@
 """PyTorch side of bench/mlp_step.c: one training step of a 784-256-10 MLP at
 batch 64 (forward, sparse softmax cross-entropy, backward, SGD update).
 
-Prints "version V", then "cpu US" and, with CUDA, "cuda US" (median microseconds
+Prints "version V", then "cpu US" and, with CUDA, "cuda US" and "cuda_graph US"
+(the step captured once with torch.cuda.graph and replayed) (median microseconds
 per step), or "PyTorch: not installed"."""
 import statistics
 import sys
@@ -20,7 +21,7 @@ R = int(sys.argv[1]) if len(sys.argv) > 1 else 200
 WARM = 20
 
 
-def bench(device):
+def bench(device, graph=False):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(64, 784, generator=g).to(device)
     y = torch.randint(0, 10, (64,), generator=g).to(device)
@@ -42,6 +43,23 @@ def bench(device):
 
     for _ in range(WARM):
         step()
+    if graph:
+        # The whole step in one CUDA graph (PyTorch's recipe: warm up on a side
+        # stream, grads set to None so that backward allocates them in the pool).
+        g = torch.cuda.CUDAGraph()
+        opt.zero_grad(set_to_none=True)
+        with torch.cuda.graph(g):
+            logits = torch.relu(x @ w1 + b1) @ w2 + b2
+            loss = F.cross_entropy(logits, y)
+            loss.backward()
+            opt.step()
+
+        def step():
+            g.replay()
+            torch.cuda.synchronize()
+
+        for _ in range(WARM):
+            step()
     samples = []
     for _ in range(R):
         t0 = time.perf_counter_ns()
@@ -56,3 +74,8 @@ sys.stdout.flush()
 if torch.cuda.is_available():
     torch.backends.cuda.matmul.allow_tf32 = False
     print("cuda", bench("cuda"))
+    sys.stdout.flush()
+    try:
+        print("cuda_graph", bench("cuda", graph=True))
+    except Exception as e:  # a PyTorch that cannot capture this step
+        print("cuda_graph_error", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
