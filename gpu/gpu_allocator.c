@@ -313,15 +313,23 @@ static block *take_from(block **head, size_t lo, size_t hi, nb_gpu_ctx *c, bool 
     return NULL;
 }
 
+/* The largest block a request of size (a class size) may take: the class
+ * itself up to 1 MiB, up to 25% more above. */
+static size_t fit_limit(size_t size)
+{
+    if (size <= SMALL_LIMIT)
+        return size;
+    size_t step = class_step(size);
+    return size + size / 4 / step * step;
+}
+
 static block *take_cached(nb_gpu_allocator *a, nb_gpu_ctx *c, size_t size)
 {
     block *b;
-    if (size <= SMALL_LIMIT) {
+    if (size <= SMALL_LIMIT)
         b = take_from(&a->small[size / SMALL_QUANTUM - 1], size, size, c, false);
-    } else {
-        size_t step = class_step(size), slack = size / 4 / step * step;
-        b = take_from(&a->large, size, size + slack, c, true);
-    }
+    else
+        b = take_from(&a->large, size, fit_limit(size), c, true);
     if (b) {
         a->cached -= b->size;
         b->recycled = true;
@@ -597,13 +605,10 @@ bool nb__gpu_block_fence(nb_gpu_ctx *c, const void *ptr, cudaStream_t waiter)
 
 /* ---- pools of recorded graphs ---------------------------------------------------- */
 
-/* A block of p fit for size (the cache's rule: the class itself up to 1 MiB,
- * up to 25% more above), unlinked; NULL when none. */
+/* A block of p fit for size (fit_limit, as the cache), unlinked; NULL when none. */
 static block *pool_take(nb_gpu_pool *p, size_t size)
 {
-    size_t hi = size;
-    if (size > SMALL_LIMIT)
-        hi += size / 4 / class_step(size) * class_step(size);
+    const size_t hi = fit_limit(size);
     for (block **pp = &p->free; *pp; pp = &(*pp)->next) {
         block *b = *pp;
         if (b->size >= size && b->size <= hi) {

@@ -5,6 +5,7 @@
 #define NB_TEST_CHECK_H
 
 #include <nabla/nabla.h>
+#include "read_doubles.h"
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -34,6 +34,7 @@
 #define NB_TEST_CONV_SEARCH_H
 
 #include "conv_ref.h"
+#include "read_doubles.h"
 #include "nb_config.h"
 #include "ops/cpu/cpu_internal.h"
 
@@ -199,20 +200,9 @@ static inline double cs_tol(nb_dtype dt, bool divides)
  * in NCHW; NULL (with the error recorded) when it cannot be read. */
 static inline double *cs_read(nb_tensor *t, bool nchw_image)
 {
-    if (!t)
-        return NULL;
-    nb_tensor *c = nb_to_device(nb_cast(t, NB_F64), "/cpu:0"); /* cast first: the CPU holds no f16 */
-    if (c && nchw_image)
-        c = nb_contiguous(nb_permute(c, NB_AXES(0, 2, 3, 1)));
-    if (!c)
-        return NULL;
-    int64_t n = nb_tensor_numel(c);
-    double *v = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
-    if (nb_tensor_read(c, v, sizeof(double) * (size_t)n) != NB_OK) {
-        free(v);
-        return NULL;
-    }
-    return v;
+    if (t && nchw_image)
+        t = nb_contiguous(nb_permute(t, NB_AXES(0, 2, 3, 1)));
+    return check_read_doubles(t);
 }
 
 /* Compares t with ref (n values, NaN matching NaN); records the worst element. */

@@ -14,30 +14,13 @@ static int cards;            /* physical GPUs */
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-/* t's elements as doubles on the host (malloc'd); NULL when t is NULL. */
-static double *host_copy(const nb_tensor *t)
-{
-    if (!t)
-        return NULL;
-    nb_tensor *c = nb_cast(nb_to_device((nb_tensor *)t, "/cpu:0"), NB_F64);
-    if (!c)
-        return NULL;
-    int64_t n = nb_tensor_numel(c);
-    double *v = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
-    if (nb_tensor_read(c, v, sizeof(double) * (size_t)n) != NB_OK) {
-        free(v);
-        return NULL;
-    }
-    return v;
-}
-
 /* Largest |a - b| / max(|a|, |b|, 1e-6) over the elements; INFINITY when
  * either is missing or the shapes differ. */
 static double rel_diff(const nb_tensor *a, const nb_tensor *b)
 {
     if (!a || !b || !has_shape(b, nb_tensor_shape(a)))
         return INFINITY;
-    double *x = host_copy(a), *y = host_copy(b), worst = 0;
+    double *x = check_read_doubles(a), *y = check_read_doubles(b), worst = 0;
     if (!x || !y)
         worst = INFINITY;
     for (int64_t i = 0; x && y && i < nb_tensor_numel(a); i++) {
@@ -185,7 +168,7 @@ static void all_reduce_vs_cpu(const char *const *devs, int n, nb_dtype dt, int64
                    nb_dtype_name(dt), (long long)len, r);
         }
         /* |a - b| / (1 + |b|): NCCL may sum in another order */
-        double *a = host_copy(out[0]), *b = host_copy(ref), e = a && b ? 0 : INFINITY;
+        double *a = check_read_doubles(out[0]), *b = check_read_doubles(ref), e = a && b ? 0 : INFINITY;
         for (int64_t i = 0; a && b && i < len; i++) {
             double d = fabs(a[i] - b[i]) / (1 + fabs(b[i]));
             e = d > e || isnan(d) ? (isnan(d) ? INFINITY : d) : e;

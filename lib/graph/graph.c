@@ -52,7 +52,7 @@ static nb_status copy_into(nb_device *dev, nb_tensor *dst, const nb_tensor *src)
     return st;
 }
 
-/* A new tensor, owned by the current scope (or the caller), holding t's values. */
+/* A new tensor holding t's values (one reference, in no scope). */
 static nb_tensor *copy_out(nb_device *dev, const nb_tensor *t)
 {
     int64_t dims[NB_MAX_DIMS];
@@ -68,7 +68,7 @@ static nb_tensor *copy_out(nb_device *dev, const nb_tensor *t)
             return NULL;
         }
     }
-    return nb__own(o);
+    return o;
 }
 
 /* Runs the step once under the rules: outs gets n_out tensors holding one
@@ -285,15 +285,19 @@ nb_status nb_graph_replay(nb_graph *g, nb_tensor *const *inputs, nb_tensor **out
         g->params_sent = true;
     }
     nb__capture_after_replay(g->rec);
-    for (int i = 0; i < g->n_out && outputs; i++)
-        outputs[i] = NULL;
-    for (int i = 0; i < g->n_out && outputs; i++) {
+    if (!outputs)
+        return NB_OK;
+    /* Handed out only once every copy is made, so a failure leaves none behind. */
+    for (int i = 0; i < g->n_out; i++) {
         if (!(outputs[i] = copy_out(g->dev, g->out[i]))) {
-            for (int j = 0; j < i; j++)
-                outputs[j] = NULL; /* owned by the scope (or released below) */
+            for (int j = 0; j < i; j++) {
+                nb__release(outputs[j]);
+                outputs[j] = NULL;
+            }
             return nb_error() ? nb_error() : NB_ERR_OUT_OF_MEMORY;
         }
     }
+    hand_out(g->n_out, outputs, outputs);
     return NB_OK;
 }
 
