@@ -457,7 +457,10 @@ static bool all_reduce_local(nb_replica_state *rs, bool ok, int n_buckets, nb_te
     /* Every part is summed before anyone gathers it. */
     if (!nb__mirrored_barrier(s, ok, NULL, NULL))
         return false;
-    for (int k = 0; k < n_buckets && ok; k++) {
+    /* Across processes, replica 0 alone gathers: it sums the whole buckets
+     * with the other processes, and the others then copy its result. */
+    bool gather = !s->world || rs->index == 0;
+    for (int k = 0; k < n_buckets && ok && gather; k++) {
         nb_status st = gather_parts(rs, k);
         ok = st == NB_OK || nb__replica_failed(rs, st, "all-reduce: gathering bucket %d failed", k);
     }
