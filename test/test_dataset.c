@@ -429,6 +429,135 @@ static void test_idx(void)
     remove(pl2);
 }
 
+/* A shard of an IDX source keeps only its rows (folded into the source, or
+ * a shard of the source once read: the same elements); a shard of a shard;
+ * data errors come with the first pass. */
+static void test_idx_shard(void)
+{
+    unsigned char images[8 + 8 + 14] = {0, 0, 8, 2, 0, 0, 0, 7, 0, 0, 0, 2};
+    unsigned char labels[8 + 7] = {0, 0, 8, 1, 0, 0, 0, 7};
+    for (int r = 0; r < 7; r++) {
+        images[12 + 2 * r] = (unsigned char)(2 * r);
+        images[13 + 2 * r] = (unsigned char)(2 * r + 1);
+        labels[8 + r] = (unsigned char)(100 + r);
+    }
+    char pi[64], pl[64];
+    snprintf(pi, sizeof pi, "/tmp/nb_test_dataset_%d_si", (int)getpid());
+    snprintf(pl, sizeof pl, "/tmp/nb_test_dataset_%d_sl", (int)getpid());
+    FILE *f = fopen(pi, "wb");
+    fwrite(images, 1, 12 + 14, f);
+    fclose(f);
+    f = fopen(pl, "wb");
+    fwrite(labels, 1, 15, f);
+    fclose(f);
+    for (int count = 1; count <= 8; count++)
+        for (int index = 0; index < count; index++)
+            for (int read_first = 0; read_first < 2; read_first++) {
+                nb_dataset *src = nb_dataset_from_idx_pair(pi, pl);
+                if (read_first) { /* read once: the shard then drops rows */
+                    nb_dataset_iterator *it0 = nb_dataset_iterate(src);
+                    CHECK(it0 != NULL);
+                    nb_dataset_iterator_free(it0);
+                }
+                nb_dataset *ds = nb_dataset_shard(src, count, index);
+                nb_dataset_iterator *it = nb_dataset_iterate(ds);
+                nb_tensor *out[2];
+                int k = 0;
+                nb_status st;
+                while ((st = nb_dataset_next(it, out)) == NB_OK) {
+                    int r = index + k * count;
+                    CHECKF(nb_tensor_get(out[0], 1) == 2 * r + 1 && nb_tensor_item(out[1]) == 100 + r,
+                           "IDX shard %d of %d (read first: %d): element %d", index, count, read_first, k);
+                    k++;
+                }
+                CHECKF(st == NB_ERR_OUT_OF_RANGE && k == (7 - index + count - 1) / count,
+                       "IDX shard %d of %d: %d elements", index, count, k);
+                nb_dataset_iterator_free(it);
+                nb_dataset_free(ds);
+            }
+    /* a shard of a shard: rows 1 + 2 (0 + 3 k) = 1, 7, ... */
+    nb_dataset *ds = nb_dataset_shard(nb_dataset_shard(nb_dataset_from_idx(pl), 2, 1), 3, 0);
+    double v[8];
+    CHECK(drain(ds, v, 8) == 1 && v[0] == 101);
+    nb_dataset_free(ds);
+    /* data cut short: the header is fine, the first pass fails naming the file */
+    f = fopen(pi, "wb");
+    fwrite(images, 1, 12 + 13, f);
+    fclose(f);
+    ds = nb_dataset_shard(nb_dataset_from_idx(pi), 2, 1);
+    CHECK(ds != NULL);
+    CHECK(nb_dataset_iterate(ds) == NULL);
+    CHECK_ERROR(NB_ERR_IO, pi, "truncated data");
+    nb_dataset_free(ds);
+    remove(pi);
+    remove(pl);
+}
+
+/* Inverts the byte at offset in the file at path. */
+static void flip_byte(const char *path, long offset)
+{
+    FILE *f = fopen(path, "r+b");
+    CHECK(f != NULL);
+    if (!f)
+        return;
+    fseek(f, offset, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, offset, SEEK_SET);
+    fputc(c ^ 0xff, f);
+    fclose(f);
+}
+
+/* A shard of a TFRecord source: its records, the others seeked over (their
+ * data and its CRC unread: a bad data CRC in another shard's record goes
+ * unseen, a bad length CRC does not). */
+static void test_tfrecord_shard(void)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/nb_test_dataset_%d_s.tfrecord", (int)getpid());
+    nb_tfrecord_writer *w = nb_tfrecord_writer_open(path);
+    unsigned char rec[8];
+    for (int i = 0; i < 7; i++) {
+        memset(rec, 10 + i, sizeof rec);
+        CHECK_OK(nb_tfrecord_write(w, rec, (size_t)i + 1)); /* record i: i + 1 bytes of 10 + i */
+    }
+    CHECK_OK(nb_tfrecord_writer_close(w));
+    for (int count = 1; count <= 4; count++)
+        for (int index = 0; index < count; index++) {
+            nb_dataset *ds = nb_dataset_shard(nb_dataset_from_tfrecord(path), count, index);
+            nb_dataset_iterator *it = nb_dataset_iterate(ds);
+            nb_tensor *out[1];
+            int k = 0;
+            nb_status st;
+            while ((st = nb_dataset_next(it, out)) == NB_OK) {
+                int r = index + k * count;
+                CHECKF(nb_tensor_dim(out[0], 0) == r + 1 && nb_tensor_get(out[0], 0) == 10 + r,
+                       "TFRecord shard %d of %d: element %d", index, count, k);
+                k++;
+            }
+            CHECKF(st == NB_ERR_OUT_OF_RANGE && k == (7 - index + count - 1) / count,
+                   "TFRecord shard %d of %d: %d elements", index, count, k);
+            nb_dataset_iterator_free(it);
+            nb_dataset_free(ds);
+        }
+    /* record 0 (offset 0, 1 byte: its data CRC at bytes 13-16) gets a bad data CRC */
+    flip_byte(path, 13);
+    nb_dataset *ds = nb_dataset_shard(nb_dataset_from_tfrecord(path), 2, 1);
+    double v[8];
+    CHECK(drain(ds, v, 8) == 3 && v[0] == 11 && v[2] == 15);
+    nb_dataset_free(ds);
+    ds = nb_dataset_shard(nb_dataset_from_tfrecord(path), 2, 0);
+    CHECK(drain(ds, v, 8) == 0);
+    CHECK_ERROR(NB_ERR_IO, "bad data CRC", "byte offset 13");
+    nb_dataset_free(ds);
+    /* record 0's length CRC broken: skipping it fails */
+    flip_byte(path, 8);
+    ds = nb_dataset_shard(nb_dataset_from_tfrecord(path), 2, 1);
+    CHECK(drain(ds, v, 8) == 0);
+    CHECK_ERROR(NB_ERR_IO, "nb_tfrecord_skip", "bad length CRC");
+    nb_dataset_free(ds);
+    remove(path);
+}
+
 /* Records of a TFRecord file parsed as tf.train.Examples, batched and read ahead. */
 static void test_tfrecord_examples(void)
 {
@@ -539,6 +668,8 @@ int main(void)
     RUN(test_prefetch);
     RUN(test_errors);
     RUN(test_idx);
+    RUN(test_idx_shard);
+    RUN(test_tfrecord_shard);
     RUN(test_tfrecord_examples);
     RUN(test_mirrored);
     return check_finish();

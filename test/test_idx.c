@@ -463,6 +463,75 @@ static void test_fashion_mnist(void)
     }
 }
 
+/* nb_idx_read_share: every share of a [rows, 3] i32 file (plain and gzipped,
+ * and across the reader's 1 MiB window) is the full read's rows index, index +
+ * count, ...; the shares' rows together are the file; a bad file is refused
+ * as nb_idx_read refuses it; bad arguments. */
+static void check_share(bool gz, int64_t rows)
+{
+    size_t payload_bytes = (size_t)rows * 3 * 4;
+    uint8_t *buf = malloc(payload_bytes + 64), *payload = malloc(payload_bytes);
+    for (int64_t i = 0; i < rows * 3; i++) {
+        int32_t v = (int32_t)(i * 7919 - 100000);
+        put_be(payload + 4 * i, &v, 4);
+    }
+    uint32_t dims[2] = {(uint32_t)rows, 3};
+    size_t n = build_idx(buf, 0x0C, 2, dims, payload, payload_bytes);
+    const char *path = tmp_path(gz ? "share.idx.gz" : "share.idx");
+    write_file(path, buf, n, gz);
+    nb_tensor *all = nb_idx_read(path);
+    CHECK(all != NULL);
+    int64_t seen = 0;
+    for (int64_t count = 1; count <= 5 && all; count++)
+        for (int64_t index = 0; index < count; index++) {
+            nb_tensor *t = nb_idx_read_share(path, count, index);
+            int64_t k = rows > index ? (rows - index + count - 1) / count : 0;
+            CHECKF(t && nb_tensor_dim(t, 0) == k && nb_tensor_dim(t, 1) == 3 && nb_tensor_dtype(t) == NB_I32,
+                   "share %lld of %lld: %lld rows", (long long)index, (long long)count, (long long)k);
+            for (int64_t j = 0; t && j < k; j += 1 + k / 7)
+                for (int c = 0; c < 3; c++)
+                    CHECKF(nb_tensor_get(t, j * 3 + c) == nb_tensor_get(all, (index + j * count) * 3 + c),
+                           "share %lld of %lld, row %lld", (long long)index, (long long)count, (long long)j);
+            if (count == 3)
+                seen += t ? nb_tensor_dim(t, 0) : 0;
+        }
+    CHECK(seen == rows);
+    /* cut short, or followed by a stray byte: refused in a share too */
+    buf[n] = 9;
+    write_file(path, buf, n + 1, gz);
+    CHECK(nb_idx_read_share(path, 2, 1) == NULL);
+    CHECK_ERROR(NB_ERR_IO, "nb_idx_read_share", "trailing data");
+    write_file(path, buf, n - 1, gz);
+    CHECK(nb_idx_read_share(path, 2, 0) == NULL);
+    CHECK_ERROR(NB_ERR_IO, "nb_idx_read_share", "truncated data");
+    free(buf);
+    free(payload);
+}
+
+static void test_share(void)
+{
+    check_share(false, 10);
+    check_share(true, 10);
+    check_share(false, 100003); /* 1.2 MB: rows across the window's edges */
+    check_share(true, 100003);
+    uint8_t buf[64];
+    uint32_t dims[2] = {5, 0};
+    const char *path = tmp_path("share0.idx");
+    write_file(path, buf, build_idx(buf, 0x08, 2, dims, NULL, 0), false);
+    nb_tensor *t = nb_idx_read_share(path, 2, 0); /* rows of no bytes */
+    CHECK(t && nb_tensor_dim(t, 0) == 3 && nb_tensor_dim(t, 1) == 0);
+    t = nb_idx_read_share(path, 9, 7); /* past the last row */
+    CHECK(t && nb_tensor_dim(t, 0) == 0);
+    CHECK(nb_idx_read_share(path, 0, 0) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_idx_read_share", "row 0 of every 0");
+    CHECK(nb_idx_read_share(path, 2, 2) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_idx_read_share");
+    CHECK(nb_idx_read_share(NULL, 2, 1) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_idx_read_share", "NULL");
+    CHECK(nb_idx_read_share("/nonexistent/share.idx", 2, 1) == NULL);
+    CHECK_ERROR(NB_ERR_IO, "nb_idx_read_share", "/nonexistent/share.idx");
+}
+
 static void remove_all(void)
 {
     for (int i = 0; i < npaths && i < 64; i++)
@@ -495,6 +564,7 @@ int main(void)
     RUN(test_corrupt_gzip);
     RUN(test_zero_dim_overflow);
     RUN(test_memory);
+    RUN(test_share);
     RUN(test_fashion_mnist);
     remove_all();
     return check_finish();

@@ -342,6 +342,55 @@ static void test_bad_arguments(void)
     nb_tfrecord_reader_close(r);
 }
 
+/* nb_tfrecord_skip moves past records of any size (the next read is the next
+ * record, the offset advances by the record's 16 + size bytes), reports the
+ * end like nb_tfrecord_next, fails on a truncated record's header and on a
+ * length past the file's end, and keeps its failure. */
+static void test_skip(void)
+{
+    const char *path = tmp_path("skip.tfrecord");
+    nb_tfrecord_writer *w = nb_tfrecord_writer_open(path);
+    static uint8_t big[70000];
+    for (size_t i = 0; i < sizeof big; i++)
+        big[i] = (uint8_t)(i * 31);
+    CHECK_OK(nb_tfrecord_write(w, big, sizeof big));
+    CHECK_OK(nb_tfrecord_write(w, "", 0));
+    CHECK_OK(nb_tfrecord_write(w, "abc", 3));
+    CHECK_OK(nb_tfrecord_writer_close(w));
+    nb_tfrecord_reader *r = nb_tfrecord_reader_open(path);
+    const void *data;
+    size_t size;
+    CHECK_OK(nb_tfrecord_skip(r));
+    CHECK(nb_tfrecord_reader_offset(r) == 16 + sizeof big);
+    CHECK_OK(nb_tfrecord_skip(r));
+    CHECK_OK(nb_tfrecord_next(r, &data, &size));
+    CHECK(size == 3 && memcmp(data, "abc", 3) == 0);
+    CHECK(nb_tfrecord_skip(r) == NB_ERR_OUT_OF_RANGE);
+    CHECK(nb_error() == NB_OK);
+    CHECK(nb_tfrecord_next(r, &data, &size) == NB_ERR_OUT_OF_RANGE);
+    nb_tfrecord_reader_close(r);
+
+    /* the file cut inside the first record's data: skipping it fails, and keeps failing */
+    FILE *f = fopen(path, "r+b");
+    CHECK(f && ftruncate(fileno(f), 12 + 1000) == 0);
+    fclose(f);
+    r = nb_tfrecord_reader_open(path);
+    CHECK(nb_tfrecord_skip(r) == NB_ERR_IO);
+    CHECK_ERROR(NB_ERR_IO, "nb_tfrecord_skip", "skip.tfrecord", "larger than the rest of the file");
+    CHECK(nb_tfrecord_next(r, &data, &size) == NB_ERR_IO);
+    CHECK_ERROR(NB_ERR_IO, "larger than the rest of the file");
+    nb_tfrecord_reader_close(r);
+    f = fopen(path, "r+b");
+    CHECK(f && ftruncate(fileno(f), 5) == 0);
+    fclose(f);
+    r = nb_tfrecord_reader_open(path);
+    CHECK(nb_tfrecord_skip(r) == NB_ERR_IO);
+    CHECK_ERROR(NB_ERR_IO, "nb_tfrecord_skip", "truncated header");
+    nb_tfrecord_reader_close(r);
+    CHECK(nb_tfrecord_skip(NULL) == NB_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_tfrecord_skip: reader is NULL");
+}
+
 int main(int argc, char **argv)
 {
     const char *tmp = getenv("TMPDIR");
@@ -363,6 +412,7 @@ int main(int argc, char **argv)
         check_failures++;
     }
     RUN(test_bad_arguments);
+    RUN(test_skip);
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
     if (system(cmd) != 0)

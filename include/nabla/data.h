@@ -17,6 +17,15 @@ extern "C" {
  * dims gets past). */
 nb_tensor *nb_idx_read(const char *path);
 
+/* Rows index, index + count, index + 2 count, ... of the IDX file at path
+ * (count processes each reading their share): a new CPU tensor whose first
+ * dim is the number of those rows, owned by the current scope. The whole file
+ * is read through (a compressed file must be inflated) and checked as
+ * nb_idx_read checks it, but only the share is kept. NULL and nb_idx_read's
+ * errors; NB_ERR_INVALID_ARGUMENT for count < 1 or index outside [0, count).
+ * count 1, index 0 is nb_idx_read. */
+nb_tensor *nb_idx_read_share(const char *path, int64_t count, int64_t index);
+
 /* The same from an IDX image already in memory: size bytes at data, gzip-
  * compressed or plain. The bytes are copied; the caller keeps data. Returns a
  * new CPU tensor owned by the current scope, or NULL with NB_ERR_IO naming the
@@ -75,13 +84,19 @@ typedef struct nb_dataset_iterator nb_dataset_iterator;
 nb_dataset *nb_dataset_from_tensors(int n, nb_tensor *const *ts);
 
 /* The rows of one IDX file (nb_idx_read): element i is row i, in the file's
- * dtype. NULL and nb_idx_read's error when the file cannot be read. */
+ * dtype. The header is read and checked now; the rows when the first iterator
+ * is made (nb_dataset_iterate, or a pass of a dataset built on this one), once,
+ * and then only the shard's rows when nb_dataset_shard is applied to this
+ * source before that. NULL and nb_idx_read's error when the file cannot be
+ * opened or its header is bad; an error in the data (truncated, trailing
+ * bytes) is nb_dataset_iterate's, naming the file. */
 nb_dataset *nb_dataset_from_idx(const char *path);
 
 /* Images and labels from two IDX files (the MNIST layout): element i is (image
- * i, label i), as the files store them (NB_U8 for MNIST: map to cast). NULL and
- * NB_ERR_IO when either cannot be read, NB_ERR_INVALID_ARGUMENT when their first
- * dims differ (both named). */
+ * i, label i), as the files store them (NB_U8 for MNIST: map to cast). Read as
+ * nb_dataset_from_idx reads (headers now, rows on the first pass). NULL and
+ * NB_ERR_IO when either cannot be opened or has a bad header,
+ * NB_ERR_INVALID_ARGUMENT when their first dims differ (both named). */
 nb_dataset *nb_dataset_from_idx_pair(const char *images_path, const char *labels_path);
 
 /* A source function: writes the n components of element `index` (0, 1, ... in
@@ -112,8 +127,10 @@ nb_dataset *nb_dataset_shuffle(nb_dataset *ds, int64_t buffer_size, uint64_t see
  * processes and index this one's rank (nb_mirrored_world_size and _rank), the
  * processes read disjoint shares that together make ds. Shard before
  * shuffling, parsing or mapping: the elements skipped are then neither
- * decoded nor mapped (rows of a tensor source or an IDX file are not even
- * made; a TFRecord file's skipped records are read but not parsed). Takes over
+ * decoded nor mapped: an IDX source (nb_dataset_from_idx) keeps only its
+ * share of the rows, a tensor source's other rows are not even made, and a
+ * TFRecord file's other records are seeked over (only their 12-byte headers
+ * are read, nb_tfrecord_skip) and not parsed. Takes over
  * ds. NULL and NB_ERR_INVALID_ARGUMENT for count < 1 or index outside
  * [0, count) (ds is freed). */
 nb_dataset *nb_dataset_shard(nb_dataset *ds, int64_t count, int64_t index);

@@ -66,6 +66,16 @@ nb_tfrecord_reader *nb_tfrecord_reader_open(const char *path);
  * when a record's bytes cannot be held. */
 nb_status nb_tfrecord_next(nb_tfrecord_reader *r, const void **data, size_t *size);
 
+/* Moves past the next record without reading its data: reads its header,
+ * checks the length's CRC and that the data and their CRC fit in the file,
+ * then seeks past them (the data's CRC is not checked: the bytes are never
+ * read). Returns NB_OK; NB_ERR_OUT_OF_RANGE at the end, recording no error, as
+ * nb_tfrecord_next does; NB_ERR_IO naming the file and byte offset for a
+ * truncated or corrupt header (kept, like nb_tfrecord_next's failures), or when
+ * the file cannot seek (a pipe); NB_ERR_INVALID_ARGUMENT when r is NULL. A
+ * sharded dataset skips the records of the other shards this way. */
+nb_status nb_tfrecord_skip(nb_tfrecord_reader *r);
+
 /* The byte offset in the file where the next record starts (after a failure:
  * where the bad record starts). 0 for NULL. */
 uint64_t nb_tfrecord_reader_offset(const nb_tfrecord_reader *r);

@@ -12,6 +12,7 @@
  * such rows from one source is then one gather per component instead of a
  * stack of batch_size views. */
 #include "../core/core.h"
+#include "idx.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -51,6 +52,14 @@ struct nb_dataset {
     /* DS_TFRECORD: the file; DS_PARSE: the specs, their names copied */
     char *path;
     nb_feature_spec *specs;
+    /* DS_TENSORS from IDX files: read on the first pass, only the rows
+     * share_index, share_index + share_count, ... of idx_rows (a shard of
+     * the source, before any pass, changes the share instead of reading and
+     * dropping rows) */
+    char *idx_paths[2];
+    int64_t idx_rows, share_count, share_index;
+    bool loaded;
+    pthread_mutex_t load_mu;
 };
 
 /* One element: n tensors, or (src set) row `row` of a tensor source not made yet. */
@@ -175,32 +184,75 @@ nb_dataset *nb_dataset_from_tensors(int n, nb_tensor *const *ts)
     return ds;
 }
 
+/* An IDX source of n files (images, then labels): their headers are read and
+ * checked now, their rows on the first pass (idx_load). */
+static nb_dataset *from_idx(const char *who, int n, const char *const *paths)
+{
+    nb_idx_header h[2];
+    for (int i = 0; i < n; i++) {
+        if (!paths[i])
+            return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: path %d is NULL", who, i);
+        if (nb__idx_read_header(who, paths[i], &h[i]))
+            return NULL;
+    }
+    if (n == 2 && h[0].shape[0] != h[1].shape[0])
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: %s has %lld images, %s has %lld labels", who, paths[0],
+                             (long long)h[0].shape[0], paths[1], (long long)h[1].shape[0]);
+    nb_dataset *ds = ds_alloc(DS_TENSORS, n, NULL, who);
+    if (!ds)
+        return NULL;
+    pthread_mutex_init(&ds->load_mu, NULL);
+    ds->idx_rows = ds->length = h[0].shape[0];
+    ds->share_count = 1;
+    for (int i = 0; i < n; i++)
+        if (!(ds->idx_paths[i] = strdup(paths[i]))) {
+            nb_dataset_free(ds);
+            return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+        }
+    return ds;
+}
+
 nb_dataset *nb_dataset_from_idx(const char *path)
 {
-    nb_scope *s = nb_scope_begin();
-    if (!s)
-        return NULL;
-    nb_tensor *t = nb_idx_read(path);
-    nb_dataset *ds = t ? nb_dataset_from_tensors(1, &t) : NULL;
-    nb_scope_end(s);
-    return ds;
+    return from_idx("nb_dataset_from_idx", 1, &path);
 }
 
 nb_dataset *nb_dataset_from_idx_pair(const char *images_path, const char *labels_path)
 {
-    nb_scope *s = nb_scope_begin();
-    if (!s)
-        return NULL;
-    nb_tensor *t[2] = {nb_idx_read(images_path), NULL};
-    t[1] = t[0] ? nb_idx_read(labels_path) : NULL;
-    nb_dataset *ds = NULL;
-    if (t[1] && t[0]->shape[0] != t[1]->shape[0])
-        nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_dataset_from_idx_pair: %s has %lld images, %s has %lld labels",
-                 images_path, (long long)t[0]->shape[0], labels_path, (long long)t[1]->shape[0]);
-    else if (t[1])
-        ds = nb_dataset_from_tensors(2, t);
-    nb_scope_end(s);
-    return ds;
+    return from_idx("nb_dataset_from_idx_pair", 2, (const char *[]){images_path, labels_path});
+}
+
+/* Reads an IDX source's share of rows, once: the first iterator does, under
+ * the lock, and later ones find the tensors there. */
+static nb_status idx_load(nb_dataset *ds)
+{
+    if (!ds->idx_paths[0])
+        return NB_OK;
+    pthread_mutex_lock(&ds->load_mu);
+    nb_status st = NB_OK;
+    if (!ds->loaded) {
+        nb_scope *s = nb_scope_begin();
+        nb_tensor *t[2] = {NULL, NULL};
+        for (int i = 0; i < ds->n && s && !st; i++) {
+            t[i] = nb_idx_read_share(ds->idx_paths[i], ds->share_count, ds->share_index);
+            if (!t[i])
+                st = nb_error();
+            else if (t[i]->shape[0] != ds->length)
+                st = nb__fail(NB_ERR_IO, "nb_dataset_next: '%s' has changed since the dataset was made: %lld rows in "
+                              "this share, %lld expected", ds->idx_paths[i], (long long)t[i]->shape[0],
+                              (long long)ds->length);
+        }
+        if (!s)
+            st = nb_error();
+        for (int i = 0; i < ds->n && !st; i++) {
+            nb__retain(t[i]);
+            ds->tensors[i] = t[i];
+        }
+        ds->loaded = st == NB_OK;
+        nb_scope_end(s);
+    }
+    pthread_mutex_unlock(&ds->load_mu);
+    return st;
 }
 
 nb_dataset *nb_dataset_from_generator(int n, nb_dataset_generator_fn fn, void *user)
@@ -284,6 +336,22 @@ nb_dataset *nb_dataset_shard(nb_dataset *ds, int64_t count, int64_t index)
     if (count < 1 || index < 0 || index >= count)
         return BAD_ARG(ds, "nb_dataset_shard: index %lld of %lld shards (count >= 1, 0 <= index < count)",
                        (long long)index, (long long)count);
+    /* An IDX source not yet read takes the shard as its share: the other rows
+     * are never kept. */
+    if (ds->kind == DS_TENSORS && ds->idx_paths[0] && !ds->loaded && ds->share_count <= INT64_MAX / count) {
+        pthread_mutex_lock(&ds->load_mu);
+        bool fold = !ds->loaded;
+        if (fold) {
+            ds->share_index += ds->share_count * index;
+            ds->share_count *= count;
+            ds->length = ds->idx_rows > ds->share_index
+                             ? (ds->idx_rows - ds->share_index + ds->share_count - 1) / ds->share_count
+                             : 0;
+        }
+        pthread_mutex_unlock(&ds->load_mu);
+        if (fold)
+            return ds;
+    }
     nb_dataset *out = ds_alloc(DS_SHARD, ds->n, ds, "nb_dataset_shard");
     if (out) {
         out->count = count;
@@ -363,6 +431,10 @@ void nb_dataset_free(nb_dataset *ds)
             free((char *)ds->specs[i].name);
         free(ds->specs);
         free(ds->path);
+        if (ds->idx_paths[0])
+            pthread_mutex_destroy(&ds->load_mu);
+        free(ds->idx_paths[0]);
+        free(ds->idx_paths[1]);
         free(ds);
         ds = input;
     }
@@ -420,19 +492,44 @@ static nb_status tfrecord_next(nb_dataset_iterator *it, elem *e)
 
 /* ---- shard --------------------------------------------------------------------- */
 
-/* The input's elements index, index + count, ...: the others are taken and
- * dropped (a tensor source's rows unmade; it->pos counts the input's). */
+/* Moves it past one element without making it where the source can: a row of
+ * a tensor source is counted, a TFRecord record's data are seeked over and a
+ * parse is not done; anything else is made and dropped. */
+static nb_status it_skip(nb_dataset_iterator *it)
+{
+    switch (it->ds->kind) {
+    case DS_TENSORS:
+        if (it->pos >= it->ds->length)
+            return END;
+        it->pos++;
+        return NB_OK;
+    case DS_TFRECORD: return nb_tfrecord_skip(it->reader);
+    case DS_PARSE: return it_skip(it->input);
+    default: {
+        elem e = {0};
+        nb_status st = it_next(it, &e);
+        if (st == NB_OK)
+            elem_clear(&e, it->ds->n);
+        return st;
+    }
+    }
+}
+
+/* The input's elements index, index + count, ...: the others are skipped
+ * (it->pos counts the input's). */
 static nb_status shard_next(nb_dataset_iterator *it, elem *e)
 {
     const nb_dataset *ds = it->ds;
-    for (;;) {
-        nb_status st = it_next(it->input, e);
+    while (it->pos % ds->count != ds->index) {
+        nb_status st = it_skip(it->input);
         if (st)
             return st;
-        if (it->pos++ % ds->count == ds->index)
-            return NB_OK;
-        elem_clear(e, ds->n);
+        it->pos++;
     }
+    nb_status st = it_next(it->input, e);
+    if (st == NB_OK)
+        it->pos++;
+    return st;
 }
 
 /* ---- shuffle ------------------------------------------------------------------- */
@@ -840,6 +937,10 @@ static nb_dataset_iterator *it_new(nb_dataset *ds)
         uint64_t st = ds->seed ^ 0x5DEECE66Du;
         it->rng = mix(&st) + pass * 0xD1B54A32D192ED03u;
         it->rng = mix(&it->rng);
+    }
+    if (ds->kind == DS_TENSORS && idx_load(ds)) {
+        free(it);
+        return NULL;
     }
     if (ds->kind == DS_TFRECORD && !(it->reader = nb_tfrecord_reader_open(ds->path))) {
         free(it);

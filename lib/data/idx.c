@@ -10,6 +10,7 @@
  * grows with what the source really holds (never trusting the header's size up
  * front), then copied into a new CPU tensor. */
 #include "lib/core/core.h"
+#include "lib/data/idx.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -193,12 +194,24 @@ static void swap_bytes(void *data, int64_t count, size_t elem)
     }
 }
 
-/* Reads one IDX image from src into a new tensor owned by the current scope;
- * NULL and an error naming src->who and src->label. */
-static nb_tensor *idx_parse(idx_source *src)
+/* Which rows to keep: index, index + count, ... (count 1, index 0: all); with
+ * header_only, none are read and only the header is checked. */
+typedef struct idx_rows {
+    int64_t count, index;
+    bool header_only;
+} idx_rows;
+
+static nb_status read_share(idx_source *src, int64_t nbytes, int64_t rows, int64_t row_bytes, idx_rows sel,
+                            uint8_t **out, const char *shape_str);
+
+/* Reads one IDX image from src: the rows sel picks into a new tensor owned by
+ * the current scope, written to *out (left NULL with sel.header_only, when
+ * *header gets the dtype and shape alone). Returns NB_OK, or an error naming
+ * src->who and src->label. */
+static nb_status idx_parse(idx_source *src, idx_rows sel, nb_tensor **out, nb_idx_header *header)
 {
+    *out = NULL;
     const char *who = src->who, *where = src->label;
-    nb_tensor *result = NULL;
     uint8_t *buf = NULL;
     uint8_t head[4];
     int64_t got = src->read(src, head, 4);
@@ -271,6 +284,32 @@ static nb_tensor *idx_parse(idx_source *src)
         span *= shape[i] > 1 ? shape[i] : 1;
     }
     const int64_t nbytes = nb__shape_numel(ndim, shape) * (int64_t)elem; /* <= span */
+    if (header) {
+        header->dtype = dtype;
+        header->ndim = ndim;
+        memcpy(header->shape, shape, sizeof(int64_t) * (size_t)ndim);
+    }
+    if (sel.header_only)
+        return NB_OK;
+    if (sel.count > 1) {
+        char s[NB_SHAPE_STR_MAX];
+        nb__shape_str(ndim, shape, s, sizeof s);
+        const int64_t rows = shape[0], row_bytes = rows ? nbytes / rows : 0;
+        nb_status st = read_share(src, nbytes, rows, row_bytes, sel, &buf, s);
+        if (st)
+            goto done;
+        shape[0] = rows > sel.index ? (rows - sel.index + sel.count - 1) / sel.count : 0;
+        const int64_t kept = shape[0] * row_bytes;
+        if (elem > 1 && host_is_little_endian())
+            swap_bytes(buf, kept / (int64_t)elem, elem);
+        nb_device *cpu = nb__device_cpu0();
+        nb_tensor *t = cpu ? nb__tensor_new(who, cpu, dtype, ndim, shape) : NULL;
+        if (t && kept > 0)
+            memcpy(nb__data(t), buf, (size_t)kept);
+        if (t)
+            *out = nb__own(t);
+        goto done;
+    }
 
     /* Read the data into a buffer that grows only as far as the source goes,
      * plus one byte to find trailing data. */
@@ -326,31 +365,131 @@ static nb_tensor *idx_parse(idx_source *src)
         goto done;
     if (nbytes > 0)
         memcpy(nb__data(t), buf, (size_t)nbytes);
-    result = nb__own(t);
+    *out = nb__own(t);
 
 done:
     free(buf);
-    return result;
+    return *out ? NB_OK : nb_error() ? nb_error() : NB_ERR_INTERNAL;
+}
+
+/* Grows *buf (of *cap bytes) to hold at least need bytes, at most limit. */
+static bool grow_to(uint8_t **buf, int64_t *cap, int64_t need, int64_t limit)
+{
+    if (need <= *cap)
+        return true;
+    int64_t ncap = *cap ? *cap : INT64_C(1) << 16;
+    while (ncap < need)
+        ncap = ncap > limit / 2 ? limit : ncap * 2;
+    uint8_t *nbuf = realloc(*buf, (size_t)ncap);
+    if (!nbuf)
+        return false;
+    *buf = nbuf;
+    *cap = ncap;
+    return true;
+}
+
+/* Streams the nbytes of data through a window, keeping the bytes of the rows
+ * sel picks in a buffer that grows only as far as the source goes; then reads
+ * one more byte to find trailing data. *out gets the buffer (the caller frees
+ * it) on success. */
+static nb_status read_share(idx_source *src, int64_t nbytes, int64_t rows, int64_t row_bytes, idx_rows sel,
+                            uint8_t **out, const char *shape_str)
+{
+    const char *who = src->who, *where = src->label;
+    enum { WINDOW = 1 << 20 };
+    uint8_t *window = malloc(WINDOW), *kept = NULL;
+    int64_t kept_cap = 0, pos = 0;
+    const int64_t k = rows > sel.index ? (rows - sel.index + sel.count - 1) / sel.count : 0;
+    nb_status st = NB_OK;
+    if (!window) {
+        st = nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: %s: out of host memory", who, where);
+        goto done;
+    }
+    while (pos < nbytes) {
+        int64_t want = nbytes - pos < WINDOW ? nbytes - pos : WINDOW;
+        int64_t got = src->read(src, window, want);
+        if (got < 0) {
+            st = nb__fail(NB_ERR_IO, "%s: %s: truncated or corrupt data after %lld of %lld bytes for shape %s: %s",
+                          who, where, (long long)pos, (long long)nbytes, shape_str, src->problem(src));
+            goto done;
+        }
+        for (int64_t off = 0; off < got;) { /* the window's pieces of one row each */
+            int64_t at = pos + off, r = at / row_bytes, in_row = at - r * row_bytes;
+            int64_t piece = row_bytes - in_row < got - off ? row_bytes - in_row : got - off;
+            if (r % sel.count == sel.index) {
+                int64_t dst = (r / sel.count) * row_bytes + in_row;
+                if (!grow_to(&kept, &kept_cap, dst + piece, k * row_bytes)) {
+                    st = nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: %s: out of host memory", who, where);
+                    goto done;
+                }
+                memcpy(kept + dst, window + off, (size_t)piece);
+            }
+            off += piece;
+        }
+        pos += got;
+        if (got < want) {
+            st = nb__fail(NB_ERR_IO, "%s: %s: truncated data: %lld of %lld bytes for shape %s", who, where,
+                          (long long)pos, (long long)nbytes, shape_str);
+            goto done;
+        }
+    }
+    uint8_t extra;
+    int64_t more = src->read(src, &extra, 1);
+    if (more != 0) {
+        st = more < 0 ? nb__fail(NB_ERR_IO, "%s: %s: cannot read past the data: %s", who, where, src->problem(src))
+                      : nb__fail(NB_ERR_IO, "%s: %s: trailing data after the %lld bytes of shape %s", who, where,
+                                 (long long)nbytes, shape_str);
+        goto done;
+    }
+    *out = kept;
+    kept = NULL;
+done:
+    free(window);
+    free(kept);
+    return st;
 }
 
 /* ---- the public readers ---------------------------------------------------------------------- */
 
-nb_tensor *nb_idx_read(const char *path)
+/* Opens path and parses it with sel; *out and *header as idx_parse. */
+static nb_status read_path(const char *who, const char *path, idx_rows sel, nb_tensor **out, nb_idx_header *header)
 {
-    const char *who = "nb_idx_read";
+    *out = NULL;
     if (!path)
-        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: path is NULL", who);
-
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: path is NULL", who);
     errno = 0;
     gzFile f = gzopen(path, "rb");
     if (!f)
-        return nb__fail_null(NB_ERR_IO, "%s: cannot open '%s': %s", who, path,
-                             errno ? strerror(errno) : "out of memory");
+        return nb__fail(NB_ERR_IO, "%s: cannot open '%s': %s", who, path, errno ? strerror(errno) : "out of memory");
     idx_source src = {.who = who, .read = file_read, .problem = file_problem, .file = f};
     snprintf(src.label, sizeof src.label, "'%s'", path);
-    nb_tensor *t = idx_parse(&src);
+    nb_status st = idx_parse(&src, sel, out, header);
     gzclose(f);
+    return st;
+}
+
+nb_tensor *nb_idx_read(const char *path)
+{
+    nb_tensor *t;
+    read_path("nb_idx_read", path, (idx_rows){1, 0, false}, &t, NULL);
     return t;
+}
+
+nb_tensor *nb_idx_read_share(const char *path, int64_t count, int64_t index)
+{
+    const char *who = "nb_idx_read_share";
+    if (count < 1 || index < 0 || index >= count)
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: row %lld of every %lld (count >= 1, 0 <= index < count)",
+                             who, (long long)index, (long long)count);
+    nb_tensor *t;
+    read_path(who, path, (idx_rows){count, index, false}, &t, NULL);
+    return t;
+}
+
+nb_status nb__idx_read_header(const char *who, const char *path, nb_idx_header *header)
+{
+    nb_tensor *none;
+    return read_path(who, path, (idx_rows){1, 0, true}, &none, header);
 }
 
 nb_tensor *nb_idx_read_memory(const void *data, size_t size)
@@ -374,7 +513,8 @@ nb_tensor *nb_idx_read_memory(const void *data, size_t size)
         return nb__fail_null(NB_ERR_IO, "%s: %s: the data are gzip-compressed and this nabla was built without "
                              "zlib; gunzip them first", who, src.label);
 #endif
-    nb_tensor *t = idx_parse(&src);
+    nb_tensor *t;
+    idx_parse(&src, (idx_rows){1, 0, false}, &t, NULL);
 #if NB_HAVE_ZLIB
     if (src.z_live)
         inflateEnd(&src.z);

@@ -152,6 +152,7 @@ struct nb_tfrecord_reader {
     uint8_t *record;    /* the last record's bytes */
     size_t cap;
     bool at_end;
+    const char *who;    /* the public function running */
     nb_status failed;   /* a kept failure, repeated by every later call */
     char *failure;      /* its message */
 };
@@ -198,7 +199,7 @@ static nb_status reader_fail(nb_tfrecord_reader *r, nb_status code, const char *
     r->failed = code;
     free(r->failure);
     r->failure = copy_string(msg);
-    return nb__fail(code, "nb_tfrecord_next: '%s': %s", r->path, msg);
+    return nb__fail(code, "%s: '%s': %s", r->who, r->path, msg);
 }
 
 /* Reads n bytes; false when fewer came, with *got set to how many did. */
@@ -213,18 +214,18 @@ static const char *read_problem(nb_tfrecord_reader *r)
     return ferror(r->fp) ? "read error" : "end of file";
 }
 
-nb_status nb_tfrecord_next(nb_tfrecord_reader *r, const void **data, size_t *size)
+/* Reads the next record's header and checks it: its length's CRC, and that the
+ * data and their CRC fit in what is left of the file (checked before anything
+ * is allocated). Returns NB_OK with *length set, NB_ERR_OUT_OF_RANGE at the
+ * end (nothing recorded), or a failure recorded by reader_fail. who names the
+ * public function. */
+static nb_status read_header(nb_tfrecord_reader *r, const char *who, uint64_t *length_out)
 {
-    if (data)
-        *data = NULL;
-    if (size)
-        *size = 0;
-    if (!r || !data || !size)
-        return nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_tfrecord_next: %s is NULL",
-                        !r ? "reader" : !data ? "data" : "size");
+    if (!r)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: reader is NULL", who);
+    r->who = who;
     if (r->failed)
-        return nb__fail(r->failed, "nb_tfrecord_next: '%s': %s", r->path,
-                        r->failure ? r->failure : "an earlier read failed");
+        return nb__fail(r->failed, "%s: '%s': %s", who, r->path, r->failure ? r->failure : "an earlier read failed");
     if (r->at_end)
         return NB_ERR_OUT_OF_RANGE;
 
@@ -265,11 +266,28 @@ nb_status nb_tfrecord_next(nb_tfrecord_reader *r, const void **data, size_t *siz
     if (left - length < FOOTER_BYTES)
         return reader_fail(r, NB_ERR_IO, "truncated data CRC at byte offset %llu (%llu of %d bytes)",
                            (unsigned long long)(body + length), (unsigned long long)(left - length), FOOTER_BYTES);
+    *length_out = length;
+    return NB_OK;
+}
+
+nb_status nb_tfrecord_next(nb_tfrecord_reader *r, const void **data, size_t *size)
+{
+    if (data)
+        *data = NULL;
+    if (size)
+        *size = 0;
+    if (r && (!data || !size))
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_tfrecord_next: %s is NULL", !data ? "data" : "size");
+    uint64_t length;
+    nb_status st = read_header(r, "nb_tfrecord_next", &length);
+    if (st)
+        return st;
+    const uint64_t start = r->offset, body = start + HEADER_BYTES;
     if (length > SIZE_MAX - 1)
         return reader_fail(r, NB_ERR_OUT_OF_MEMORY, "the record at byte offset %llu has %llu bytes, more than "
                            "this machine can address", (unsigned long long)start, (unsigned long long)length);
 
-    size_t n = (size_t)length;
+    size_t n = (size_t)length, got;
     if (n + 1 > r->cap) {
         uint8_t *grown = realloc(r->record, n + 1);
         if (!grown)
@@ -295,6 +313,20 @@ nb_status nb_tfrecord_next(nb_tfrecord_reader *r, const void **data, size_t *siz
     r->offset = body + length + FOOTER_BYTES;
     *data = r->record;
     *size = n;
+    return NB_OK;
+}
+
+nb_status nb_tfrecord_skip(nb_tfrecord_reader *r)
+{
+    uint64_t length;
+    nb_status st = read_header(r, "nb_tfrecord_skip", &length);
+    if (st)
+        return st;
+    const uint64_t next = r->offset + HEADER_BYTES + length + FOOTER_BYTES;
+    if (next > (uint64_t)INT64_MAX || fseeko(r->fp, (off_t)next, SEEK_SET) != 0)
+        return reader_fail(r, NB_ERR_IO, "cannot move past the record at byte offset %llu (%llu bytes): %s",
+                           (unsigned long long)r->offset, (unsigned long long)length, strerror(errno));
+    r->offset = next;
     return NB_OK;
 }
 
