@@ -3,7 +3,8 @@
  * the same bytes (nb_idx_read). The two must agree. A failure must be an
  * error with a message naming the reader; a success must be a CPU tensor
  * whose dtype, shape and bytes are what the header and payload say (checked
- * against this file's own decoding for plain images). Any disagreement, crash,
+ * against this file's own decoding for plain images); nb_idx_read_share's
+ * every third row must be the whole read's. Any disagreement, crash,
  * sanitizer report or leaked tensor is a finding. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -152,6 +153,34 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         REQUIRE(nf == nm && memcmp(bf, bm, nf) == 0, "the two readers read different bytes");
         free(bf);
         free(bm);
+    }
+
+    /* Every third row from row 1: fails where the whole read fails (a corrupt
+     * gzip stream may fail with another code), else is the whole read's rows
+     * 1, 4, 7, ... */
+    nb_tensor *sh = nb_idx_read_share(path, 3, 1);
+    char smsg[1024];
+    snprintf(smsg, sizeof smsg, "%s", nb_error_message());
+    nb_status scode = nb_error_clear();
+    REQUIRE((sh == NULL) == (f == NULL) && (scode == fcode || gzip), "the whole read gave %s, the share %s (%s)",
+            nb_status_name(fcode), nb_status_name(scode), smsg);
+    if (!sh) {
+        REQUIRE(strncmp(smsg, "nb_idx_read_share: ", 19) == 0 && strstr(smsg, path), "message '%s'", smsg);
+    } else {
+        int64_t rows = nb_tensor_dim(f, 0), k = rows > 1 ? (rows - 1 + 2) / 3 : 0;
+        REQUIRE(nb_tensor_dtype(sh) == nb_tensor_dtype(f) && nb_tensor_ndim(sh) == nb_tensor_ndim(f) &&
+                    nb_tensor_dim(sh, 0) == k, "the share has %lld rows of %lld", (long long)nb_tensor_dim(sh, 0),
+                (long long)rows);
+        for (int i = 1; i < nb_tensor_ndim(f); i++)
+            REQUIRE(nb_tensor_dim(sh, i) == nb_tensor_dim(f, i), "the share's dim %d differs", i);
+        size_t nf, ns;
+        uint8_t *bf = bytes_of(f, &nf), *bs = bytes_of(sh, &ns);
+        size_t row = rows ? nf / (size_t)rows : 0;
+        for (int64_t j = 0; j < k; j++)
+            REQUIRE(memcmp(bs + (size_t)j * row, bf + (size_t)(1 + 3 * j) * row, row) == 0,
+                    "the share's row %lld is not row %lld", (long long)j, (long long)(1 + 3 * j));
+        free(bf);
+        free(bs);
     }
 
     nb_scope_end(scope);

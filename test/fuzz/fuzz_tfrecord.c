@@ -5,6 +5,8 @@
  * exactly where the reader's offsets say, with the input's own bytes; the end
  * (NB_ERR_OUT_OF_RANGE, no error recorded) must be the input's end. The records read are then written again with
  * nb_tfrecord_writer and must reproduce the input's bytes up to that point.
+ * A second reader skips every other record (nb_tfrecord_skip) and must frame
+ * the input the same way.
  * Any disagreement, crash, sanitizer report or leak is a finding. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -58,6 +60,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     nb_tfrecord_writer *w = nb_tfrecord_writer_open(out_path);
     REQUIRE(w != NULL, "open for writing failed: %s", nb_error_message());
     uint64_t offset = 0;
+    int64_t n_read = 0;
+    bool ended = false;
     for (;;) {
         const void *rec;
         size_t n;
@@ -68,6 +72,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             REQUIRE(rec == NULL && n == 0 && offset == size, "the end at %llu of %zu bytes",
                     (unsigned long long)offset, size);
             REQUIRE(nb_error() == NB_OK, "an error at the end: %s", nb_error_message());
+            ended = true;
             break;
         }
         if (st != NB_OK) {
@@ -92,6 +97,42 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         REQUIRE(memcmp(rec, data + offset + 12, n) == 0, "record bytes differ from the input's");
         REQUIRE(nb_tfrecord_write(w, rec, n) == NB_OK, "write: %s", nb_error_message());
         offset += 16 + n;
+        n_read++;
+    }
+    nb_tfrecord_reader_close(r);
+
+    /* Skipping every other record: the same framing; the records read are the
+     * input's; every record the first pass read is reached, and the end where
+     * it ended (a skip checks less, so it may get further after a failure). */
+    r = nb_tfrecord_reader_open(path);
+    REQUIRE(r != NULL, "open failed: %s", nb_error_message());
+    uint64_t at = 0;
+    for (int64_t i = 0;; i++) {
+        const void *rec = NULL;
+        size_t n = 0;
+        nb_status st = i % 2 ? nb_tfrecord_next(r, &rec, &n) : nb_tfrecord_skip(r);
+        if (st == NB_ERR_OUT_OF_RANGE) {
+            REQUIRE(at == size && nb_error() == NB_OK && i >= n_read && (!ended || i == n_read),
+                    "the end after %lld records at %llu of %zu bytes (%s)", (long long)i, (unsigned long long)at,
+                    size, nb_error_message());
+            break;
+        }
+        if (st != NB_OK) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", nb_error_message());
+            nb_status code = nb_error_clear();
+            REQUIRE(code == st && (st == NB_ERR_IO || st == NB_ERR_OUT_OF_MEMORY) && !ended && i >= n_read,
+                    "record %lld (%s) failed with %s: %s", (long long)i, i % 2 ? "read" : "skipped",
+                    nb_status_name(st), msg);
+            REQUIRE(strstr(msg, i % 2 ? "nb_tfrecord_next: '" : "nb_tfrecord_skip: '") == msg &&
+                        strstr(msg, "byte offset "), "message '%s'", msg);
+            break;
+        }
+        REQUIRE(at + 16 + le64(data + at) == nb_tfrecord_reader_offset(r), "record %lld ends at %llu", (long long)i,
+                (unsigned long long)nb_tfrecord_reader_offset(r));
+        if (i % 2)
+            REQUIRE(n == le64(data + at) && memcmp(rec, data + at + 12, n) == 0, "record %lld differs", (long long)i);
+        at = nb_tfrecord_reader_offset(r);
     }
     nb_tfrecord_reader_close(r);
     REQUIRE(nb_tfrecord_writer_close(w) == NB_OK, "close: %s", nb_error_message());
