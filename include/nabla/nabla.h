@@ -18,6 +18,7 @@
 #include <nabla/summary.h>
 #include <nabla/gpu.h>
 #include <nabla/graph.h>
+#include <nabla/dlpack.h>
 #include <nabla/distribute.h>
 
 #define NB_VERSION_MAJOR 0

@@ -33,6 +33,11 @@ typedef struct nb_storage {
     size_t nbytes;
     nb_device *device;
     struct nb_storage *next_free; /* free-list link while pooled */
+    /* memory another owner keeps (nb__storage_wrap): never the backend's to
+     * free; release(release_ctx), when set, tells the owner it is let go */
+    bool external;
+    void (*release)(void *ctx);
+    void *release_ctx;
 } nb_storage;
 
 struct nb_tensor {
@@ -85,6 +90,12 @@ bool nb__view_is_contiguous(const nb_view *v);
  * NB_ERR_DTYPE for a dtype dev cannot hold, NB_ERR_OUT_OF_MEMORY for a size
  * past what any device can hold or that dev has not got. */
 nb_tensor *nb__tensor_new(const char *who, nb_device *dev, nb_dtype dtype, int ndim, const int64_t *shape);
+/* A tensor (refs = 1, not scoped) over storage s with the given geometry
+ * (byte strides, byte offset), taking over the caller's reference to s; on
+ * failure (NULL, NB_ERR_OUT_OF_MEMORY) s is released. The geometry is the
+ * caller's to check against s. */
+nb_tensor *nb__tensor_on_storage(nb_storage *s, nb_dtype dtype, int ndim, const int64_t *shape,
+                                 const int64_t *strides, int64_t offset);
 /* A view of base's storage with the given geometry (refs = 1, not scoped). */
 nb_tensor *nb__tensor_view(const nb_tensor *base, int ndim, const int64_t *shape,
                            const int64_t *strides, int64_t offset);
@@ -187,6 +198,11 @@ bool nb__soft_placement(void);
 /* Storage of nbytes on dev (refs = 1); NULL and NB_ERR_OUT_OF_MEMORY. */
 nb_storage *nb__storage_new(nb_device *dev, size_t nbytes);
 void nb__storage_release(nb_storage *s);
+/* Storage (refs = 1) over nbytes of memory at data on dev that another owner
+ * keeps (nabla/dlpack.h): when its last reference goes, release(ctx) is
+ * called, once, if not NULL, and the backend frees nothing. NULL and
+ * NB_ERR_OUT_OF_MEMORY (release is then not called). */
+nb_storage *nb__storage_wrap(nb_device *dev, void *data, size_t nbytes, void (*release)(void *ctx), void *ctx);
 
 /* Filled tensors on a given device, owned by the current scope (lib/core/create.c). */
 nb_tensor *nb__full_on(const char *who, nb_device *dev, nb_dtype dtype, int ndim, const int64_t *shape,

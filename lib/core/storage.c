@@ -33,6 +33,29 @@ nb_storage *nb__storage_new(nb_device *dev, size_t nbytes)
     s->nbytes = nbytes;
     s->device = dev;
     s->next_free = NULL;
+    s->external = false;
+    s->release = NULL;
+    s->release_ctx = NULL;
+    return s;
+}
+
+nb_storage *nb__storage_wrap(nb_device *dev, void *data, size_t nbytes, void (*release)(void *ctx), void *ctx)
+{
+    nb_storage *s = tl_pool;
+    if (s) {
+        tl_pool = s->next_free;
+        tl_pool_n--;
+    } else if (!(s = malloc(sizeof *s))) {
+        return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "storage: out of host memory");
+    }
+    atomic_init(&s->refs, 1);
+    s->data = data;
+    s->nbytes = nbytes;
+    s->device = dev;
+    s->next_free = NULL;
+    s->external = true;
+    s->release = release;
+    s->release_ctx = ctx;
     return s;
 }
 
@@ -50,7 +73,10 @@ void nb__storage_release(nb_storage *s)
 {
     if (!s || atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
         return;
-    s->device->backend->free(s->device, s->data, s->nbytes);
+    if (!s->external)
+        s->device->backend->free(s->device, s->data, s->nbytes);
+    else if (s->release)
+        s->release(s->release_ctx);
     if (tl_pool_n < NB_STORAGE_POOL_MAX) {
         if (tl_pool_n == 0)
             nb__thread_track();

@@ -213,6 +213,27 @@ nb_tensor *nb__tensor_new(const char *who, nb_device *dev, nb_dtype dtype, int n
     return t;
 }
 
+nb_tensor *nb__tensor_on_storage(nb_storage *s, nb_dtype dtype, int ndim, const int64_t *shape,
+                                 const int64_t *strides, int64_t offset)
+{
+    nb_tensor *t = tensor_alloc();
+    if (!t) {
+        nb__storage_release(s);
+        return NULL;
+    }
+    t->dtype = dtype;
+    t->ndim = ndim;
+    for (int i = 0; i < ndim; i++) {
+        t->shape[i] = shape[i];
+        t->strides[i] = strides[i];
+    }
+    t->offset = offset;
+    t->storage = s;
+    t->device = s->device;
+    nb__tensor_finish_geometry(t);
+    return t;
+}
+
 nb_tensor *nb__tensor_view(const nb_tensor *base, int ndim, const int64_t *shape,
                            const int64_t *strides, int64_t offset)
 {
