@@ -120,5 +120,36 @@ check(lib.nb_tensor_get(v, 4) == 9.0, "nabla sees torch's write")
 lib.nb_release(v)
 check(lib.nb_live_tensors() == live0, "no nabla tensor left")
 
+# The GPU, where both have one: nabla's /gpu:0 tensor as torch's cuda:0 tensor and back.
+lib.nb_device_count.restype, lib.nb_device_count.argtypes = ctypes.c_int, [ctypes.c_int]
+lib.nb_device_push.restype, lib.nb_device_push.argtypes = ctypes.c_int, [ctypes.c_char_p]
+lib.nb_device_pop.restype, lib.nb_device_pop.argtypes = ctypes.c_int, []
+if torch.cuda.is_available() and lib.nb_device_count(1) > 0:
+    lib.nb_device_push(b"/gpu:0")
+    t = lib.nb_arange(NB_F64, 0.0, 6.0, 1.0)
+    lib.nb_device_pop()
+    m = lib.nb_to_dlpack(t)
+    check(m, "nb_to_dlpack on /gpu:0")
+    handed = Handed(m)
+    handed.__dlpack_device__ = lambda: (2, 0)  # kDLCUDA, card 0
+    x = torch.from_dlpack(handed)
+    check(x.is_cuda and x.tolist() == [0, 1, 2, 3, 4, 5], "torch sees nabla's GPU values")
+    x[2] = 42.0
+    torch.cuda.synchronize()
+    check(lib.nb_tensor_get(t, 2) == 42.0, "nabla sees torch's GPU write")
+    lib.nb_release(t)
+    del x, handed
+    gc.collect()
+    check(lib.nb_live_tensors() == live0, "torch let go of the GPU tensor")
+    g = torch.arange(4, dtype=torch.float64, device="cuda")
+    cap = g.__dlpack__(max_version=(1, 0))
+    ptr = capi.PyCapsule_GetPointer(cap, b"dltensor_versioned")
+    capi.PyCapsule_SetName(cap, b"used_dltensor_versioned")
+    u = lib.nb_from_dlpack(ptr)
+    check(u and lib.nb_tensor_get(u, 3) == 3.0, "nabla reads torch's GPU tensor")
+    lib.nb_release(u)
+    check(lib.nb_live_tensors() == live0, "no nabla tensor left")
+    print("dlpack_interop: the GPU exchange ran")
+
 print("dlpack_interop: %s" % ("ok" if failures == 0 else "%d failure(s)" % failures))
 sys.exit(1 if failures else 0)
