@@ -607,6 +607,97 @@ static void test_gpu(void)
     nb_variable_free(v);
 }
 
+/* The loss scaler: gradients of the scaled loss come back unscaled to the
+ * update (an exact power of two: the same bits as an unscaled step); an
+ * infinity or NaN skips the step, leaving variables, slots and the step count
+ * alone, and halves the scale; growth_interval applied steps double it; the
+ * bounds hold; bad arguments. */
+static void test_loss_scaler(void)
+{
+    nb_variable *w = nb_variable_new("ls/w", nb_from_buffer(NB_F32, NB_SHAPE(3), (float[]){1, 2, 3}));
+    nb_variable *ref = nb_variable_new("ls/ref", nb_from_buffer(NB_F32, NB_SHAPE(3), (float[]){1, 2, 3}));
+    nb_optimizer *opt = nb_adam_new(0.1, 0.9, 0.999, 1e-7), *opt_ref = nb_adam_new(0.1, 0.9, 0.999, 1e-7);
+    nb_loss_scaler *ls = nb_loss_scaler_new(1024, 2, 0.5, 3);
+    CHECK(ls && nb_loss_scaler_get_scale(ls) == 1024);
+    const float xs[6][3] = {{0.5f, -1, 2}, {1, 1, 1}, {INFINITY, 0, 1}, {0.25f, 3, -2}, {NAN, 1, 1}, {1, -1, 0.5f}};
+    const double scales_after[6] = {1024, 1024, 512, 512, 256, 256};
+    const bool applied[6] = {true, true, false, true, false, true};
+    for (int k = 0; k < 6; k++) {
+        nb_scope *s = nb_scope_begin();
+        nb_tensor *x = nb_from_buffer(NB_F32, NB_SHAPE(3), xs[k]);
+        nb_tape *tape = nb_tape_begin();
+        nb_tensor *loss = nb_sum_all(nb_mul(nb_read(w), x)), *g;
+        CHECK_OK(nb_tape_gradient_vars(tape, nb_loss_scaler_scale(ls, loss), 1, &w, &g));
+        CHECK(nb_tensor_get(g, 1) == xs[k][1] * nb_loss_scaler_get_scale(ls));
+        bool stepped = !applied[k];
+        CHECK_OK(nb_loss_scaler_step(ls, opt, 1, &w, &g, &stepped));
+        CHECKF(stepped == applied[k] && nb_loss_scaler_get_scale(ls) == scales_after[k],
+               "step %d: applied %d, scale %g", k, stepped, nb_loss_scaler_get_scale(ls));
+        if (applied[k]) { /* the same update as without scaling */
+            nb_tensor *tape_x = nb_from_buffer(NB_F32, NB_SHAPE(3), xs[k]);
+            CHECK_OK(nb_optimizer_apply(opt_ref, 1, &ref, &tape_x));
+        }
+        CHECK(same_bits(nb_read(w), nb_read(ref)));
+        nb_scope_end(s);
+    }
+    CHECK(nb_loss_scaler_skipped(ls) == 2 && nb_optimizer_iterations(opt) == 4);
+    /* three applied steps in a row double the scale: one so far, two more */
+    nb_scope *s = nb_scope_begin();
+    for (int k = 0; k < 3; k++) {
+        nb_tensor *g = nb_mul_scalar(nb_ones(NB_F32, NB_SHAPE(3)), nb_loss_scaler_get_scale(ls));
+        CHECK_OK(nb_loss_scaler_step(ls, opt, 1, &w, &g, NULL));
+    }
+    CHECK(nb_loss_scaler_get_scale(ls) == 512 && nb_loss_scaler_good_steps(ls) == 1);
+    /* NULL gradients are skipped; none at all is a step */
+    nb_tensor *none = NULL;
+    bool stepped = false;
+    CHECK_OK(nb_loss_scaler_step(ls, opt, 1, &w, &none, &stepped));
+    CHECK(stepped && nb_loss_scaler_good_steps(ls) == 2);
+    nb_scope_end(s);
+    /* the bounds */
+    CHECK_OK(nb_loss_scaler_set_state(ls, 0x1p64, 2));
+    s = nb_scope_begin();
+    nb_tensor *one = nb_ones(NB_F32, NB_SHAPE(3));
+    CHECK_OK(nb_loss_scaler_step(ls, opt, 1, &w, &one, NULL));
+    CHECK(nb_loss_scaler_get_scale(ls) == 0x1p64);
+    CHECK_OK(nb_loss_scaler_set_state(ls, 0x1p-64, 0));
+    nb_tensor *inf = nb_full(NB_F32, NB_SHAPE(3), INFINITY);
+    CHECK_OK(nb_loss_scaler_step(ls, opt, 1, &w, &inf, NULL));
+    CHECK(nb_loss_scaler_get_scale(ls) == 0x1p-64);
+    /* a gradient of the wrong shape: the update's error, the scale unchanged */
+    nb_tensor *bad = nb_ones(NB_F32, NB_SHAPE(4));
+    CHECK(nb_loss_scaler_step(ls, opt, 1, &w, &bad, NULL) == NB_ERR_SHAPE);
+    CHECK_ERROR(NB_ERR_SHAPE);
+    CHECK(nb_loss_scaler_get_scale(ls) == 0x1p-64);
+    nb_scope_end(s);
+    /* bad arguments */
+    CHECK(nb_loss_scaler_new(0, 2, 0.5, 1) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_loss_scaler_new", "initial scale 0");
+    CHECK(nb_loss_scaler_new(NAN, 2, 0.5, 1) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_loss_scaler_new");
+    CHECK(nb_loss_scaler_new(8, 1, 0.5, 1) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_loss_scaler_new", "growth 1");
+    CHECK(nb_loss_scaler_new(8, 2, 1, 1) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_loss_scaler_new", "backoff 1");
+    CHECK(nb_loss_scaler_new(8, 2, 0.5, 0) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_loss_scaler_new", "interval 0");
+    CHECK(nb_loss_scaler_step(NULL, opt, 1, &w, &one, NULL) == NB_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_loss_scaler_step", "scaler is NULL");
+    CHECK(nb_loss_scaler_step(ls, NULL, 1, &w, &one, NULL) == NB_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_loss_scaler_step", "optimizer is NULL");
+    CHECK(nb_loss_scaler_scale(ls, NULL) == NULL);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_loss_scaler_scale", "loss is NULL");
+    CHECK(nb_loss_scaler_set_state(ls, 0, 0) == NB_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_loss_scaler_set_state");
+    CHECK(nb_loss_scaler_get_scale(NULL) == 0 && nb_loss_scaler_skipped(NULL) == 0);
+    nb_loss_scaler_free(NULL);
+    nb_loss_scaler_free(ls);
+    nb_optimizer_free(opt);
+    nb_optimizer_free(opt_ref);
+    nb_variable_free(w);
+    nb_variable_free(ref);
+}
+
 int main(void)
 {
     CHECK_OK(nb_set_logical_cpu_devices(2));
@@ -620,6 +711,7 @@ int main(void)
     RUN(test_convergence);
     RUN(test_null_grads);
     RUN(test_apply_errors);
+    RUN(test_loss_scaler);
     RUN(test_slots_not_aliased);
     RUN(test_odd_gradients);
     RUN(test_not_recorded);

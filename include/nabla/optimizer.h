@@ -61,6 +61,59 @@ nb_status nb_optimizer_set_iterations(nb_optimizer *opt, int64_t iterations);
 /* Frees the optimizer and its slots. NULL is ignored. */
 void nb_optimizer_free(nb_optimizer *opt);
 
+/* ---- loss scaling (for training in f16) ------------------------------------
+ *
+ * Gradients of an f16 computation underflow to zero unless the loss is scaled
+ * up first. A loss scaler multiplies the loss by its scale before the
+ * gradients are taken, divides the gradients by it before the update, and
+ * adapts the scale as torch.amp.GradScaler does: a step whose gradients hold
+ * an infinity or NaN is skipped (no variable, slot or step count changes) and
+ * the scale multiplied by backoff; after growth_interval steps in a row that
+ * were applied, it is multiplied by growth. The scale stays within
+ * [2^-64, 2^64]. A step:
+ *
+ *     nb_tape *tape = nb_tape_begin();
+ *     nb_tensor *loss = model_loss(...);
+ *     nb_tape_gradient_vars(tape, nb_loss_scaler_scale(ls, loss), n, vars, g);
+ *     bool stepped;
+ *     nb_loss_scaler_step(ls, opt, n, vars, g, &stepped);
+ */
+typedef struct nb_loss_scaler nb_loss_scaler;
+
+/* A scaler starting at initial_scale (torch's defaults: 65536, 2, 0.5, 2000).
+ * The caller frees it with nb_loss_scaler_free. NULL and
+ * NB_ERR_INVALID_ARGUMENT for an initial scale outside [2^-64, 2^64], growth
+ * <= 1 or not finite, backoff outside (0, 1), or growth_interval < 1. */
+nb_loss_scaler *nb_loss_scaler_new(double initial_scale, double growth, double backoff, int64_t growth_interval);
+
+/* loss times the scale (an op, recorded on the tapes that watch loss), owned
+ * by the current scope. NULL and NB_ERR_INVALID_ARGUMENT for a NULL argument,
+ * or the op's error. */
+nb_tensor *nb_loss_scaler_scale(nb_loss_scaler *ls, const nb_tensor *loss);
+
+/* Divides the gradients of the scaled loss by the scale and, when every one
+ * is finite, applies them with opt (nb_optimizer_apply: NULL gradients are
+ * skipped); otherwise applies nothing. Then adapts the scale. *stepped, when
+ * not NULL, says whether the update was applied. Reads one number back from
+ * the gradients' device (the check). Returns NB_OK (a skipped step is not an
+ * error), NB_ERR_INVALID_ARGUMENT for a NULL scaler, optimizer or array, or
+ * the error of the unscaling or the update (the scale then unchanged). */
+nb_status nb_loss_scaler_step(nb_loss_scaler *ls, nb_optimizer *opt, int n, nb_variable *const *vars,
+                              nb_tensor *const *grads, bool *stepped);
+
+/* The current scale (0 for NULL). */
+double nb_loss_scaler_get_scale(const nb_loss_scaler *ls);
+/* Steps skipped so far (0 for NULL). */
+int64_t nb_loss_scaler_skipped(const nb_loss_scaler *ls);
+/* Sets the scale and the count of applied steps since the last change (a
+ * checkpoint's restore). NB_OK, or NB_ERR_INVALID_ARGUMENT for NULL, a scale
+ * outside [2^-64, 2^64] or a negative count. */
+nb_status nb_loss_scaler_set_state(nb_loss_scaler *ls, double scale, int64_t good_steps);
+/* The count of applied steps since the scale last changed (0 for NULL). */
+int64_t nb_loss_scaler_good_steps(const nb_loss_scaler *ls);
+/* Frees the scaler. NULL is ignored. */
+void nb_loss_scaler_free(nb_loss_scaler *ls);
+
 #ifdef __cplusplus
 }
 #endif
