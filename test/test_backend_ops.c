@@ -945,7 +945,7 @@ typedef struct binary_entry {
 } binary_entry;
 
 static const binary_entry binary_ops[] = {
-#define NB_BINARY(ID, name, dtypes, kind, api) {NB_BIN_##ID, #name, ref_##name, PUB_BIN_##api(name), CMP_##kind},
+#define NB_BINARY(ID, name, dtypes, cost, kind, api) {NB_BIN_##ID, #name, ref_##name, PUB_BIN_##api(name), CMP_##kind},
 #include "lib/core/ops.def"
 };
 

@@ -671,7 +671,7 @@ static double binary_ref(nb_binary_op op, nb_dtype dt, double x, double y)
 static void check_binary(nb_binary_op op, nb_dtype dt, int nd, const int64_t *shape, int la,
                          int lb, int lo)
 {
-    nb_dtype odt = op >= NB_BIN_EQ ? NB_BOOL : dt;
+    nb_dtype odt = nb__binary_is_comparison(op) ? NB_BOOL : dt;
     arr a = arr_layout(dt, nd, shape, la), b = arr_layout(dt, nd, shape, lb);
     arr o = arr_layout(odt, nd, shape, lo);
     arr_rand(&a, 0.1, is_float(dt) ? 3 : 20);
@@ -686,7 +686,7 @@ static void check_binary(nb_binary_op op, nb_dtype dt, int nd, const int64_t *sh
             wr(dt, q, (double)((int64_t)rd(dt, q) % 6));
         }
     }
-    if (op >= NB_BIN_EQ) /* make some equal pairs */
+    if (nb__binary_is_comparison(op)) /* make some equal pairs */
         for (int64_t i = 0; i < a.v.numel && i < b.v.numel; i += 3)
             set(&a, i, get(&b, i));
     arr_poison(&o);
