@@ -1,5 +1,6 @@
 /* The CPU kernel table (ops/cpu) on its own: nb_view's over malloc'd buffers,
- * no tensors. Every kernel is compared with a plain reference on random,
+ * no tensors. Every kernel is compared with a plain reference (an elementwise
+ * op's is the one beside its formula, lib/core/formulas.h) on random,
  * never-zero inputs, with contiguous, strided (transposed, stepped) and
  * broadcast (stride 0) operands; outputs are poisoned first (NaN for floats,
  * 0x5A bytes for integers) so an unwritten element fails. Exits 0 on success,
@@ -536,8 +537,8 @@ static double (*const binary_refs[])(double x, double y, int int_bits) = {
 #define NB_BINARY(ID, name, dtypes, cost, kind, api) [NB_BIN_##ID] = nb_ref_bin_##name,
 #include "lib/core/ops.def"
 };
-_Static_assert(sizeof unary_refs / sizeof *unary_refs == NB_UN_COUNT, "a unary op without its reference");
-_Static_assert(sizeof binary_refs / sizeof *binary_refs == NB_BIN_COUNT, "a binary op without its reference");
+_Static_assert(sizeof unary_refs / sizeof *unary_refs == NB_UN_COUNT, "unary references and ops.def disagree");
+_Static_assert(sizeof binary_refs / sizeof *binary_refs == NB_BIN_COUNT, "binary references and ops.def disagree");
 
 /* The references' integer width: 0 for the floating dtypes. */
 static int int_bits(nb_dtype dt) { return dt == NB_I32 ? 32 : dt == NB_I64 ? 64 : 0; }
