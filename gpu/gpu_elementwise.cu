@@ -58,7 +58,7 @@ template <nb_binary_op OP> struct Bin;
     static NBG_HD auto f(int32_t x, int32_t y) { return nb_bin_##name##_i32(x, y); }           \
     static NBG_HD auto f(int64_t x, int64_t y) { return nb_bin_##name##_i64(x, y); }
 #define BIN_INT_ANY(name) BIN_INT_NUMERIC(name)
-#define NB_BINARY(ID, name, dtypes, kind, api)                                                 \
+#define NB_BINARY(ID, name, dtypes, cost, kind, api)                                           \
     template <> struct Bin<NB_BIN_##ID> {                                                      \
         static NBG_HD auto f(float x, float y) { return nb_bin_##name##_f32(x, y); }           \
         static NBG_HD auto f(double x, double y) { return nb_bin_##name##_f64(x, y); }         \
@@ -72,7 +72,7 @@ constexpr unsigned kUnaryDtypes[] = {
 #include "lib/core/ops.def"
 };
 constexpr unsigned kBinaryDtypes[] = {
-#define NB_BINARY(ID, name, dtypes, kind, api) dtypes##_DTYPES,
+#define NB_BINARY(ID, name, dtypes, cost, kind, api) dtypes##_DTYPES,
 #include "lib/core/ops.def"
 };
 static_assert(sizeof kUnaryDtypes / sizeof kUnaryDtypes[0] == NB_UN_COUNT, "ops.def and nb_unary_op disagree");
@@ -134,7 +134,16 @@ nb_status unary_op(nb_gpu_ctx *c, const nb_view *out, const nb_view *x, double a
 
 // ---- binary ------------------------------------------------------------------------
 
-template <nb_binary_op OP> constexpr bool is_comparison = OP >= NB_BIN_EQ;
+// The list's kind column: CMP writes uint8_t (NB_BOOL).
+#define KIND_IS_CMP_ARITH false
+#define KIND_IS_CMP_CMP true
+constexpr bool kBinaryIsComparison[] = {
+#define NB_BINARY(ID, name, dtypes, cost, kind, api) KIND_IS_CMP_##kind,
+#include "lib/core/ops.def"
+};
+static_assert(sizeof kBinaryIsComparison / sizeof kBinaryIsComparison[0] == NB_BIN_COUNT,
+              "ops.def and nb_binary_op disagree");
+template <nb_binary_op OP> constexpr bool is_comparison = kBinaryIsComparison[OP];
 
 template <nb_binary_op OP, nb_dtype D> struct BinaryF {
     using Out = std::conditional_t<is_comparison<OP>, uint8_t, T_of<D>>;
@@ -283,7 +292,7 @@ extern "C" nb_status nb__gpu_binary(nb_gpu_ctx *c, nb_binary_op op, const nb_vie
                                     const nb_view *b)
 {
     switch (op) {
-#define NB_BINARY(ID, name, dtypes, kind, api) \
+#define NB_BINARY(ID, name, dtypes, cost, kind, api) \
     case NB_BIN_##ID: return binary_op<NB_BIN_##ID>(c, out, a, b);
 #include "lib/core/ops.def"
     default: break;

@@ -103,7 +103,7 @@ static nb_status minimum_grad(const nb_node *n, nb_tensor *const *g, nb_tensor *
 #define GRAD_OF_ARITH(name) name##_grad
 #define GRAD_OF_CMP(name) NULL
 static const nb_op_def binary_defs[NB_BIN_COUNT] = {
-#define NB_BINARY(ID, name, dtypes, kind, api) [NB_BIN_##ID] = {#name, GRAD_OF_##kind(name)},
+#define NB_BINARY(ID, name, dtypes, cost, kind, api) [NB_BIN_##ID] = {#name, GRAD_OF_##kind(name)},
 #include "lib/core/ops.def"
 };
 
@@ -111,7 +111,7 @@ static const nb_op_def binary_defs[NB_BIN_COUNT] = {
 #define WRAP_AB(ID, name) \
     nb_tensor *nb_##name(const nb_tensor *a, const nb_tensor *b) { return binary(NB_BIN_##ID, a, b); }
 #define WRAP_OWN(ID, name)
-#define NB_BINARY(ID, name, dtypes, kind, api) WRAP_##api(ID, name)
+#define NB_BINARY(ID, name, dtypes, cost, kind, api) WRAP_##api(ID, name)
 #include "lib/core/ops.def"
 
 /* Number of zeros in an integer tensor (-1 with the error recorded on failure).

@@ -5,7 +5,7 @@
 
 #include "lib/core/backend.h"
 #include "lib/core/core.h"
-#include "lib/core/record.h"
+#include "lib/core/recording.h"
 
 /* A tensor's (ndim, shape) as two arguments, for nb__sum_to and friends. */
 #define SHAPE_OF(t) (t)->ndim, (t)->shape

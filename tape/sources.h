@@ -5,7 +5,7 @@
 #ifndef NB_TAPE_SOURCES_H
 #define NB_TAPE_SOURCES_H
 
-#include "record.h"
+#include "lib/core/recording.h"
 
 /* Watches t on every recording tape of this thread, remembering that it is a
  * value of key. Called by nb_read; does nothing for non-floating t. Out of memory

@@ -2,7 +2,8 @@
 #ifndef NB_TAPE_IMPL_H
 #define NB_TAPE_IMPL_H
 
-#include "record.h"
+#include "lib/core/recording.h"
+#include "set_aside.h"
 #include "sources.h"
 #include "idmap.h"
 

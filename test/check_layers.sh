@@ -76,7 +76,7 @@ while IFS= read -r hit; do
 done < <(grep -nE '\bnb__(cpu|gpu)_[a-z_]+' -r lib/core)
 
 # Calls from lib/core, ops and gpu up into the tape's public functions: ops
-# record through lib/core/record.h only.
+# record through lib/core/recording.h only.
 while IFS= read -r hit; do
     offend "$hit: calls the tape"
 done < <(grep -nE '\b(nb_tape_[a-z_]+|nb_custom_gradient|nb_gradient_check[a-z_]*)[[:space:]]*\(' -r lib/core ops gpu)

@@ -45,6 +45,12 @@ import differential_ref as ref  # noqa: E402 - needs torch
 
 torch.set_num_threads(1)  # tiny tensors: threads only cost
 
+# The list's ops with a scalar, each given its own scalars by g_unary and g_scalar.
+SCALAR_OPS = ("leaky_relu", "pow_scalar", "add_scalar", "mul_scalar")
+if set(ref.SCALAR) != set(SCALAR_OPS):
+    raise RuntimeError(f"differential.py: generators know the scalar ops {SCALAR_OPS}, "
+                       f"lib/core/ops.def lists {tuple(ref.SCALAR)}")
+
 INF = math.inf
 NAN = math.nan
 FLOATS = ("f32", "f64")

@@ -9,12 +9,53 @@ float64 values, bools torch.bool.
 Where nabla documents or keeps a policy that differs from PyTorch, the
 reference follows nabla; each such place says so. Most are NaN conventions at
 NaN inputs, or the one-sided limits at -0.
+
+The elementwise ops are read from nabla's one list, lib/core/ops.def: every
+public op there needs its reference here (UNARY, SCALAR, BINARY, COMPARE, by
+the form of its public function), and importing this module fails, naming
+the op, when one is missing or names an op the list does not have.
 """
 
 import math
+import os
+import re
 
 import torch
 import torch.nn.functional as F
+
+OPS_DEF = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "lib", "core", "ops.def")
+
+
+def listed_ops(path=OPS_DEF):
+    """The public elementwise ops of ops.def, in the list's order, by the form
+    of their public function: unary nb_<name>(x), scalar nb_<name>(x, alpha),
+    binary nb_<name>(a, b) (arithmetic) and compare (a bool result). Internal
+    ops have no public function, so no program can name them."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    ops = {"unary": [], "scalar": [], "binary": [], "compare": []}
+    for name, api in re.findall(r"^NB_UNARY\(\s*\w+\s*,\s*(\w+)\s*,\s*\w+\s*,\s*\w+\s*,\s*(\w+)\s*\)", text, re.M):
+        if api in ("X", "XA"):
+            ops["unary" if api == "X" else "scalar"].append(name)
+    for name, kind, api in re.findall(
+            r"^NB_BINARY\(\s*\w+\s*,\s*(\w+)\s*,\s*\w+\s*,\s*\w+\s*,\s*(\w+)\s*,\s*(\w+)\s*\)", text, re.M):
+        if api != "INTERNAL":
+            ops["compare" if kind == "CMP" else "binary"].append(name)
+    if not ops["unary"] or not ops["binary"]:
+        raise RuntimeError(f"differential_ref.py: no elementwise ops read from {path}")
+    return ops
+
+
+def in_list_order(refs, names, table):
+    """refs ordered as the list names its ops; an error naming every op of the
+    list without a reference in table, and every reference the list lacks."""
+    missing = [n for n in names if n not in refs]
+    unlisted = [n for n in refs if n not in names]
+    if missing or unlisted:
+        raise RuntimeError(
+            f"differential_ref.py: {table} must hold a torch reference for each op of lib/core/ops.def "
+            f"of its form; missing: {missing or 'none'}; not in the list: {unlisted or 'none'}")
+    return {n: refs[n] for n in names}
 
 
 
@@ -244,6 +285,14 @@ BINARY = {
     "minimum": lambda a, b: RefSelect.apply(a, b, False),
 }
 
+# nb_<name>(x, alpha)
+SCALAR = {
+    "leaky_relu": F.leaky_relu,
+    "add_scalar": lambda x, c: x + c,
+    "mul_scalar": lambda x, c: x * c,
+    "pow_scalar": ref_pow_scalar,
+}
+
 COMPARE = {
     "equal": torch.eq,
     "not_equal": torch.ne,
@@ -252,6 +301,12 @@ COMPARE = {
     "greater": torch.gt,
     "greater_equal": torch.ge,
 }
+
+_LISTED = listed_ops()
+UNARY = in_list_order(UNARY, _LISTED["unary"], "UNARY")
+SCALAR = in_list_order(SCALAR, _LISTED["scalar"], "SCALAR")
+BINARY = in_list_order(BINARY, _LISTED["binary"], "BINARY")
+COMPARE = in_list_order(COMPARE, _LISTED["compare"], "COMPARE")
 
 REDUCE = ("sum", "mean", "max", "min", "prod", "logsumexp")
 
@@ -293,10 +348,6 @@ def _sparse_ce(x, z):
 
 
 OPS = {
-    "leaky_relu": lambda x, a: F.leaky_relu(x.t, a),
-    "pow_scalar": lambda x, e: ref_pow_scalar(x.t, e),
-    "add_scalar": lambda x, c: x.t + c,
-    "mul_scalar": lambda x, c: x.t * c,
     "where": lambda c, a, b: torch.where(c.t, a.t, b.t),
     "sum_all": lambda x: x.t.sum(),
     "mean_all": lambda x: x.t.mean(),
@@ -332,6 +383,8 @@ OPS = {
 }
 for _name, _fn in UNARY.items():
     OPS[_name] = lambda x, _fn=_fn: _fn(x.t)
+for _name, _fn in SCALAR.items():
+    OPS[_name] = lambda x, a, _fn=_fn: _fn(x.t, a)
 for _name, _fn in BINARY.items():
     OPS[_name] = lambda a, b, _fn=_fn: _fn(a.t, b.t)
 for _name, _fn in COMPARE.items():

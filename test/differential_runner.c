@@ -156,29 +156,36 @@ typedef nb_tensor *(*binary_fn)(const nb_tensor *, const nb_tensor *);
 typedef nb_tensor *(*scalar_fn)(const nb_tensor *, double);
 typedef nb_tensor *(*reduce_fn)(const nb_tensor *, nb_axes, bool);
 
+/* The elementwise ops come from the list (lib/core/ops.def), by the form of
+ * their public function; the others follow by hand. */
+#define ONE_INPUT_X(name) {#name, nb_##name},
+#define ONE_INPUT_XA(name)
+#define ONE_INPUT_INTERNAL(name)
+#define WITH_SCALAR_X(name)
+#define WITH_SCALAR_XA(name) {#name, nb_##name},
+#define WITH_SCALAR_INTERNAL(name)
+#define TWO_INPUTS_AB(name) {#name, nb_##name},
+#define TWO_INPUTS_OWN(name) {#name, nb_##name},
+
 static const struct { const char *name; unary_fn fn; } unaries[] = {
-    {"neg", nb_neg}, {"abs", nb_abs}, {"sign", nb_sign}, {"exp", nb_exp}, {"log", nb_log},
-    {"sqrt", nb_sqrt}, {"rsqrt", nb_rsqrt}, {"square", nb_square}, {"sin", nb_sin},
-    {"cos", nb_cos}, {"tanh", nb_tanh}, {"erf", nb_erf}, {"sigmoid", nb_sigmoid},
-    {"relu", nb_relu}, {"gelu", nb_gelu}, {"softplus", nb_softplus}, {"silu", nb_silu}, {"elu", nb_elu},
+#define NB_UNARY(ID, name, dtypes, cost, api) ONE_INPUT_##api(name)
+#include "lib/core/ops.def"
     {"sum_all", nb_sum_all}, {"mean_all", nb_mean_all}, {"contiguous", nb_contiguous},
     {"stop_gradient", nb_stop_gradient},
 };
 
 static const struct { const char *name; binary_fn fn; } binaries[] = {
-    {"add", nb_add}, {"sub", nb_sub}, {"mul", nb_mul}, {"div", nb_div}, {"pow", nb_pow},
-    {"maximum", nb_maximum}, {"minimum", nb_minimum}, {"equal", nb_equal},
-    {"not_equal", nb_not_equal}, {"less", nb_less}, {"less_equal", nb_less_equal},
-    {"greater", nb_greater}, {"greater_equal", nb_greater_equal}, {"matmul", nb_matmul},
-    {"softmax_cross_entropy", nb_softmax_cross_entropy},
+#define NB_BINARY(ID, name, dtypes, cost, kind, api) TWO_INPUTS_##api(name)
+#include "lib/core/ops.def"
+    {"matmul", nb_matmul}, {"softmax_cross_entropy", nb_softmax_cross_entropy},
     {"sparse_softmax_cross_entropy", nb_sparse_softmax_cross_entropy},
     {"sigmoid_cross_entropy", nb_sigmoid_cross_entropy},
     {"mean_squared_error", nb_mean_squared_error}, {"gather", nb_gather},
 };
 
 static const struct { const char *name; scalar_fn fn; } scalars[] = {
-    {"add_scalar", nb_add_scalar}, {"mul_scalar", nb_mul_scalar},
-    {"pow_scalar", nb_pow_scalar}, {"leaky_relu", nb_leaky_relu},
+#define NB_UNARY(ID, name, dtypes, cost, api) WITH_SCALAR_##api(name)
+#include "lib/core/ops.def"
 };
 
 static const struct { const char *name; reduce_fn fn; } reductions[] = {

@@ -1,10 +1,12 @@
 /* The backend-op matrix: every op of lib/core/ops.def, for every dtype the list
  * allows, on every device present (/cpu:0 and each /gpu:N).
  *
- * The per-op loops are generated from the list with X-macros: each NB_UNARY op
- * needs a reference ref_<name>, each NB_BINARY op ref_<name>, each NB_REDUCE op
- * ref_red_<name> and red_dtypes_<name>, and each NB_KERNEL entry a function
- * kernel_<name> that runs its cases; a new op without them does not build.
+ * The per-op loops are generated from the list with X-macros: each NB_UNARY and
+ * NB_BINARY op is compared with its reference nb_ref_un_<name> or
+ * nb_ref_bin_<name>, written beside its formula (lib/core/formulas.h); each
+ * NB_REDUCE op needs ref_red_<name> and red_dtypes_<name>, and each NB_KERNEL
+ * entry a function kernel_<name> that runs its cases; a new op without them
+ * does not build.
  * A unary op whose domain is not the whole line gets an entry in un_domain.
  *
  * Inputs are random with odd sizes (1, 7, 33, 1000+ elements, 0 to 4 dims,
@@ -34,6 +36,7 @@
  * logical CPU runs the device-against-CPU comparisons without a GPU). */
 #include "check.h"
 
+#include "lib/core/formulas.h"
 #include "ops/op.h"
 
 #include <stdarg.h>
@@ -694,58 +697,8 @@ static double *alloc_values(int64_t n) { return malloc(sizeof(double) * (size_t)
 
 /* ================================ unary ops ================================================= */
 
-/* An integer product as dtype dt wraps it (exact where a double product is not). */
-static double int_mul(double a, double b, nb_dtype dt)
-{
-    uint64_t p = (uint64_t)(int64_t)a * (uint64_t)(int64_t)b;
-    return dt == NB_I32 ? (double)(int32_t)(uint32_t)p : (double)(int64_t)p;
-}
-static double sign_of(double x) { return x > 0 ? 1 : x < 0 ? -1 : x * 0; }
-static double ref_neg(double x, double a, nb_dtype dt) { (void)a, (void)dt; return -x; }
-static double ref_abs(double x, double a, nb_dtype dt) { (void)a, (void)dt; return fabs(x); }
-static double ref_sign(double x, double a, nb_dtype dt) { (void)a, (void)dt; return sign_of(x); }
-static double ref_exp(double x, double a, nb_dtype dt) { (void)a, (void)dt; return exp(x); }
-static double ref_log(double x, double a, nb_dtype dt) { (void)a, (void)dt; return log(x); }
-static double ref_sqrt(double x, double a, nb_dtype dt) { (void)a, (void)dt; return sqrt(x); }
-static double ref_rsqrt(double x, double a, nb_dtype dt) { (void)a, (void)dt; return 1 / sqrt(x); }
-static double ref_square(double x, double a, nb_dtype dt) { (void)a; return is_int(dt) ? int_mul(x, x, dt) : x * x; }
-static double ref_sin(double x, double a, nb_dtype dt) { (void)a, (void)dt; return sin(x); }
-static double ref_cos(double x, double a, nb_dtype dt) { (void)a, (void)dt; return cos(x); }
-static double ref_tanh(double x, double a, nb_dtype dt) { (void)a, (void)dt; return tanh(x); }
-static double ref_erf(double x, double a, nb_dtype dt) { (void)a, (void)dt; return erf(x); }
-static double ref_sigmoid(double x, double a, nb_dtype dt)
-{
-    (void)a, (void)dt;
-    return x >= 0 ? 1 / (1 + exp(-x)) : exp(x) / (1 + exp(x));
-}
-static double ref_relu(double x, double a, nb_dtype dt) { (void)a, (void)dt; return x < 0 ? 0 : x; }
-static double ref_leaky_relu(double x, double a, nb_dtype dt) { (void)dt; return x < 0 ? a * x : x; }
-static double ref_gelu(double x, double a, nb_dtype dt)
-{
-    (void)a, (void)dt;
-    return x * 0.5 * (1 + erf(x / sqrt(2.0)));
-}
-static double ref_softplus(double x, double a, nb_dtype dt)
-{
-    (void)a, (void)dt;
-    return (x > 0 ? x : 0) + log1p(exp(-fabs(x)));
-}
-static double ref_silu(double x, double a, nb_dtype dt) { return x * ref_sigmoid(x, a, dt); }
-static double ref_elu(double x, double a, nb_dtype dt) { (void)a, (void)dt; return x > 0 ? x : expm1(x); }
-static double ref_reciprocal(double x, double a, nb_dtype dt) { (void)a, (void)dt; return 1 / x; }
-/* alpha < 0: x >= 0 */
-static double ref_step(double x, double a, nb_dtype dt) { (void)dt; return (a < 0 ? x >= 0 : x > 0) ? 1 : 0; }
-static double ref_normal_pdf(double x, double a, nb_dtype dt)
-{
-    (void)a, (void)dt;
-    return exp(-0.5 * x * x) / sqrt(2 * M_PI);
-}
-static double ref_add_scalar(double x, double a, nb_dtype dt) { (void)dt; return x + a; }
-static double ref_mul_scalar(double x, double a, nb_dtype dt)
-{
-    return is_int(dt) && a == trunc(a) ? int_mul(x, a, dt) : x * a;
-}
-static double ref_pow_scalar(double x, double a, nb_dtype dt) { (void)dt; return pow(x, a); }
+/* The references' integer width: 0 for the floating dtypes. */
+static int int_bits(nb_dtype dt) { return dt == NB_I32 ? 32 : dt == NB_I64 ? 64 : 0; }
 
 /* The public function of each op (nb__unary for the internal ones). */
 #define PUB_UN_X(ID, name) \
@@ -760,12 +713,12 @@ static double ref_pow_scalar(double x, double a, nb_dtype dt) { (void)dt; return
 typedef struct unary_entry {
     nb_unary_op op;
     const char *name;
-    double (*ref)(double x, double alpha, nb_dtype dt);
+    double (*ref)(double x, double alpha, int int_bits);
     nb_tensor *(*pub)(const nb_tensor *x, double alpha);
 } unary_entry;
 
 static const unary_entry unary_ops[] = {
-#define NB_UNARY(ID, name, dtypes, cost, api) {NB_UN_##ID, #name, ref_##name, pub_##name},
+#define NB_UNARY(ID, name, dtypes, cost, api) {NB_UN_##ID, #name, nb_ref_un_##name, pub_##name},
 #include "lib/core/ops.def"
 };
 
@@ -832,7 +785,7 @@ static double *ref_unary(int n, const input *in, const void *ctx, nb_shape *shap
     int64_t k = numel(in[0].shape);
     double *w = alloc_values(k);
     for (int64_t i = 0; i < k; i++)
-        w[i] = wrap_int(c->dt, c->e->ref(in[0].v[i], c->alpha, c->dt));
+        w[i] = wrap_int(c->dt, c->e->ref(in[0].v[i], c->alpha, int_bits(c->dt)));
     *shape = in[0].shape;
     return w;
 }
@@ -909,28 +862,6 @@ static void kernel_unary(void)
 
 /* ================================ binary ops ================================================ */
 
-static double ref_add(double a, double b, nb_dtype dt) { (void)dt; return a + b; }
-static double ref_sub(double a, double b, nb_dtype dt) { (void)dt; return a - b; }
-static double ref_mul(double a, double b, nb_dtype dt) { return is_int(dt) ? int_mul(a, b, dt) : a * b; }
-static double ref_div(double a, double b, nb_dtype dt) { return is_int(dt) ? trunc(a / b) : a / b; }
-static double ref_pow(double a, double b, nb_dtype dt) { (void)dt; return pow(a, b); }
-static double ref_maximum(double a, double b, nb_dtype dt)
-{
-    (void)dt;
-    return isnan(a) || isnan(b) ? NAN : a > b ? a : b;
-}
-static double ref_minimum(double a, double b, nb_dtype dt)
-{
-    (void)dt;
-    return isnan(a) || isnan(b) ? NAN : a < b ? a : b;
-}
-static double ref_equal(double a, double b, nb_dtype dt) { (void)dt; return a == b; }
-static double ref_not_equal(double a, double b, nb_dtype dt) { (void)dt; return a != b; }
-static double ref_less(double a, double b, nb_dtype dt) { (void)dt; return a < b; }
-static double ref_less_equal(double a, double b, nb_dtype dt) { (void)dt; return a <= b; }
-static double ref_greater(double a, double b, nb_dtype dt) { (void)dt; return a > b; }
-static double ref_greater_equal(double a, double b, nb_dtype dt) { (void)dt; return a >= b; }
-
 #define PUB_BIN_AB(name) nb_##name
 #define PUB_BIN_OWN(name) nb_##name
 #define CMP_ARITH false
@@ -939,13 +870,13 @@ static double ref_greater_equal(double a, double b, nb_dtype dt) { (void)dt; ret
 typedef struct binary_entry {
     nb_binary_op op;
     const char *name;
-    double (*ref)(double a, double b, nb_dtype dt);
+    double (*ref)(double a, double b, int int_bits);
     nb_tensor *(*pub)(const nb_tensor *a, const nb_tensor *b);
     bool comparison;
 } binary_entry;
 
 static const binary_entry binary_ops[] = {
-#define NB_BINARY(ID, name, dtypes, kind, api) {NB_BIN_##ID, #name, ref_##name, PUB_BIN_##api(name), CMP_##kind},
+#define NB_BINARY(ID, name, dtypes, cost, kind, api) {NB_BIN_##ID, #name, nb_ref_bin_##name, PUB_BIN_##api(name), CMP_##kind},
 #include "lib/core/ops.def"
 };
 
@@ -1008,7 +939,7 @@ static double *ref_elementwise(int n, const input *in, nb_shape *shape, double (
 static double binary_at(const double *x, const void *ctx)
 {
     const binary_ctx *c = ctx;
-    double r = c->e->ref(x[0], x[1], c->dt);
+    double r = c->e->ref(x[0], x[1], int_bits(c->dt));
     return c->e->comparison ? r : wrap_int(c->dt, r);
 }
 

@@ -1,5 +1,6 @@
 /* The CPU kernel table (ops/cpu) on its own: nb_view's over malloc'd buffers,
- * no tensors. Every kernel is compared with a plain reference on random,
+ * no tensors. Every kernel is compared with a plain reference (an elementwise
+ * op's is the one beside its formula, lib/core/formulas.h) on random,
  * never-zero inputs, with contiguous, strided (transposed, stepped) and
  * broadcast (stride 0) operands; outputs are poisoned first (NaN for floats,
  * 0x5A bytes for integers) so an unwritten element fails. Exits 0 on success,
@@ -7,6 +8,7 @@
 #include <nabla/nabla.h>
 
 #include "lib/core/backend.h"
+#include "lib/core/formulas.h"
 #include "ops/cpu/cpu_internal.h"
 
 #include <math.h>
@@ -526,38 +528,20 @@ static void test_copy(void)
 
 /* ---- unary ----------------------------------------------------------------------------------- */
 
-static double unary_ref(nb_unary_op op, double x, double alpha)
-{
-    switch (op) {
-    case NB_UN_NEG: return -x;
-    case NB_UN_ABS: return fabs(x);
-    case NB_UN_SIGN: return x > 0 ? 1 : x < 0 ? -1 : 0;
-    case NB_UN_EXP: return exp(x);
-    case NB_UN_LOG: return log(x);
-    case NB_UN_SQRT: return sqrt(x);
-    case NB_UN_RSQRT: return 1 / sqrt(x);
-    case NB_UN_SQUARE: return x * x;
-    case NB_UN_SIN: return sin(x);
-    case NB_UN_COS: return cos(x);
-    case NB_UN_TANH: return tanh(x);
-    case NB_UN_ERF: return erf(x);
-    case NB_UN_SIGMOID: return 1 / (1 + exp(-x));
-    case NB_UN_RELU: return x > 0 ? x : 0;
-    case NB_UN_LEAKY_RELU: return x > 0 ? x : alpha * x;
-    case NB_UN_GELU: return 0.5 * x * (1 + erf(x / sqrt(2.0)));
-    case NB_UN_SOFTPLUS: return log(1 + exp(x));
-    case NB_UN_SILU: return x / (1 + exp(-x));
-    case NB_UN_ELU: return x > 0 ? x : expm1(x);
-    case NB_UN_RECIPROCAL: return 1 / x;
-    case NB_UN_STEP: return alpha < 0 ? (x >= 0) : (x > 0);
-    case NB_UN_NORMAL_PDF: return exp(-x * x / 2) / sqrt(2 * 3.14159265358979323846);
-    case NB_UN_ADD_SCALAR: return x + alpha;
-    case NB_UN_MUL_SCALAR: return x * alpha;
-    case NB_UN_POW_SCALAR: return pow(x, alpha);
-    case NB_UN_COUNT: break; /* no default: a new op of ops.def warns here (-Wswitch) */
-    }
-    return NAN;
-}
+/* Each op's reference, written beside its formula (lib/core/formulas.h). */
+static double (*const unary_refs[])(double x, double alpha, int int_bits) = {
+#define NB_UNARY(ID, name, dtypes, cost, api) [NB_UN_##ID] = nb_ref_un_##name,
+#include "lib/core/ops.def"
+};
+static double (*const binary_refs[])(double x, double y, int int_bits) = {
+#define NB_BINARY(ID, name, dtypes, cost, kind, api) [NB_BIN_##ID] = nb_ref_bin_##name,
+#include "lib/core/ops.def"
+};
+_Static_assert(sizeof unary_refs / sizeof *unary_refs == NB_UN_COUNT, "unary references and ops.def disagree");
+_Static_assert(sizeof binary_refs / sizeof *binary_refs == NB_BIN_COUNT, "binary references and ops.def disagree");
+
+/* The references' integer width: 0 for the floating dtypes. */
+static int int_bits(nb_dtype dt) { return dt == NB_I32 ? 32 : dt == NB_I64 ? 64 : 0; }
 
 static bool positive_domain(nb_unary_op op, double alpha)
 {
@@ -579,7 +563,7 @@ static void check_unary(nb_unary_op op, nb_dtype dt, double alpha, int nd, const
     EXPECT_OK(B->unary(DEV, op, &o.v, &x.v, alpha));
     double tol = dt == NB_F32 ? 1e-5 : dt == NB_F64 ? 1e-12 : 0;
     for (int64_t i = 0; i < o.v.numel; i++) {
-        double xv = get(&x, i), want = unary_ref(op, xv, alpha);
+        double xv = get(&x, i), want = unary_refs[op](xv, alpha, int_bits(dt));
         if (!is_float(dt))
             want = trunc(want);
         if (!close_to(get(&o, i), want, tol)) {
@@ -610,16 +594,17 @@ static void test_unary(void)
                     check_unary((nb_unary_op)op, dt, alphas[a], 3, SHAPE_SMALL, l, out_layout(l));
             check_unary((nb_unary_op)op, dt, alphas[0], 2, SHAPE_BIG, L_CONTIG, L_CONTIG);
         }
-    const nb_unary_op int_ops[] = {NB_UN_NEG, NB_UN_ABS, NB_UN_SIGN, NB_UN_SQUARE, NB_UN_RELU,
-                                   NB_UN_ADD_SCALAR, NB_UN_MUL_SCALAR};
-    for (size_t k = 0; k < sizeof int_ops / sizeof *int_ops; k++)
+    /* the ops the list defines on integers (NUMERIC) */
+    for (int op = 0; op < NB_UN_COUNT; op++)
         for (int di = 0; di < 2; di++) {
             nb_dtype dt = di ? NB_I64 : NB_I32;
+            if (!(nb__unary_dtypes((nb_unary_op)op) & NB_MASK(dt)))
+                continue;
             for (int l = 0; l < L_COUNT; l++) {
-                check_unary(int_ops[k], dt, 3, 3, SHAPE_SMALL, l, out_layout(l));
-                check_unary(int_ops[k], dt, 2.5, 3, SHAPE_SMALL, l, out_layout(l));
+                check_unary((nb_unary_op)op, dt, 3, 3, SHAPE_SMALL, l, out_layout(l));
+                check_unary((nb_unary_op)op, dt, 2.5, 3, SHAPE_SMALL, l, out_layout(l));
             }
-            check_unary(int_ops[k], dt, -4, 2, SHAPE_BIG, L_TRANS, L_CONTIG);
+            check_unary((nb_unary_op)op, dt, -4, 2, SHAPE_BIG, L_TRANS, L_CONTIG);
         }
     /* step at exactly 0, both conventions; relu/sign at 0 */
     double xs[4] = {-1, 0, 0.5, -0.0};
@@ -649,29 +634,10 @@ static void test_unary(void)
 
 /* ---- binary, where -------------------------------------------------------------------------- */
 
-static double binary_ref(nb_binary_op op, nb_dtype dt, double x, double y)
-{
-    switch (op) {
-    case NB_BIN_ADD: return x + y;
-    case NB_BIN_SUB: return x - y;
-    case NB_BIN_MUL: return x * y;
-    case NB_BIN_DIV: return is_float(dt) ? x / y : trunc(x / y);
-    case NB_BIN_POW: return is_float(dt) ? pow(x, y) : (y < 0 ? (fabs(x) == 1 ? pow(x, y) : 0) : pow(x, y));
-    case NB_BIN_MAX: return x > y ? x : y;
-    case NB_BIN_MIN: return x < y ? x : y;
-    case NB_BIN_EQ: return x == y;
-    case NB_BIN_NE: return x != y;
-    case NB_BIN_LT: return x < y;
-    case NB_BIN_LE: return x <= y;
-    case NB_BIN_GT: return x > y;
-    default: return x >= y;
-    }
-}
-
 static void check_binary(nb_binary_op op, nb_dtype dt, int nd, const int64_t *shape, int la,
                          int lb, int lo)
 {
-    nb_dtype odt = op >= NB_BIN_EQ ? NB_BOOL : dt;
+    nb_dtype odt = nb__binary_is_comparison(op) ? NB_BOOL : dt;
     arr a = arr_layout(dt, nd, shape, la), b = arr_layout(dt, nd, shape, lb);
     arr o = arr_layout(odt, nd, shape, lo);
     arr_rand(&a, 0.1, is_float(dt) ? 3 : 20);
@@ -686,14 +652,14 @@ static void check_binary(nb_binary_op op, nb_dtype dt, int nd, const int64_t *sh
             wr(dt, q, (double)((int64_t)rd(dt, q) % 6));
         }
     }
-    if (op >= NB_BIN_EQ) /* make some equal pairs */
+    if (nb__binary_is_comparison(op)) /* make some equal pairs */
         for (int64_t i = 0; i < a.v.numel && i < b.v.numel; i += 3)
             set(&a, i, get(&b, i));
     arr_poison(&o);
     EXPECT_OK(B->binary(DEV, op, &o.v, &a.v, &b.v));
     double tol = dt == NB_F32 ? 1e-5 : dt == NB_F64 ? 1e-13 : 0;
     for (int64_t i = 0; i < o.v.numel; i++) {
-        double x = get(&a, i), y = get(&b, i), want = binary_ref(op, dt, x, y);
+        double x = get(&a, i), y = get(&b, i), want = binary_refs[op](x, y, int_bits(dt));
         if (!close_to(get(&o, i), want, tol)) {
             EXPECT(0, "op %d %s (%s, %s -> %s): f(%g, %g) = %.9g, want %.9g", (int)op,
                    nb_dtype_name(dt), layout_names[la], layout_names[lb], layout_names[lo], x, y,

@@ -29,7 +29,7 @@ typedef enum nb_unary_op {
 } nb_unary_op;
 
 typedef enum nb_binary_op {
-#define NB_BINARY(ID, name, dtypes, kind, api) NB_BIN_##ID,
+#define NB_BINARY(ID, name, dtypes, cost, kind, api) NB_BIN_##ID,
 #include "ops.def"
     NB_BIN_COUNT
 } nb_binary_op;
@@ -54,10 +54,24 @@ unsigned nb__binary_dtypes(nb_binary_op op);
  * ops' dtype masks; true for the other kernels, whose dtypes their backends
  * decide. The start of every backend's supports answer. */
 bool nb__list_defines(nb_kernel k, int variant, nb_dtype dtype);
-/* Unary ops whose per-element cost is a libm call. */
+/* Ops whose per-element cost is a libm call (the list's cost column). */
 bool nb__unary_heavy(nb_unary_op op);
-/* Comparisons: out is NB_BOOL. */
-static inline bool nb__binary_is_comparison(nb_binary_op op) { return op >= NB_BIN_EQ; }
+bool nb__binary_heavy(nb_binary_op op);
+/* Comparisons, the list's kind CMP: out is NB_BOOL. Inline: every binary op
+ * asks it on the hot path. */
+static inline bool nb__binary_is_comparison(nb_binary_op op)
+{
+    switch (op) {
+#define NB_KIND_IS_CMP_ARITH false
+#define NB_KIND_IS_CMP_CMP true
+#define NB_BINARY(ID, name, dtypes, cost, kind, api) \
+    case NB_BIN_##ID: return NB_KIND_IS_CMP_##kind;
+#include "ops.def"
+#undef NB_KIND_IS_CMP_ARITH
+#undef NB_KIND_IS_CMP_CMP
+    default: return false;
+    }
+}
 
 typedef enum nb_random_dist { NB_RAND_NORMAL, NB_RAND_UNIFORM, NB_RAND_TRUNCATED_NORMAL } nb_random_dist;
 

@@ -15,7 +15,7 @@ static const char *const unary_names[] = {
 #include "ops.def"
 };
 static const char *const binary_names[] = {
-#define NB_BINARY(ID, name, dtypes, kind, api) [NB_BIN_##ID] = #name,
+#define NB_BINARY(ID, name, dtypes, cost, kind, api) [NB_BIN_##ID] = #name,
 #include "ops.def"
 };
 static const char *const reduce_names[] = {
@@ -27,13 +27,17 @@ static const unsigned unary_masks[] = {
 #include "ops.def"
 };
 static const unsigned binary_masks[] = {
-#define NB_BINARY(ID, name, dtypes, kind, api) [NB_BIN_##ID] = dtypes##_DTYPES,
+#define NB_BINARY(ID, name, dtypes, cost, kind, api) [NB_BIN_##ID] = dtypes##_DTYPES,
 #include "ops.def"
 };
 #define LIGHT false
 #define HEAVY true
 static const bool unary_heavy[] = {
 #define NB_UNARY(ID, name, dtypes, cost, api) [NB_UN_##ID] = cost,
+#include "ops.def"
+};
+static const bool binary_heavy[] = {
+#define NB_BINARY(ID, name, dtypes, cost, kind, api) [NB_BIN_##ID] = cost,
 #include "ops.def"
 };
 
@@ -44,7 +48,8 @@ _Static_assert(COUNT_OF(binary_names) == NB_BIN_COUNT, "binary names and nb_bina
 _Static_assert(COUNT_OF(reduce_names) == NB_RED_COUNT, "reduce names and nb_reduce_op disagree");
 _Static_assert(COUNT_OF(unary_masks) == NB_UN_COUNT && COUNT_OF(unary_heavy) == NB_UN_COUNT,
                "unary tables disagree");
-_Static_assert(COUNT_OF(binary_masks) == NB_BIN_COUNT, "binary masks and nb_binary_op disagree");
+_Static_assert(COUNT_OF(binary_masks) == NB_BIN_COUNT && COUNT_OF(binary_heavy) == NB_BIN_COUNT,
+               "binary tables disagree");
 
 #define NAME_OF(table, i) ((unsigned)(i) < COUNT_OF(table) ? table[i] : "?")
 
@@ -66,3 +71,4 @@ bool nb__list_defines(nb_kernel k, int variant, nb_dtype dtype)
 }
 
 bool nb__unary_heavy(nb_unary_op op) { return (unsigned)op < NB_UN_COUNT && unary_heavy[op]; }
+bool nb__binary_heavy(nb_binary_op op) { return (unsigned)op < NB_BIN_COUNT && binary_heavy[op]; }

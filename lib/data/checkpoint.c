@@ -15,7 +15,7 @@
 #endif
 #include "lib/core/backend.h"
 #include "lib/core/core.h"
-#include "tape/record.h"
+#include "lib/core/recording.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -16,7 +16,7 @@
 
 #include "lib/optim/optimizer_impl.h"
 #include "lib/variable/variable_impl.h"
-#include "tape/record.h"
+#include "tape/set_aside.h"
 
 #include <stdarg.h>
 #include <stdio.h>

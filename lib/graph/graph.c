@@ -3,7 +3,7 @@
  * (nb_backend.graph), replayed with fresh inputs. */
 #include "lib/core/backend.h"
 #include "lib/core/capture.h"
-#include "lib/core/record.h"
+#include "lib/core/recording.h"
 #include "ops/op.h"
 
 #include <nabla/graph.h>

@@ -2,7 +2,7 @@
  * after the layer, and a function of them built from public ops. */
 #include "lib/core/capture.h"
 #include "lib/core/core.h"
-#include "lib/core/record.h"
+#include "lib/core/recording.h"
 #include <nabla/layers.h>
 
 #include <string.h>

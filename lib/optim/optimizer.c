@@ -20,7 +20,7 @@
 #include "lib/core/capture.h"
 #include "lib/variable/variable_impl.h"
 #include "ops/op.h"
-#include "tape/record.h"
+#include "lib/core/recording.h"
 
 #include <math.h>
 #include <stdlib.h>

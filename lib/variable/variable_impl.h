@@ -24,7 +24,7 @@ nb_tensor *nb__variable_update_target(nb_variable *v, const char *who);
  * for the reads that hold it. */
 void nb__variable_commit(nb_variable *v, nb_tensor *t);
 
-/* The registry (lib/variable/scope.c): nb_variable_new and the mirrored
+/* The registry (lib/variable/variable_scope.c): nb_variable_new and the mirrored
  * constructor add their variable, nb_variable_free removes it (a no-op for one
  * never added). NB_OK, or NB_ERR_OUT_OF_MEMORY recorded naming who. */
 nb_status nb__variable_register(nb_variable *v, const char *who);

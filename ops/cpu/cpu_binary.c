@@ -49,7 +49,7 @@
  * (NUMERIC or ANY). bool and u8: the comparisons (ANY, CMP). */
 #define OUT_ARITH(T) T
 #define OUT_CMP(T) uint8_t
-#define NB_BINARY(ID, name, dtypes, kind, api)                                               \
+#define NB_BINARY(ID, name, dtypes, cost, kind, api)                                         \
     BIN_ROW(bin_##name##_f32, float, OUT_##kind(float), nb_bin_##name##_f32(x, y))           \
     BIN_ROW(bin_##name##_f64, double, OUT_##kind(double), nb_bin_##name##_f64(x, y))
 #include "lib/core/ops.def"
@@ -60,14 +60,14 @@
 #define INT_ROWS_FLOAT(name, kind)
 #define INT_ROWS_NUMERIC(name, kind) INT_ROWS(name, kind)
 #define INT_ROWS_ANY(name, kind) INT_ROWS(name, kind) BIN_ROW(bin_##name##_u8, uint8_t, uint8_t, nb_bin_##name##_u8(x, y))
-#define NB_BINARY(ID, name, dtypes, kind, api) INT_ROWS_##dtypes(name, kind)
+#define NB_BINARY(ID, name, dtypes, cost, kind, api) INT_ROWS_##dtypes(name, kind)
 #include "lib/core/ops.def"
 
 #define ENTRY_FLOAT(name) [NB_F32] = bin_##name##_f32, [NB_F64] = bin_##name##_f64
 #define ENTRY_NUMERIC(name) ENTRY_FLOAT(name), [NB_I32] = bin_##name##_i32, [NB_I64] = bin_##name##_i64
 #define ENTRY_ANY(name) ENTRY_NUMERIC(name), [NB_BOOL] = bin_##name##_u8, [NB_U8] = bin_##name##_u8
 static const nb_cpu_loop_fn bin_table[][NB_DTYPE_COUNT] = {
-#define NB_BINARY(ID, name, dtypes, kind, api) [NB_BIN_##ID] = {ENTRY_##dtypes(name)},
+#define NB_BINARY(ID, name, dtypes, cost, kind, api) [NB_BIN_##ID] = {ENTRY_##dtypes(name)},
 #include "lib/core/ops.def"
 };
 _Static_assert(sizeof bin_table / sizeof bin_table[0] == NB_BIN_COUNT, "binary table and ops.def disagree");
@@ -91,7 +91,7 @@ nb_status nb__cpu_binary(nb_device *dev, nb_binary_op op, const nb_view *out, co
     nb_cpu_iter it;
     const nb_view *views[3] = {out, a, b};
     nb__cpu_iter_init(&it, 3, views);
-    bool heavy = op == NB_BIN_POW && (a->dtype == NB_F32 || a->dtype == NB_F64);
+    bool heavy = nb__binary_heavy(op) && (a->dtype == NB_F32 || a->dtype == NB_F64);
     nb__cpu_iter_run(&it, fn, NULL, heavy ? NB_CPU_GRAIN_HEAVY : NB_CPU_GRAIN);
     return NB_OK;
 }

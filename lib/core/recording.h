@@ -3,8 +3,8 @@
  * the recorder, keeps the count of recording tapes) and ops/ use it, so ops
  * never include tape/. Gradient functions are called by the tape through the
  * pointer each op's definition carries. */
-#ifndef NB_CORE_RECORD_H
-#define NB_CORE_RECORD_H
+#ifndef NB_CORE_RECORDING_H
+#define NB_CORE_RECORDING_H
 
 #include "core.h"
 

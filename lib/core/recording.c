@@ -1,5 +1,5 @@
-/* The recording hook and the per-thread recording state (lib/core/record.h). */
-#include "record.h"
+/* The recording hook and the per-thread recording state (lib/core/recording.h). */
+#include "recording.h"
 
 #include <stdatomic.h>
 

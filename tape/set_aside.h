@@ -1,11 +1,11 @@
-/* nabla internal — the tape stack, for the modules above the tape (optimizers,
- * the mirrored strategy, checkpoints) that set it aside. The recording
- * interface itself (op definitions, nodes, nb__record, pausing) is the core's:
- * lib/core/record.h, included here. */
-#ifndef NB_TAPE_RECORD_H
-#define NB_TAPE_RECORD_H
+/* nabla internal — the tape stack set aside, for the modules above the tape
+ * (the mirrored strategy) that run work on a thread for someone else. The
+ * recording interface itself (op definitions, nodes, nb__record, pausing) is
+ * the core's: lib/core/recording.h. */
+#ifndef NB_TAPE_SET_ASIDE_H
+#define NB_TAPE_SET_ASIDE_H
 
-#include "lib/core/record.h"
+#include "lib/core/core.h"
 
 /* The calling thread's tape stack set aside, so that work run on this thread for
  * someone else (replica 0 of a mirrored strategy) is recorded on none of its
