@@ -19,6 +19,7 @@ room_of() {
         lib/graph/*) echo lib/graph ;;
         lib/layers/*) echo lib/layers ;;
         lib/data/*) echo lib/data ;;
+        lib/checkpoint/*) echo lib/checkpoint ;;
         lib/distribute/*) echo lib/distribute ;;
         ops/*) echo ops ;; # ops/cpu is part of ops
         tape/*) echo tape ;;
@@ -37,6 +38,7 @@ allowed() {
         lib/variable|lib/data|lib/graph) echo "lib/core ops tape" ;;
         lib/optim|lib/layers) echo "lib/core ops tape lib/variable" ;;
         lib/distribute) echo "lib/core ops tape lib/variable lib/optim" ;;
+        lib/checkpoint) echo "lib/core ops tape lib/variable lib/optim lib/data" ;;
         top) echo "lib/core gpu ops tape" ;;
     esac
 }
