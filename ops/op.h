@@ -96,9 +96,13 @@ static inline nb_tensor *nb__kernel_done(nb_status st, nb_tensor *out)
 /* ---- gradient helpers, made of ops (reduce.c) ---- */
 
 /* Sums g over the dims that broadcasting added or stretched, giving shape (ndim,
- * shape): the gradient of a broadcast input. Returns g itself when shapes match. */
+ * shape): the gradient of a broadcast input. Returns g itself when shapes match,
+ * else a new tensor owned by the current scope; NULL (the error kept) when g is
+ * NULL or an op fails. */
 nb_tensor *nb__sum_to(nb_tensor *g, int ndim, const int64_t *shape);
-/* Reshapes a reduced gradient back to keepdims form and broadcasts it to x's shape. */
+/* Reshapes a reduced gradient back to keepdims form (mask: the reduced dims)
+ * and broadcasts it to x's shape: a new tensor owned by the current scope, or
+ * NULL (the error kept) when g is NULL or an op fails. */
 nb_tensor *nb__expand_reduced(nb_tensor *g, const nb_tensor *x, int mask);
 
 /* Internal ops shared between files. */

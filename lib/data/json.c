@@ -21,6 +21,7 @@ bool nb__json_fail(nb_json *js, const char *fmt, ...)
     return false;
 }
 
+/* Steps over JSON's four white-space bytes, never past the end. */
 static void skip_ws(nb_json *js)
 {
     while (js->p < js->end && (*js->p == ' ' || *js->p == '\t' || *js->p == '\n' || *js->p == '\r'))
@@ -37,6 +38,7 @@ bool nb__json_expect(nb_json *js, char c)
     return nb__json_fail(js, "expected '%c' at byte %td of the %s", c, js->p - js->start, js->name);
 }
 
+/* The value of a hex digit, or -1. */
 static int hexval(char c)
 {
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
