@@ -28,6 +28,7 @@ extern "C" {
 
 #include "lib/core/core.h"
 #include "lib/core/backend.h"
+#include "gpu_backend.h"
 #include <nabla/gpu.h>
 
 #include <cuda_runtime_api.h>
@@ -115,8 +116,6 @@ static inline void nb__gpu_count_wait(nb_gpu_ctx *c) { __atomic_add_fetch(&c->ho
 static inline void nb__gpu_count_card_wait(nb_gpu_phys *p) { __atomic_add_fetch(&p->card_waits, 1, __ATOMIC_RELAXED); }
 
 /* ---- gpu_device.c ------------------------------------------------------------ */
-
-extern const nb_backend nb__gpu_backend;
 
 /* ---- discovery (gpu_device.c), the backend's device entries ---- */
 /* Fills up to max devices, each physical GPU split into logical_per_gpu; never

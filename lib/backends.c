@@ -3,10 +3,9 @@
  * core asks for the list and names no backend itself. */
 #include "lib/core/backend.h"
 #include "nb_config.h"
-
-extern const nb_backend nb__cpu_backend; /* ops/cpu/cpu_backend.c */
+#include "ops/cpu/cpu_backend.h"
 #if NB_HAVE_CUDA
-extern const nb_backend nb__gpu_backend; /* gpu/gpu_backend.c */
+#include "gpu/gpu_backend.h"
 #endif
 
 static const nb_backend *const builtin[] = {

@@ -1,6 +1,6 @@
-/* Copying ops: cast, pad, stop_gradient, and copies between devices. */
+/* Copying ops on one device: cast, pad, stop_gradient. Copies between devices
+ * are in placement.c. */
 #include "op.h"
-#include "lib/core/capture.h"
 
 #include <string.h>
 
@@ -114,70 +114,4 @@ nb_tensor *nb_stop_gradient(const nb_tensor *x)
         return nb__null_input("stop_gradient", 0);
     /* A new tensor (a new id, so no tape knows it) over the same storage. */
     return nb__own(nb__tensor_view(x, SHAPE_OF(x), x->strides, x->offset));
-}
-
-/* ---- copies between devices --------------------------------------------------- */
-
-static nb_status copy_to_device_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
-{
-    gi[0] = nb__copy_to_device(g[0], n->in[0]->device);
-    return nb__ok(gi[0]);
-}
-
-static const nb_op_def copy_to_device_def = {"copy_to_device", copy_to_device_grad};
-
-nb_tensor *nb__copy_to_device(const nb_tensor *t, nb_device *dev)
-{
-    const char *op = copy_to_device_def.name;
-    if (!t)
-        return nb__null_input(op, 0);
-    if (!dev)
-        return nb__fail_null(NB_ERR_DEVICE, "%s: no target device", op);
-    nb_device *from = t->device;
-    /* The source must be contiguous: make it so on its own device first. */
-    const nb_tensor *src = t;
-    nb_tensor *tmp = NULL;
-    if (!t->contiguous) {
-        tmp = nb__tensor_new(op, from, t->dtype, SHAPE_OF(t));
-        if (!tmp)
-            return NULL;
-        nb_view vo = nb__view(tmp), vi = nb__view(t);
-        if (!(tmp = nb__kernel_done(from->backend->copy(from, &vo, &vi), tmp)))
-            return NULL;
-        src = tmp;
-    }
-    nb_tensor *out = nb__out(op, dev, t->dtype, SHAPE_OF(t));
-    size_t nbytes = (size_t)t->numel * nb_dtype_size(t->dtype);
-    if (out && nbytes) {
-        if (from == dev) {
-            nb_view vo = nb__view(out), vi = nb__view(src);
-            out = nb__kernel_done(dev->backend->copy(dev, &vo, &vi), out);
-        } else if (nb__capture_check(NULL, op, "a copy between devices")) {
-            nb__release(out);
-            out = NULL;
-        } else {
-            /* The non-CPU side's backend knows how to reach the other side. */
-            const nb_backend *be = dev->kind != NB_DEVICE_CPU ? dev->backend : from->backend;
-            out = nb__kernel_done(be->copy_between(dev, nb__data(out), from, nb__data(src), nbytes), out);
-        }
-    }
-    nb__release(tmp);
-    nb__log_op(op, dev);
-    const nb_tensor *in[1] = {t};
-    return nb__finish(&copy_to_device_def, 1, in, out, NULL);
-}
-
-nb_tensor *nb_to_device(nb_tensor *t, const char *device)
-{
-    const char *op = "nb_to_device";
-    if (!t)
-        return nb__null_input(op, 0);
-    /* Soft placement applies as for nb_device_push: a missing GPU means /cpu:0
-     * (with a one-line warning) unless placement is strict. */
-    nb_device *dev = nb__device_resolve(device, op);
-    if (!dev)
-        return NULL;
-    if (dev == t->device)
-        return nb_retain(t);
-    return nb__copy_to_device(t, dev);
 }

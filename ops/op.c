@@ -1,9 +1,9 @@
-/* Shared front-end helpers: checks, placement, broadcasting, finishing an op. */
+/* Shared front-end helpers: dtype and axis checks, contiguous copies for
+ * kernels, broadcasting, finishing an op. They call lib/core and the kernels
+ * of dev->backend only, never an op: every op file builds on this one. */
 #include "op.h"
 
-#include <stdatomic.h>
 #include <stdio.h>
-#include <string.h>
 
 static void dtype_list(unsigned mask, char *buf, size_t size)
 {
@@ -63,68 +63,6 @@ int nb__axes_mask(const char *op, nb_axes axes, int ndim)
     return mask;
 }
 
-nb_device *nb__op_place(const char *op, int n, const nb_tensor **inputs)
-{
-    nb_device *pushed = nb__device_pushed();
-    nb_device *dev = pushed ? pushed : inputs[0]->device;
-    for (int i = 0; i < n; i++) {
-        if (inputs[i]->device == dev)
-            continue;
-        if (!pushed)
-            return nb__fail_null(NB_ERR_DEVICE,
-                                 "%s: inputs are on two devices, %s and %s; push a device to have them copied there",
-                                 op, dev->name, inputs[i]->device->name);
-        nb_tensor *moved = nb__copy_to_device(inputs[i], dev);
-        if (!moved)
-            return NULL;
-        inputs[i] = moved;
-    }
-    if (nb__log_placement_enabled())
-        nb__log_op(op, dev);
-    return dev;
-}
-
-bool nb__supports(const nb_device *dev, nb_kernel k, int variant, nb_dtype dtype)
-{
-    const nb_backend *b = dev->backend;
-    if (b->supports)
-        return b->supports(dev, k, variant, dtype);
-    return (unsigned)dtype < NB_DTYPE_COUNT && (b->dtypes & NB_MASK(dtype));
-}
-
-/* One warning per (device kind, kernel, variant, dtype) a fallback served: a
- * training loop would otherwise repeat it every step. */
-#define WARN_VARIANTS 32
-static atomic_uchar g_warned[2][NB_K_COUNT][WARN_VARIANTS][NB_DTYPE_COUNT];
-
-nb_device *nb__op_place_kernel(const char *op, int n, const nb_tensor **inputs, nb_kernel k, int variant,
-                               nb_dtype dtype)
-{
-    nb_device *dev = nb__op_place(op, n, inputs);
-    if (!dev || nb__supports(dev, k, variant, dtype))
-        return dev;
-    nb_device *cpu = nb__device_cpu0();
-    bool can_fall_back = dev != cpu && nb__supports(cpu, k, variant, dtype);
-    if (!can_fall_back || !nb__soft_placement()) {
-        return nb__fail_null(NB_ERR_UNSUPPORTED, "%s: %s does not run it for dtype %s%s", op, dev->name,
-                             nb_dtype_name(dtype),
-                             can_fall_back ? " (placement is strict; soft placement would use /cpu:0)" : "");
-    }
-    if ((unsigned)dev->kind < 2 && (unsigned)variant < WARN_VARIANTS &&
-        !atomic_exchange(&g_warned[dev->kind][k][variant][dtype], 1))
-        nb__log(NB_LOG_WARNING, "%s: %s does not run it for dtype %s; running it on /cpu:0", op, dev->name,
-                nb_dtype_name(dtype));
-    for (int i = 0; i < n; i++) {
-        if (inputs[i]->device == cpu)
-            continue;
-        nb_tensor *moved = nb__copy_to_device(inputs[i], cpu);
-        if (!moved)
-            return NULL;
-        inputs[i] = moved;
-    }
-    return cpu;
-}
-
 const nb_tensor *nb__dense(const char *op, const nb_tensor *t, nb_tensor **tmp)
 {
     *tmp = NULL;
@@ -172,32 +110,4 @@ nb_tensor *nb__finish(const nb_op_def *def, int n_in, const nb_tensor *const *in
         return NULL;
     }
     return nb__own(out);
-}
-
-nb_tensor *nb__sum_to(nb_tensor *g, int ndim, const int64_t *shape)
-{
-    if (!g)
-        return NULL;
-    bool same = g->ndim == ndim;
-    for (int i = 0; same && i < ndim; i++)
-        same = g->shape[i] == shape[i];
-    if (same)
-        return g;
-    nb_axes axes = {0, {0}};
-    int lead = g->ndim - ndim;
-    for (int i = 0; i < g->ndim; i++)
-        if (i < lead || (shape[i - lead] == 1 && g->shape[i] != 1))
-            axes.axes[axes.n++] = i;
-    nb_tensor *s = axes.n ? nb_sum(g, axes, true) : g;
-    nb_shape target = {ndim, {0}};
-    memcpy(target.dims, shape, sizeof(int64_t) * (size_t)ndim);
-    return nb_reshape(s, target);
-}
-
-nb_tensor *nb__expand_reduced(nb_tensor *g, const nb_tensor *x, int mask)
-{
-    nb_shape keep = {x->ndim, {0}};
-    for (int i = 0; i < x->ndim; i++)
-        keep.dims[i] = (mask & (1 << i)) ? 1 : x->shape[i];
-    return nb_broadcast_to(nb_reshape(g, keep), nb_tensor_shape(x));
 }

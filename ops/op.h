@@ -1,5 +1,7 @@
 /* nabla internal — what every op's front end uses: input checks, placement,
- * output allocation, recording, and gradient helpers. */
+ * output allocation, recording, and gradient helpers. The checks, broadcasting
+ * and finishing (op.c) call no op; placement (placement.c) and the gradient
+ * helpers (reduce.c) are ops themselves, built on op.c like every other. */
 #ifndef NB_OPS_OP_H
 #define NB_OPS_OP_H
 
@@ -9,6 +11,8 @@
 
 /* A tensor's (ndim, shape) as two arguments, for nb__sum_to and friends. */
 #define SHAPE_OF(t) (t)->ndim, (t)->shape
+
+/* ---- checks (op.c) ---- */
 
 /* NB_ERR_DTYPE "<op>: <what> has dtype X; expected one of ..." unless t's dtype is
  * in mask. Returns NB_OK or the error. */
@@ -21,6 +25,8 @@ int nb__axis(const char *op, int axis, int ndim);
 /* Turns a set of axes into a bit mask of dims (NB_ALL_AXES: every dim); -1 on a
  * bad or repeated axis (with the error recorded). */
 int nb__axes_mask(const char *op, nb_axes axes, int ndim);
+
+/* ---- placement (placement.c) ---- */
 
 /* Chooses the device for an op with n inputs by the placement rules: the pushed
  * device, else the inputs' own. With a device pushed, an input elsewhere is
@@ -39,6 +45,8 @@ bool nb__supports(const nb_device *dev, nb_kernel k, int variant, nb_dtype dtype
  * device and the dtype (NULL returned). Ops call it before allocating. */
 nb_device *nb__op_place_kernel(const char *op, int n, const nb_tensor **inputs, nb_kernel k, int variant,
                                nb_dtype dtype);
+
+/* ---- contiguous copies, broadcasting, allocation, finishing (op.c) ---- */
 
 /* t itself when contiguous, else a private contiguous copy on t's device (not
  * scoped, not recorded: for handing a kernel contiguous data); *tmp receives
@@ -85,14 +93,22 @@ static inline nb_tensor *nb__kernel_done(nb_status st, nb_tensor *out)
     return out;
 }
 
+/* ---- gradient helpers, made of ops (reduce.c) ---- */
+
 /* Sums g over the dims that broadcasting added or stretched, giving shape (ndim,
- * shape): the gradient of a broadcast input. Returns g itself when shapes match. */
+ * shape): the gradient of a broadcast input. Returns g itself when shapes match,
+ * else a new tensor owned by the current scope; NULL (the error kept) when g is
+ * NULL or an op fails. */
 nb_tensor *nb__sum_to(nb_tensor *g, int ndim, const int64_t *shape);
-/* Reshapes a reduced gradient back to keepdims form and broadcasts it to x's shape. */
+/* Reshapes a reduced gradient back to keepdims form (mask: the reduced dims)
+ * and broadcasts it to x's shape: a new tensor owned by the current scope, or
+ * NULL (the error kept) when g is NULL or an op fails. */
 nb_tensor *nb__expand_reduced(nb_tensor *g, const nb_tensor *x, int mask);
 
 /* Internal ops shared between files. */
 nb_tensor *nb__unary(nb_unary_op kop, const nb_tensor *x, double alpha);
+/* A recorded copy of t on dev (placement.c), owned by the current scope; NULL
+ * with the error recorded (no device, no memory, a captured step). */
 nb_tensor *nb__copy_to_device(const nb_tensor *t, nb_device *dev);
 /* A zero-gradient step mask x > 0 (as x's dtype). */
 nb_tensor *nb__step(const nb_tensor *x);

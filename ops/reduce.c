@@ -2,6 +2,7 @@
 #include "op.h"
 
 #include <math.h>
+#include <string.h>
 
 /* attrs: i[0] = mask of reduced dims, i[1] = keepdims. */
 static nb_tensor *reduce(const nb_op_def *def, nb_reduce_op kop, const nb_tensor *x, nb_axes axes, bool keepdims)
@@ -213,3 +214,33 @@ static nb_tensor *arg_reduce(const char *op, bool is_max, const nb_tensor *x, in
 
 nb_tensor *nb_argmax(const nb_tensor *x, int axis, bool keepdims) { return arg_reduce("argmax", true, x, axis, keepdims); }
 nb_tensor *nb_argmin(const nb_tensor *x, int axis, bool keepdims) { return arg_reduce("argmin", false, x, axis, keepdims); }
+
+/* ---- gradient helpers shared by the ops' gradients -------------------------- */
+
+nb_tensor *nb__sum_to(nb_tensor *g, int ndim, const int64_t *shape)
+{
+    if (!g)
+        return NULL;
+    bool same = g->ndim == ndim;
+    for (int i = 0; same && i < ndim; i++)
+        same = g->shape[i] == shape[i];
+    if (same)
+        return g;
+    nb_axes axes = {0, {0}};
+    int lead = g->ndim - ndim;
+    for (int i = 0; i < g->ndim; i++)
+        if (i < lead || (shape[i - lead] == 1 && g->shape[i] != 1))
+            axes.axes[axes.n++] = i;
+    nb_tensor *s = axes.n ? nb_sum(g, axes, true) : g;
+    nb_shape target = {ndim, {0}};
+    memcpy(target.dims, shape, sizeof(int64_t) * (size_t)ndim);
+    return nb_reshape(s, target);
+}
+
+nb_tensor *nb__expand_reduced(nb_tensor *g, const nb_tensor *x, int mask)
+{
+    nb_shape keep = {x->ndim, {0}};
+    for (int i = 0; i < x->ndim; i++)
+        keep.dims[i] = (mask & (1 << i)) ? 1 : x->shape[i];
+    return nb_broadcast_to(nb_reshape(g, keep), nb_tensor_shape(x));
+}

@@ -12,6 +12,7 @@
 #pragma GCC optimize("O3")
 #endif
 
+#include "cpu_backend.h"
 #include "lib/core/backend.h"
 
 #include <string.h>
@@ -206,9 +207,6 @@ bool nb__cpu_conv_set_plain(bool on);
  * when oneDNN will not take the shape (the caller then runs the plain path);
  * any other error recorded. Primitives are cached per descriptor. */
 nb_status nb__cpu_conv2d_dnnl(int which, const nb_conv2d_desc *d, void *out, const void *a, const void *b);
-
-/* The CPU kernel table (cpu_backend.c). */
-extern const nb_backend nb__cpu_backend;
 
 nb_status nb__cpu_sgd_update(nb_device *dev, const nb_view *param, const nb_view *grad,
                              const nb_view *slot1, const nb_update_params *p);

@@ -5,17 +5,18 @@
  * slots through nb_optimizer_get_slot), sorts the entries by name, writes a
  * small JSON header and the data to a temporary file, syncs it and renames it
  * over the target. Restoring reads the 8-byte length and the header only after
- * checking them against the file's size, parses the header with a strict,
- * bounded JSON parser that knows only safetensors' shape (an object of tensor
- * objects and an optional "__metadata__" object of strings), checks that the
- * tensors tile the data exactly, checks every requested tensor, and only then
- * reads bytes and assigns variables and slots. */
+ * checking them against the file's size, reads the header with the strict,
+ * bounded JSON reader of lib/data/json.h against safetensors' schema (an
+ * object of tensor objects and an optional "__metadata__" object of strings),
+ * checks that the tensors tile the data exactly, checks every requested
+ * tensor, and only then reads bytes and assigns variables and slots. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include "lib/core/backend.h"
 #include "lib/core/core.h"
 #include "lib/core/recording.h"
+#include "lib/data/json.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -33,7 +34,6 @@
 #include <nabla/checkpoint.h>
 
 #define HEADER_MAX (100u << 20) /* the Python package's own limit on the header */
-#define JSON_DEPTH 4            /* top object, tensor object, shape array: 3 */
 
 /* ---- dtypes --------------------------------------------------------------------- */
 
@@ -413,7 +413,7 @@ nb_status nb_checkpoint_save(const char *path, int n, nb_variable *const *vars, 
     return st;
 }
 
-/* ---- the header parser ---------------------------------------------------------- */
+/* ---- the header's schema, read with json.h -------------------------------------- */
 
 typedef struct tensor_info {
     char *name;
@@ -440,248 +440,63 @@ static void header_free(header *h)
     free(h->meta);
 }
 
-typedef struct parser {
-    const char *start, *p, *end;
-    const char *who, *path;
-    bool failed; /* an error is recorded */
-} parser;
-
-static bool perr(parser *ps, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static bool perr(parser *ps, const char *fmt, ...)
-{
-    if (ps->failed)
-        return false;
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    nb__fail(NB_ERR_IO, "%s: %s: malformed safetensors header: %s", ps->who, ps->path, msg);
-    ps->failed = true;
-    return false;
-}
-
-static void skip_ws(parser *ps)
-{
-    while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r'))
-        ps->p++;
-}
-
-static bool expect(parser *ps, char c)
-{
-    skip_ws(ps);
-    if (ps->p < ps->end && *ps->p == c) {
-        ps->p++;
-        return true;
-    }
-    return perr(ps, "expected '%c' at byte %td of the header", c, ps->p - ps->start);
-}
-
-static int hexval(char c)
-{
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
-
-/* Parses a JSON string into a new NUL-terminated buffer (no NUL inside). */
-static char *parse_string(parser *ps)
-{
-    if (!expect(ps, '"'))
-        return NULL;
-    const char *start = ps->p;
-    /* An upper bound of the decoded length: the bytes up to the closing quote,
-     * an escaped quote not being one (an escape never decodes longer than it is
-     * written). */
-    size_t cap = 16;
-    for (const char *q = start; q < ps->end && *q != '"'; q++) {
-        cap++;
-        if (*q == '\\' && q + 1 < ps->end) {
-            q++;
-            cap++;
-        }
-    }
-    char *out = malloc(cap + 4);
-    if (!out) {
-        perr(ps, "out of host memory");
-        return NULL;
-    }
-    size_t n = 0;
-    while (ps->p < ps->end) {
-        unsigned char c = (unsigned char)*ps->p++;
-        if (c == '"') {
-            out[n] = '\0';
-            return out;
-        }
-        if (c < 0x20) {
-            perr(ps, "a control character in a string");
-            break;
-        }
-        if (c != '\\') {
-            out[n++] = (char)c;
-            continue;
-        }
-        if (ps->p >= ps->end)
-            break;
-        char e = *ps->p++;
-        const char *simple = strchr("\"\\/bfnrt", e);
-        if (e && simple) {
-            static const char map[] = "\"\\/\b\f\n\r\t";
-            out[n++] = map[simple - "\"\\/bfnrt"];
-            continue;
-        }
-        if (e != 'u') {
-            perr(ps, "a bad escape '\\%c'", e);
-            break;
-        }
-        uint32_t cp = 0;
-        for (int k = 0; k < 4; k++) {
-            int h = ps->p < ps->end ? hexval(*ps->p++) : -1;
-            if (h < 0) {
-                perr(ps, "a bad \\u escape");
-                free(out);
-                return NULL;
-            }
-            cp = cp << 4 | (uint32_t)h;
-        }
-        if (cp >= 0xD800 && cp <= 0xDBFF) { /* a surrogate pair */
-            uint32_t lo = 0;
-            bool ok = ps->end - ps->p >= 6 && ps->p[0] == '\\' && ps->p[1] == 'u';
-            for (int k = 0; ok && k < 4; k++) {
-                int h = hexval(ps->p[2 + k]);
-                ok = h >= 0;
-                lo = lo << 4 | (uint32_t)(h >= 0 ? h : 0);
-            }
-            if (!ok || lo < 0xDC00 || lo > 0xDFFF) {
-                perr(ps, "an unpaired surrogate in a \\u escape");
-                break;
-            }
-            ps->p += 6;
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-        } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-            perr(ps, "an unpaired surrogate in a \\u escape");
-            break;
-        }
-        if (cp == 0) {
-            perr(ps, "a NUL character in a string");
-            break;
-        }
-        /* Six input bytes at least became at most four output bytes. */
-        if (cp < 0x80) {
-            out[n++] = (char)cp;
-        } else if (cp < 0x800) {
-            out[n++] = (char)(0xC0 | cp >> 6);
-            out[n++] = (char)(0x80 | (cp & 0x3F));
-        } else if (cp < 0x10000) {
-            out[n++] = (char)(0xE0 | cp >> 12);
-            out[n++] = (char)(0x80 | (cp >> 6 & 0x3F));
-            out[n++] = (char)(0x80 | (cp & 0x3F));
-        } else {
-            out[n++] = (char)(0xF0 | cp >> 18);
-            out[n++] = (char)(0x80 | (cp >> 12 & 0x3F));
-            out[n++] = (char)(0x80 | (cp >> 6 & 0x3F));
-            out[n++] = (char)(0x80 | (cp & 0x3F));
-        }
-    }
-    perr(ps, "an unterminated string");
-    free(out);
-    return NULL;
-}
-
-/* A non-negative JSON integer no larger than 2^62 (no sign, fraction or exponent). */
-static bool parse_uint(parser *ps, uint64_t *out)
-{
-    skip_ws(ps);
-    if (ps->p >= ps->end || *ps->p < '0' || *ps->p > '9')
-        return perr(ps, "expected a non-negative integer");
-    if (*ps->p == '0' && ps->end - ps->p > 1 && ps->p[1] >= '0' && ps->p[1] <= '9')
-        return perr(ps, "an integer with a leading zero");
-    uint64_t x = 0;
-    while (ps->p < ps->end && *ps->p >= '0' && *ps->p <= '9') {
-        x = x * 10 + (uint64_t)(*ps->p++ - '0');
-        if (x > (UINT64_C(1) << 62))
-            return perr(ps, "an integer past 2^62");
-    }
-    if (ps->p < ps->end && (*ps->p == '.' || *ps->p == 'e' || *ps->p == 'E'))
-        return perr(ps, "a number that is not an integer");
-    *out = x;
-    return true;
-}
-
-/* Peeks the next non-space character, or 0 at the end. */
-static char peek(parser *ps)
-{
-    skip_ws(ps);
-    return ps->p < ps->end ? *ps->p : 0;
-}
-
-/* After an element of a list closed by `close` ('}' or ']'): consumes a ','
- * and returns 1 (another element follows) or consumes close and returns 0;
- * -1 for anything else, recording nothing (the caller says where). */
-static int list_next(parser *ps, char close)
-{
-    char c = peek(ps);
-    if (c != ',' && c != close)
-        return -1;
-    ps->p++;
-    return c == ',';
-}
-
 /* "[a, b, ...]" of at most max non-negative integers; returns the count or -1. */
-static int parse_uint_array(parser *ps, uint64_t *out, int max, const char *what, const char *name)
+static int parse_uint_array(nb_json *js, uint64_t *out, int max, const char *what, const char *name)
 {
-    if (!expect(ps, '['))
+    if (!nb__json_expect(js, '['))
         return -1;
     int n = 0;
-    if (peek(ps) == ']') {
-        ps->p++;
+    if (nb__json_peek(js) == ']') {
+        js->p++;
         return 0;
     }
     for (;;) {
         uint64_t x = 0;
         if (n == max) {
-            perr(ps, "tensor '%s': %s has more than %d entries", name, what, max);
+            nb__json_fail(js, "tensor '%s': %s has more than %d entries", name, what, max);
             return -1;
         }
-        if (!parse_uint(ps, &x))
+        if (!nb__json_uint(js, &x))
             return -1;
         out[n++] = x;
-        int more = list_next(ps, ']');
+        int more = nb__json_next(js, ']');
         if (more > 0)
             continue;
         if (more == 0)
             return n;
-        perr(ps, "tensor '%s': expected ',' or ']' in %s", name, what);
+        nb__json_fail(js, "tensor '%s': expected ',' or ']' in %s", name, what);
         return -1;
     }
 }
 
-static bool parse_metadata(parser *ps, header *h)
+static bool parse_metadata(nb_json *js, header *h)
 {
-    if (!expect(ps, '{'))
+    if (!nb__json_expect(js, '{'))
         return false;
-    if (peek(ps) == '}') {
-        ps->p++;
+    if (nb__json_peek(js) == '}') {
+        js->p++;
         return true;
     }
     for (;;) {
-        char *k = parse_string(ps);
+        char *k = nb__json_string(js);
         if (!k)
             return false;
         for (int i = 0; i < h->n_meta; i++)
             if (strcmp(h->meta[2 * i], k) == 0) {
-                perr(ps, "__metadata__ holds '%s' twice", k);
+                nb__json_fail(js, "__metadata__ holds '%s' twice", k);
                 free(k);
                 return false;
             }
-        if (!expect(ps, ':')) {
+        if (!nb__json_expect(js, ':')) {
             free(k);
             return false;
         }
-        if (peek(ps) != '"') {
-            perr(ps, "__metadata__ value of '%s' is not a string", k);
+        if (nb__json_peek(js) != '"') {
+            nb__json_fail(js, "__metadata__ value of '%s' is not a string", k);
             free(k);
             return false;
         }
-        char *v = parse_string(ps);
+        char *v = nb__json_string(js);
         if (!v) {
             free(k);
             return false;
@@ -690,49 +505,49 @@ static bool parse_metadata(parser *ps, header *h)
         if (!m) {
             free(k);
             free(v);
-            return perr(ps, "out of host memory");
+            return nb__json_fail(js, "out of host memory");
         }
         h->meta = m;
         m[2 * h->n_meta] = k;
         m[2 * h->n_meta + 1] = v;
         h->n_meta++;
-        int more = list_next(ps, '}');
+        int more = nb__json_next(js, '}');
         if (more > 0)
             continue;
         if (more == 0)
             return true;
-        return perr(ps, "expected ',' or '}' in __metadata__");
+        return nb__json_fail(js, "expected ',' or '}' in __metadata__");
     }
 }
 
 /* One tensor's object {"dtype": ..., "shape": [...], "data_offsets": [b, e]}. */
-static bool parse_tensor(parser *ps, tensor_info *t)
+static bool parse_tensor(nb_json *js, tensor_info *t)
 {
-    if (!expect(ps, '{'))
+    if (!nb__json_expect(js, '{'))
         return false;
     bool have_dtype = false, have_shape = false, have_offsets = false;
-    if (peek(ps) == '}')
-        return perr(ps, "tensor '%s' has no dtype, shape or data_offsets", t->name);
+    if (nb__json_peek(js) == '}')
+        return nb__json_fail(js, "tensor '%s' has no dtype, shape or data_offsets", t->name);
     for (;;) {
-        char *k = parse_string(ps);
+        char *k = nb__json_string(js);
         if (!k)
             return false;
-        bool ok = expect(ps, ':');
+        bool ok = nb__json_expect(js, ':');
         if (ok && strcmp(k, "dtype") == 0 && !have_dtype) {
             have_dtype = true;
-            char *d = parse_string(ps);
+            char *d = nb__json_string(js);
             ok = d != NULL;
             t->dtype = -1;
             for (int i = 0; ok && i < N_DTYPES; i++)
                 if (strcmp(d, g_dtypes[i].name) == 0)
                     t->dtype = i;
             if (ok && t->dtype < 0)
-                ok = perr(ps, "tensor '%s' has unknown dtype '%.32s'", t->name, d);
+                ok = nb__json_fail(js, "tensor '%s' has unknown dtype '%.32s'", t->name, d);
             free(d);
         } else if (ok && strcmp(k, "shape") == 0 && !have_shape) {
             have_shape = true;
             uint64_t dims[NB_MAX_DIMS];
-            int nd = parse_uint_array(ps, dims, NB_MAX_DIMS, "shape", t->name);
+            int nd = parse_uint_array(js, dims, NB_MAX_DIMS, "shape", t->name);
             ok = nd >= 0;
             t->ndim = ok ? nd : 0;
             for (int i = 0; i < t->ndim; i++)
@@ -740,59 +555,59 @@ static bool parse_tensor(parser *ps, tensor_info *t)
         } else if (ok && strcmp(k, "data_offsets") == 0 && !have_offsets) {
             have_offsets = true;
             uint64_t off[2];
-            int no = parse_uint_array(ps, off, 2, "data_offsets", t->name);
+            int no = parse_uint_array(js, off, 2, "data_offsets", t->name);
             ok = no >= 0;
             if (ok && no != 2)
-                ok = perr(ps, "tensor '%s': data_offsets has %d entries, not 2", t->name, no);
+                ok = nb__json_fail(js, "tensor '%s': data_offsets has %d entries, not 2", t->name, no);
             if (ok && off[1] < off[0])
-                ok = perr(ps, "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] end before they begin", t->name,
+                ok = nb__json_fail(js, "tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] end before they begin", t->name,
                           off[0], off[1]);
             if (ok) {
                 t->begin = off[0];
                 t->end = off[1];
             }
         } else if (ok) {
-            ok = perr(ps, "tensor '%s' has %s key '%.32s'", t->name,
+            ok = nb__json_fail(js, "tensor '%s' has %s key '%.32s'", t->name,
                       strcmp(k, "dtype") && strcmp(k, "shape") && strcmp(k, "data_offsets") ? "an unknown" : "a repeated",
                       k);
         }
         free(k);
         if (!ok)
             return false;
-        int more = list_next(ps, '}');
+        int more = nb__json_next(js, '}');
         if (more > 0)
             continue;
         if (more == 0)
             break;
-        return perr(ps, "tensor '%s': expected ',' or '}'", t->name);
+        return nb__json_fail(js, "tensor '%s': expected ',' or '}'", t->name);
     }
     if (!have_dtype || !have_shape || !have_offsets)
-        return perr(ps, "tensor '%s' lacks %s", t->name, !have_dtype ? "dtype" : !have_shape ? "shape" : "data_offsets");
+        return nb__json_fail(js, "tensor '%s' lacks %s", t->name, !have_dtype ? "dtype" : !have_shape ? "shape" : "data_offsets");
     return true;
 }
 
-static bool parse_header(parser *ps, header *h)
+static bool parse_header(nb_json *js, header *h)
 {
-    if (!expect(ps, '{'))
+    if (!nb__json_expect(js, '{'))
         return false;
     bool have_meta = false;
-    if (peek(ps) == '}') {
-        ps->p++;
+    if (nb__json_peek(js) == '}') {
+        js->p++;
     } else {
         for (;;) {
-            char *k = parse_string(ps);
+            char *k = nb__json_string(js);
             if (!k)
                 return false;
-            if (!expect(ps, ':')) {
+            if (!nb__json_expect(js, ':')) {
                 free(k);
                 return false;
             }
             if (strcmp(k, "__metadata__") == 0) {
                 free(k);
                 if (have_meta)
-                    return perr(ps, "__metadata__ appears twice");
+                    return nb__json_fail(js, "__metadata__ appears twice");
                 have_meta = true;
-                if (!parse_metadata(ps, h))
+                if (!parse_metadata(js, h))
                     return false;
             } else {
                 if (h->n == h->cap) {
@@ -800,7 +615,7 @@ static bool parse_header(parser *ps, header *h)
                     tensor_info *t = realloc(h->t, sizeof *t * (size_t)cap);
                     if (!t) {
                         free(k);
-                        return perr(ps, "out of host memory");
+                        return nb__json_fail(js, "out of host memory");
                     }
                     h->t = t;
                     h->cap = cap;
@@ -808,19 +623,19 @@ static bool parse_header(parser *ps, header *h)
                 tensor_info *t = &h->t[h->n++];
                 memset(t, 0, sizeof *t);
                 t->name = k;
-                if (!parse_tensor(ps, t))
+                if (!parse_tensor(js, t))
                     return false;
             }
-            int more = list_next(ps, '}');
+            int more = nb__json_next(js, '}');
             if (more > 0)
                 continue;
             if (more == 0)
                 break;
-            return perr(ps, "expected ',' or '}' after a tensor");
+            return nb__json_fail(js, "expected ',' or '}' after a tensor");
         }
     }
-    if (peek(ps) != 0)
-        return perr(ps, "bytes after the header's object");
+    if (nb__json_peek(js) != 0)
+        return nb__json_fail(js, "bytes after the header's object");
     return true;
 }
 
@@ -1023,8 +838,10 @@ nb_status nb_checkpoint_restore(const char *path, int n, nb_variable *const *var
         return nb__fail(NB_ERR_IO, "%s: %s: could not read the %" PRIu64 "-byte header (truncated?)", who, path, hlen);
     }
     header h = {0};
-    parser ps = {text, text, text + hlen, who, path, false};
-    nb_status st = parse_header(&ps, &h) ? NB_OK : nb_error();
+    nb_json js = nb__json_reader(text, (size_t)hlen, "header");
+    nb_status st = parse_header(&js, &h)
+                       ? NB_OK
+                       : nb__fail(NB_ERR_IO, "%s: %s: malformed safetensors header: %s", who, path, js.error);
     free(text);
     uint64_t data_start = 8 + hlen;
     if (!st)
