@@ -150,23 +150,12 @@ static int run_device(const char *device, const char *peer_prefix, int batch, in
 int main(int argc, char **argv)
 {
     int reps = 10, cpu_batch = 8, gpu_batch = 32;
-    bool peer = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--cpu-batch") && i + 1 < argc)
-            cpu_batch = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--gpu-batch") && i + 1 < argc)
-            gpu_batch = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--plain"))
-            setenv("NB_CONV_PLAIN", "1", 1);
-        else if (!strcmp(argv[i], "--no-peer"))
-            peer = false;
-        else {
-            fprintf(stderr, "usage: %s [--reps R] [--cpu-batch B] [--gpu-batch B] [--plain] [--no-peer]\n", argv[0]);
-            return 2;
-        }
-    }
+    bool peer = true, plain = false;
+    BENCH_OPTIONS(argc, argv, BENCH_REPS(&reps), BENCH_NUMBER("--cpu-batch", "B", &cpu_batch),
+                  BENCH_NUMBER("--gpu-batch", "B", &gpu_batch), BENCH_FLAG("--plain", &plain, true),
+                  BENCH_NO_PEER(&peer));
+    if (plain)
+        setenv("NB_CONV_PLAIN", "1", 1);
     if (reps < 1)
         reps = 1;
     if (cpu_batch < 1)
@@ -174,14 +163,8 @@ int main(int argc, char **argv)
     if (gpu_batch < 1)
         gpu_batch = 1;
     nb_set_error_handler(nb_error_handler_exit, NULL);
-    bench_peer p = {0};
-    if (peer) {
-        char args[64];
-        snprintf(args, sizeof args, "%d %d %d", cpu_batch, gpu_batch, reps);
-        bench_run_peer(&p, "conv_layer.py", args);
-    } else {
-        snprintf(p.status, sizeof p.status, "PyTorch: not run (--no-peer)");
-    }
+    bench_peer p;
+    bench_peer_run(&p, peer, "conv_layer.py", "%d %d %d", cpu_batch, gpu_batch, reps);
     int bad = run_device("/cpu:0", "cpu", cpu_batch, reps, &p);
     if (nb_device_count(NB_DEVICE_GPU) == 0)
         return bench_no_gpu("Conv2d layers on /gpu:0", nb_gpu_unavailable_reason()) || bad;

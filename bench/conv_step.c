@@ -94,16 +94,7 @@ int main(int argc, char **argv)
 {
     int reps = 30;
     bool peer = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--no-peer"))
-            peer = false;
-        else {
-            fprintf(stderr, "usage: %s [--reps R] [--no-peer]\n", argv[0]);
-            return 2;
-        }
-    }
+    BENCH_OPTIONS(argc, argv, BENCH_REPS(&reps), BENCH_NO_PEER(&peer));
     if (reps < 1)
         reps = 1;
     nb_set_error_handler(nb_error_handler_exit, NULL);
@@ -112,14 +103,8 @@ int main(int argc, char **argv)
     bool gpu = nb_device_count(NB_DEVICE_GPU) > 0;
     double gpu_ms = gpu ? bench_device("/gpu:0", reps * 10) : 0;
 
-    bench_peer pr = {0};
-    if (peer) {
-        char args[32];
-        snprintf(args, sizeof args, "%d", reps);
-        bench_run_peer(&pr, "conv_step.py", args);
-    } else {
-        snprintf(pr.status, sizeof pr.status, "PyTorch: not run (--no-peer)");
-    }
+    bench_peer pr;
+    bench_peer_run(&pr, peer, "conv_step.py", "%d", reps);
     bench_header("CNN training step (fashion_cnn's network), batch 64 (median, warm-up first)",
                  "milliseconds per step", &pr);
     bench_row("/cpu:0 (torch: cpu)", cpu, bench_peer_get(&pr, "cpu"));

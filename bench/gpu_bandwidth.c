@@ -135,20 +135,8 @@ int main(int argc, char **argv)
 {
     int mib = 256;
     bool peer = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--mib") && i + 1 < argc)
-            mib = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
-            B = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            R = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--no-peer"))
-            peer = false;
-        else {
-            fprintf(stderr, "usage: %s [--mib M] [--batch B] [--reps R] [--no-peer]\n", argv[0]);
-            return 2;
-        }
-    }
+    BENCH_OPTIONS(argc, argv, BENCH_NUMBER("--mib", "M", &mib), BENCH_NUMBER("--batch", "B", &B), BENCH_REPS(&R),
+                  BENCH_NO_PEER(&peer));
     if (mib < 1)
         mib = 1;
     if (B < 1)
@@ -195,15 +183,10 @@ int main(int argc, char **argv)
     double t_add = median_ms(op_add);
     double t_chain = median_ms(op_chain);
 
-    bench_peer p = {0};
-    if (peer) {
+    bench_peer p;
+    if (peer)
         nb_gpu_empty_cache("/gpu:0"); /* leave the card's memory to PyTorch */
-        char args[64];
-        snprintf(args, sizeof args, "%d %d %d", mib, B, R);
-        bench_run_peer(&p, "gpu_bandwidth.py", args);
-    } else {
-        snprintf(p.status, sizeof p.status, "PyTorch: not run (--no-peer)");
-    }
+    bench_peer_run(&p, peer, "gpu_bandwidth.py", "%d %d %d", mib, B, R);
     char title[512];
     snprintf(title, sizeof title,
              "%s (%s), f32 tensors of %d MiB\n(median of %d batches of %d ops, warm-up first, "

@@ -160,20 +160,8 @@ static void print_row(const char *what, double ms_nb, double ms_cu, double ms_pt
 int main(int argc, char **argv)
 {
     bool peer = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--n") && i + 1 < argc)
-            n = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
-            B = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            R = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--no-peer"))
-            peer = false;
-        else {
-            fprintf(stderr, "usage: %s [--n N] [--batch B] [--reps R] [--no-peer]\n", argv[0]);
-            return 2;
-        }
-    }
+    BENCH_OPTIONS(argc, argv, BENCH_NUMBER("--n", "N", &n), BENCH_NUMBER("--batch", "B", &B), BENCH_REPS(&R),
+                  BENCH_NO_PEER(&peer));
     if (n < CHECK_ROWS)
         n = CHECK_ROWS;
     if (B < 1)
@@ -258,21 +246,13 @@ int main(int argc, char **argv)
     nb_release(b);
     nb_device_pop();
 
-    bench_peer p = {0};
-    if (peer) {
+    bench_peer p;
+    if (peer)
         nb_gpu_empty_cache("/gpu:0"); /* leave the card's memory to PyTorch */
-        char args[64];
-        snprintf(args, sizeof args, "%d %d %d", n, B, R);
-        bench_run_peer(&p, "gpu_matmul.py", args);
-    } else {
-        snprintf(p.status, sizeof p.status, "PyTorch: not run (--no-peer)");
-    }
+    bench_peer_run(&p, peer, "gpu_matmul.py", "%d %d %d", n, B, R);
     printf("\n%s (%s): %d x %d x %d, f32 in and out\n", TITLE, props.name, n, n, n);
     printf("(median of %d batches of %d, warm-up first; nabla and cuBLAS alternate batches)\n", R, B);
-    if (p.status[0])
-        printf("(%s; nabla's and cuBLAS's figures only)\n", p.status);
-    else
-        printf("(PyTorch %s from Python, same machine, same run)\n", p.version);
+    bench_peer_line(&p, "nabla's and cuBLAS's figures only");
     printf("(cuBLAS %d.%d.%d called directly from C on its own buffers)\n", cublas_version / 10000,
            cublas_version / 100 % 100, cublas_version % 100);
     printf("%-34s %8s %8s %8s %10s %10s\n", "TFLOP/s", "nabla", "cuBLAS", "PyTorch", "vs cuBLAS",

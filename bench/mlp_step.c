@@ -95,16 +95,7 @@ int main(int argc, char **argv)
 {
     int reps = 200;
     bool peer = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--no-peer"))
-            peer = false;
-        else {
-            fprintf(stderr, "usage: %s [--reps R] [--no-peer]\n", argv[0]);
-            return 2;
-        }
-    }
+    BENCH_OPTIONS(argc, argv, BENCH_REPS(&reps), BENCH_NO_PEER(&peer));
     if (reps < 1)
         reps = 1;
     nb_set_error_handler(nb_error_handler_exit, NULL);
@@ -114,14 +105,8 @@ int main(int argc, char **argv)
     double gpu_us = gpu ? bench_device("/gpu:0", reps, false) : 0;
     double graph_us = gpu ? bench_device("/gpu:0", reps, true) : 0;
 
-    bench_peer p = {0};
-    if (peer) {
-        char args[32];
-        snprintf(args, sizeof args, "%d", reps);
-        bench_run_peer(&p, "mlp_step.py", args);
-    } else {
-        snprintf(p.status, sizeof p.status, "PyTorch: not run (--no-peer)");
-    }
+    bench_peer p;
+    bench_peer_run(&p, peer, "mlp_step.py", "%d", reps);
     bench_header("MLP 784-256-10 training step, batch 64 (median, warm-up first)",
                  "microseconds per step", &p);
     bench_row("/cpu:0 (torch: cpu)", cpu, bench_peer_get(&p, "cpu"));

@@ -176,27 +176,12 @@ int main(int argc, char **argv)
 {
     int reps = 20;
     bool peer = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--no-peer"))
-            peer = false;
-        else {
-            fprintf(stderr, "usage: %s [--reps R] [--no-peer]\n", argv[0]);
-            return 2;
-        }
-    }
+    BENCH_OPTIONS(argc, argv, BENCH_REPS(&reps), BENCH_NO_PEER(&peer));
     if (reps < 1)
         reps = 1;
     nb_set_error_handler(nb_error_handler_exit, NULL);
-    bench_peer p = {0};
-    if (peer) {
-        char args[32];
-        snprintf(args, sizeof args, "%d", reps);
-        bench_run_peer(&p, "norm.py", args);
-    } else {
-        snprintf(p.status, sizeof p.status, "PyTorch: not run (--no-peer)");
-    }
+    bench_peer p;
+    bench_peer_run(&p, peer, "norm.py", "%d", reps);
     int bad = run_device("/cpu:0", "cpu", reps, &p);
     if (nb_device_count(NB_DEVICE_GPU) == 0)
         return bench_no_gpu("Normalisation on /gpu:0", nb_gpu_unavailable_reason()) || bad;
