@@ -7,6 +7,7 @@
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif
+#include <nabla/nabla.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -19,22 +20,24 @@
 #endif
 
 /* One option of a benchmark's command line: "--name VALUE" reads a whole number
- * into *number or keeps the text in *text; a flag ("--name" alone, value NULL)
- * sets *flag to `to`. */
+ * into *number, raised to `least` when smaller, or keeps the text in *text; a
+ * flag ("--name" alone, value NULL) sets *flag to `to`. */
 typedef struct bench_option {
     const char *name;  /* "--reps" */
     const char *value; /* what the usage line calls its value ("R"); NULL for a flag */
     int *number;
+    int least;
     const char **text;
     bool *flag;
     bool to;
 } bench_option;
 
-#define BENCH_NUMBER(name, value, p) {(name), (value), (p), NULL, NULL, false}
-#define BENCH_TEXT(name, value, p) {(name), (value), NULL, (p), NULL, false}
-#define BENCH_FLAG(name, p, to) {(name), NULL, NULL, NULL, (p), (to)}
-/* The two every benchmark takes: --reps R and --no-peer (clears *run_peer). */
-#define BENCH_REPS(p) BENCH_NUMBER("--reps", "R", p)
+#define BENCH_NUMBER(name, value, p, least) {(name), (value), (p), (least), NULL, NULL, false}
+#define BENCH_TEXT(name, value, p) {(name), (value), NULL, 0, (p), NULL, false}
+#define BENCH_FLAG(name, p, to) {(name), NULL, NULL, 0, NULL, (p), (to)}
+/* The two every benchmark takes: --reps R (at least 1) and --no-peer (clears
+ * *run_peer). */
+#define BENCH_REPS(p) BENCH_NUMBER("--reps", "R", p, 1)
 #define BENCH_NO_PEER(run_peer) BENCH_FLAG("--no-peer", run_peer, false)
 
 static inline void bench_usage(FILE *out, const char *prog, int n, const bench_option *opt)
@@ -58,9 +61,10 @@ static inline void bench_options(int argc, char **argv, int n, const bench_optio
             continue;
         }
         if (k < n && i + 1 < argc) {
-            if (opt[k].number)
-                *opt[k].number = atoi(argv[++i]);
-            else
+            if (opt[k].number) {
+                int v = atoi(argv[++i]);
+                *opt[k].number = v < opt[k].least ? opt[k].least : v;
+            } else
                 *opt[k].text = argv[++i];
             continue;
         }
@@ -98,11 +102,44 @@ static inline double bench_median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* Median milliseconds of step(ctx) over reps runs after warm untimed ones.
+ * Each run has a scope of its own and stands between two nb_synchronize()
+ * calls, so that what a GPU queued is in its time and nothing before it is. */
+static inline double bench_median_ms(void (*step)(void *ctx), void *ctx, int warm, int reps)
+{
+    double *v = malloc(sizeof *v * (size_t)reps);
+    for (int i = 0; i < warm + reps; i++) {
+        nb_synchronize();
+        double t0 = bench_now();
+        nb_scope *s = nb_scope_begin();
+        step(ctx);
+        nb_scope_end(s);
+        nb_synchronize();
+        if (i >= warm)
+            v[i - warm] = (bench_now() - t0) * 1e3;
+    }
+    double ms = bench_median(v, reps);
+    free(v);
+    return ms;
+}
+
 /* Whether NB_REQUIRE_GPU (set, not "0") says a GPU must be there. */
 static inline int bench_gpu_required(void)
 {
     const char *want = getenv("NB_REQUIRE_GPU");
     return want && want[0] && strcmp(want, "0") != 0;
+}
+
+/* Readies /gpu:0 for a GPU benchmark: false where there is none; otherwise
+ * strict placement (so that a CPU fallback is never timed by mistake) and the
+ * card's properties in *props. */
+static inline bool bench_gpu_ready(nb_gpu_properties *props)
+{
+    if (nb_device_count(NB_DEVICE_GPU) == 0)
+        return false;
+    nb_set_soft_placement(false);
+    nb_gpu_device_properties("/gpu:0", props);
+    return true;
 }
 
 /* Where a GPU benchmark finds no GPU: prints why under its title and returns its

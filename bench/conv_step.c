@@ -34,6 +34,23 @@ static nb_tensor *forward(net *m, const nb_tensor *x)
     return nb_dense_apply(&m->fc2, h);
 }
 
+typedef struct step_run {
+    net *m;
+    nb_tensor *x, *y;
+    nb_variable **all; /* the 10 trainable variables */
+    nb_optimizer *opt;
+} step_run;
+
+static void train_step(void *ctx)
+{
+    step_run *r = ctx;
+    nb_tape *tape = nb_tape_begin();
+    nb_tensor *loss = nb_mean_all(nb_sparse_softmax_cross_entropy(forward(r->m, r->x), r->y));
+    nb_tensor *g[10];
+    nb_tape_gradient_vars(tape, loss, 10, r->all, g);
+    nb_optimizer_apply(r->opt, 10, r->all, g);
+}
+
 static double bench_device(const char *device, int reps)
 {
     nb_scope *outer = nb_scope_begin();
@@ -61,22 +78,8 @@ static double bench_device(const char *device, int reps)
         all[i] = p[i];
     all[8] = q[0], all[9] = q[1];
     nb_optimizer *opt = nb_adam_new(1e-3, 0.9, 0.999, 1e-7);
-    double *v = malloc(sizeof *v * (size_t)reps);
-    for (int i = 0; i < WARM + reps; i++) {
-        double t0 = bench_now();
-        nb_scope *s = nb_scope_begin();
-        nb_tape *tape = nb_tape_begin();
-        nb_tensor *loss = nb_mean_all(nb_sparse_softmax_cross_entropy(forward(&m, x), y));
-        nb_tensor *g[10];
-        nb_tape_gradient_vars(tape, loss, 10, all, g);
-        nb_optimizer_apply(opt, 10, all, g);
-        nb_scope_end(s);
-        nb_synchronize();
-        if (i >= WARM)
-            v[i - WARM] = (bench_now() - t0) * 1e3;
-    }
-    double med = bench_median(v, reps);
-    free(v);
+    step_run run = {&m, x, y, all, opt};
+    double med = bench_median_ms(train_step, &run, WARM, reps);
     nb_optimizer_free(opt);
     nb_conv2d_free(&m.conv1);
     nb_conv2d_free(&m.conv2);
@@ -95,8 +98,6 @@ int main(int argc, char **argv)
     int reps = 30;
     bool peer = true;
     BENCH_OPTIONS(argc, argv, BENCH_REPS(&reps), BENCH_NO_PEER(&peer));
-    if (reps < 1)
-        reps = 1;
     nb_set_error_handler(nb_error_handler_exit, NULL);
 
     double cpu = bench_device("/cpu:0", reps);

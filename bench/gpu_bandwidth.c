@@ -23,8 +23,9 @@ static int B = 10, R = 30;
 static int64_t N;
 static nb_tensor *a, *b, *c;
 
-static void op_copy(void)
+static void op_copy(void *ctx)
 {
+    (void)ctx;
     for (int i = 0; i < B; i++) {
         nb_scope *s = nb_scope_begin();
         nb_cast(a, NB_F32);
@@ -32,8 +33,9 @@ static void op_copy(void)
     }
 }
 
-static void op_scale(void)
+static void op_scale(void *ctx)
 {
+    (void)ctx;
     for (int i = 0; i < B; i++) {
         nb_scope *s = nb_scope_begin();
         nb_mul_scalar(a, 2.0);
@@ -41,8 +43,9 @@ static void op_scale(void)
     }
 }
 
-static void op_add(void)
+static void op_add(void *ctx)
 {
+    (void)ctx;
     for (int i = 0; i < B; i++) {
         nb_scope *s = nb_scope_begin();
         nb_add(a, b);
@@ -50,8 +53,9 @@ static void op_add(void)
     }
 }
 
-static void op_chain(void)
+static void op_chain(void *ctx)
 {
+    (void)ctx;
     for (int i = 0; i < B; i++) {
         nb_scope *s = nb_scope_begin();
         nb_exp(nb_mul(nb_add(a, b), c));
@@ -60,22 +64,9 @@ static void op_chain(void)
 }
 
 /* Median milliseconds per op of fn, which queues B ops. */
-static double median_ms(void (*fn)(void))
+static double median_ms(void (*fn)(void *))
 {
-    for (int i = 0; i < 3; i++)
-        fn();
-    nb_synchronize();
-    double *v = malloc(sizeof *v * (size_t)R);
-    for (int i = 0; i < R; i++) {
-        nb_synchronize();
-        double t0 = bench_now();
-        fn();
-        nb_synchronize();
-        v[i] = (bench_now() - t0) / B * 1e3;
-    }
-    double m = bench_median(v, R);
-    free(v);
-    return m;
+    return bench_median_ms(fn, NULL, 3, R) / B;
 }
 
 /* Leaves a few blocks of the output's size full of NaN in the allocator's cache,
@@ -135,21 +126,13 @@ int main(int argc, char **argv)
 {
     int mib = 256;
     bool peer = true;
-    BENCH_OPTIONS(argc, argv, BENCH_NUMBER("--mib", "M", &mib), BENCH_NUMBER("--batch", "B", &B), BENCH_REPS(&R),
+    BENCH_OPTIONS(argc, argv, BENCH_NUMBER("--mib", "M", &mib, 1), BENCH_NUMBER("--batch", "B", &B, 1), BENCH_REPS(&R),
                   BENCH_NO_PEER(&peer));
-    if (mib < 1)
-        mib = 1;
-    if (B < 1)
-        B = 1;
-    if (R < 1)
-        R = 1;
     nb_set_error_handler(nb_error_handler_exit, NULL);
-    if (nb_device_count(NB_DEVICE_GPU) == 0)
-        return bench_no_gpu(TITLE, nb_gpu_unavailable_reason());
-    nb_set_soft_placement(false); /* never time the CPU by mistake */
-    nb_device_push("/gpu:0");
     nb_gpu_properties props;
-    nb_gpu_device_properties("/gpu:0", &props);
+    if (!bench_gpu_ready(&props))
+        return bench_no_gpu(TITLE, nb_gpu_unavailable_reason());
+    nb_device_push("/gpu:0");
 
     N = (int64_t)mib * (1 << 20) / (int64_t)sizeof(float);
     a = nb_random_uniform(NB_F32, NB_SHAPE(N), -1, 1, 1);

@@ -160,21 +160,13 @@ static void print_row(const char *what, double ms_nb, double ms_cu, double ms_pt
 int main(int argc, char **argv)
 {
     bool peer = true;
-    BENCH_OPTIONS(argc, argv, BENCH_NUMBER("--n", "N", &n), BENCH_NUMBER("--batch", "B", &B), BENCH_REPS(&R),
+    BENCH_OPTIONS(argc, argv, BENCH_NUMBER("--n", "N", &n, CHECK_ROWS), BENCH_NUMBER("--batch", "B", &B, 1), BENCH_REPS(&R),
                   BENCH_NO_PEER(&peer));
-    if (n < CHECK_ROWS)
-        n = CHECK_ROWS;
-    if (B < 1)
-        B = 1;
-    if (R < 1)
-        R = 1;
     nb_set_error_handler(nb_error_handler_exit, NULL);
-    if (nb_device_count(NB_DEVICE_GPU) == 0)
-        return bench_no_gpu(TITLE, nb_gpu_unavailable_reason());
-    nb_set_soft_placement(false); /* never time the CPU by mistake */
-    nb_device_push("/gpu:0");
     nb_gpu_properties props;
-    nb_gpu_device_properties("/gpu:0", &props);
+    if (!bench_gpu_ready(&props))
+        return bench_no_gpu(TITLE, nb_gpu_unavailable_reason());
+    nb_device_push("/gpu:0");
 
     a = nb_random_uniform(NB_F32, NB_SHAPE(n, n), -1, 1, 1);
     b = nb_random_uniform(NB_F32, NB_SHAPE(n, n), -1, 1, 2);

@@ -115,17 +115,11 @@ static double time_op(kind k, const nb_tensor *x)
 int main(int argc, char **argv)
 {
     bool peer = true;
-    BENCH_OPTIONS(argc, argv, BENCH_NUMBER("--batch", "B", &B), BENCH_REPS(&R), BENCH_NO_PEER(&peer));
-    if (B < 1)
-        B = 1;
-    if (R < 1)
-        R = 1;
+    BENCH_OPTIONS(argc, argv, BENCH_NUMBER("--batch", "B", &B, 1), BENCH_REPS(&R), BENCH_NO_PEER(&peer));
     nb_set_error_handler(nb_error_handler_exit, NULL);
-    if (nb_device_count(NB_DEVICE_GPU) == 0)
-        return bench_no_gpu(TITLE, nb_gpu_unavailable_reason());
-    nb_set_soft_placement(false); /* never time the CPU by mistake */
     nb_gpu_properties props;
-    nb_gpu_device_properties("/gpu:0", &props);
+    if (!bench_gpu_ready(&props))
+        return bench_no_gpu(TITLE, nb_gpu_unavailable_reason());
 
     double ms[N_CASES];
     bool ok = true, good[N_CASES];

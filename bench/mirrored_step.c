@@ -136,10 +136,8 @@ int main(int argc, char **argv)
 {
     int reps = 100, batch_arg = 256;
     bool peer = true;
-    BENCH_OPTIONS(argc, argv, BENCH_REPS(&reps), BENCH_NUMBER("--batch", "B", &batch_arg), BENCH_NO_PEER(&peer));
-    if (reps < 1)
-        reps = 1;
-    const int64_t batch = batch_arg < 4 ? 4 : batch_arg;
+    BENCH_OPTIONS(argc, argv, BENCH_REPS(&reps), BENCH_NUMBER("--batch", "B", &batch_arg, 4), BENCH_NO_PEER(&peer));
+    const int64_t batch = batch_arg;
 
     /* Split the CPU before any other nabla call (CPU devices only). */
     int gpus = nb_physical_gpu_count();

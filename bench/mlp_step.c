@@ -53,6 +53,22 @@ static nb_status mlp_train(void *user, int n_in, nb_tensor *const *in, int n_out
     return st;
 }
 
+typedef struct step_run {
+    mlp *m;
+    nb_tensor **in;
+    nb_graph *g; /* NULL: eager */
+} step_run;
+
+static void train_step(void *ctx)
+{
+    step_run *r = ctx;
+    nb_tensor *loss;
+    if (r->g) /* the inputs stay in the graph, as PyTorch's static ones */
+        nb_graph_replay(r->g, NULL, &loss);
+    else
+        mlp_train(r->m, 2, r->in, 1, &loss);
+}
+
 /* Median microseconds per step: eager, or (graph) one capture then replays. */
 static double bench_device(const char *device, int reps, bool graph)
 {
@@ -68,22 +84,8 @@ static double bench_device(const char *device, int reps, bool graph)
     nb_graph *g = NULL;
     if (graph)
         nb_graph_capture(device, mlp_train, &m, 2, in, 1, NULL, &g);
-    double *v = malloc(sizeof *v * (size_t)reps);
-    for (int i = 0; i < WARM + reps; i++) {
-        double t0 = bench_now();
-        nb_scope *s = nb_scope_begin();
-        nb_tensor *loss;
-        if (g) /* the inputs stay in the graph, as PyTorch's static ones */
-            nb_graph_replay(g, NULL, &loss);
-        else
-            mlp_train(&m, 2, in, 1, &loss);
-        nb_scope_end(s);
-        nb_synchronize();
-        if (i >= WARM)
-            v[i - WARM] = (bench_now() - t0) * 1e6;
-    }
-    double med = bench_median(v, reps);
-    free(v);
+    step_run run = {&m, in, g};
+    double med = bench_median_ms(train_step, &run, WARM, reps) * 1e3;
     nb_graph_free(g);
     mlp_free(&m);
     nb_device_pop();
@@ -96,8 +98,6 @@ int main(int argc, char **argv)
     int reps = 200;
     bool peer = true;
     BENCH_OPTIONS(argc, argv, BENCH_REPS(&reps), BENCH_NO_PEER(&peer));
-    if (reps < 1)
-        reps = 1;
     nb_set_error_handler(nb_error_handler_exit, NULL);
 
     double cpu = bench_device("/cpu:0", reps, false);

@@ -97,12 +97,8 @@ int main(int argc, char **argv)
 {
     bool peer = true;
     const char *device = NULL;
-    BENCH_OPTIONS(argc, argv, BENCH_TEXT("--device", "NAME", &device), BENCH_NUMBER("--ops", "K", &K),
+    BENCH_OPTIONS(argc, argv, BENCH_TEXT("--device", "NAME", &device), BENCH_NUMBER("--ops", "K", &K, 10),
                   BENCH_REPS(&R), BENCH_NO_PEER(&peer));
-    if (K < 10)
-        K = 10;
-    if (R < 1)
-        R = 1;
     nb_set_error_handler(nb_error_handler_exit, NULL);
     nb_set_soft_placement(false); /* never time the CPU in place of a missing GPU */
     if (device) {
