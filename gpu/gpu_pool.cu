@@ -173,20 +173,35 @@ PoolGeo geo_of(const nb_pool2d_desc *d)
 
 } // namespace
 
+// A view's data as dtype D's elements; an absent view gives nullptr.
+template <nb_dtype D> static const T_of<D> *in_ptr(const nb_view *v)
+{
+    return v ? static_cast<const T_of<D> *>(v->data) : nullptr;
+}
+template <nb_dtype D> static T_of<D> *out_ptr(const nb_view *v) { return static_cast<T_of<D> *>(v->data); }
+
+// Calls launch(tag) for the float dtype dt, tag naming it as Tag<D>, where a
+// kernel has `total` outputs to write (none: nothing to do), and reports a
+// failed launch under name.
+template <class Launch>
+static nb_status launch_float(nb_gpu_ctx *c, const char *name, nb_dtype dt, int64_t total, Launch &&launch)
+{
+    if (total <= 0)
+        return NB_OK;
+    return dispatch_float(dt, c, name, [&](auto tag) -> nb_status {
+        launch(tag);
+        return nb__gpu_launched(c, name);
+    });
+}
+
 extern "C" nb_status nb__gpu_max_pool2d(nb_gpu_ctx *c, const nb_pool2d_desc *d, const nb_view *out,
                                         const nb_view *x, const nb_view *sel)
 {
-    const char *name = sel ? "max_pool2d_select" : "max_pool2d";
     const int64_t total = out->numel;
-    if (total <= 0)
-        return NB_OK;
-    const PoolGeo g = geo_of(d);
-    return dispatch_float(x->dtype, c, name, [&](auto tag) -> nb_status {
+    return launch_float(c, sel ? "max_pool2d_select" : "max_pool2d", x->dtype, total, [&](auto tag) {
         constexpr nb_dtype D = decltype(tag)::value;
-        k_max_pool<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(
-            g, static_cast<const T_of<D> *>(x->data), sel ? static_cast<const T_of<D> *>(sel->data) : nullptr,
-            static_cast<T_of<D> *>(out->data), total);
-        return nb__gpu_launched(c, name);
+        k_max_pool<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(geo_of(d), in_ptr<D>(x), in_ptr<D>(sel),
+                                                                       out_ptr<D>(out), total);
     });
 }
 
@@ -194,15 +209,10 @@ extern "C" nb_status nb__gpu_max_pool2d_grad(nb_gpu_ctx *c, const nb_pool2d_desc
                                              const nb_view *x, const nb_view *dy)
 {
     const int64_t total = out->numel;
-    if (total <= 0)
-        return NB_OK;
-    const PoolGeo g = geo_of(d);
-    return dispatch_float(x->dtype, c, "max_pool2d_grad", [&](auto tag) -> nb_status {
+    return launch_float(c, "max_pool2d_grad", x->dtype, total, [&](auto tag) {
         constexpr nb_dtype D = decltype(tag)::value;
-        k_max_pool_grad<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(
-            g, static_cast<const T_of<D> *>(x->data), static_cast<const T_of<D> *>(dy->data),
-            static_cast<T_of<D> *>(out->data), total);
-        return nb__gpu_launched(c, "max_pool2d_grad");
+        k_max_pool_grad<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(geo_of(d), in_ptr<D>(x), in_ptr<D>(dy),
+                                                                            out_ptr<D>(out), total);
     });
 }
 
@@ -210,14 +220,10 @@ extern "C" nb_status nb__gpu_avg_pool2d(nb_gpu_ctx *c, const nb_pool2d_desc *d, 
                                         const nb_view *x)
 {
     const int64_t total = out->numel;
-    if (total <= 0)
-        return NB_OK;
-    const PoolGeo g = geo_of(d);
-    return dispatch_float(x->dtype, c, "avg_pool2d", [&](auto tag) -> nb_status {
+    return launch_float(c, "avg_pool2d", x->dtype, total, [&](auto tag) {
         constexpr nb_dtype D = decltype(tag)::value;
-        k_avg_pool<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(
-            g, static_cast<const T_of<D> *>(x->data), static_cast<T_of<D> *>(out->data), total);
-        return nb__gpu_launched(c, "avg_pool2d");
+        k_avg_pool<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(geo_of(d), in_ptr<D>(x), out_ptr<D>(out),
+                                                                       total);
     });
 }
 
@@ -225,14 +231,10 @@ extern "C" nb_status nb__gpu_avg_pool2d_grad(nb_gpu_ctx *c, const nb_pool2d_desc
                                              const nb_view *dy)
 {
     const int64_t total = out->numel;
-    if (total <= 0)
-        return NB_OK;
-    const PoolGeo g = geo_of(d);
-    return dispatch_float(dy->dtype, c, "avg_pool2d_grad", [&](auto tag) -> nb_status {
+    return launch_float(c, "avg_pool2d_grad", dy->dtype, total, [&](auto tag) {
         constexpr nb_dtype D = decltype(tag)::value;
-        k_avg_pool_grad<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(
-            g, static_cast<const T_of<D> *>(dy->data), static_cast<T_of<D> *>(out->data), total);
-        return nb__gpu_launched(c, "avg_pool2d_grad");
+        k_avg_pool_grad<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(geo_of(d), in_ptr<D>(dy),
+                                                                            out_ptr<D>(out), total);
     });
 }
 
@@ -450,9 +452,7 @@ extern "C" nb_status nb__gpu_channel_moments(nb_gpu_ctx *c, const int64_t shape[
     return dispatch_float(a->dtype, c, "channel_moments", [&](auto tag) -> nb_status {
         constexpr nb_dtype D = decltype(tag)::value;
         using A = typename MomentAcc<D>::T;
-        using T = T_of<D>;
-        const T *ap = static_cast<const T *>(a->data), *bp = b ? static_cast<const T *>(b->data) : nullptr,
-                *cp = center ? static_cast<const T *>(center->data) : nullptr;
+        const T_of<D> *ap = in_ptr<D>(a), *bp = in_ptr<D>(b), *cp = in_ptr<D>(center);
         Scratch part(c, (size_t)(2 * C * L) * sizeof(A));
         if (L > 0 && !part.p)
             return nb_error() ? nb_error() : NB_ERR_OUT_OF_MEMORY;
@@ -471,7 +471,7 @@ extern "C" nb_status nb__gpu_channel_moments(nb_gpu_ctx *c, const int64_t shape[
                 return st;
         }
         k_moments_final<D, A><<<grid_for(c, C * 32), kThreads, 0, c->stream>>>(
-            C, L, n, !b && !center, pp, static_cast<T *>(sum->data), static_cast<T *>(moment->data));
+            C, L, n, !b && !center, pp, out_ptr<D>(sum), out_ptr<D>(moment));
         return nb__gpu_launched(c, "channel_moments");
     });
 }
@@ -481,14 +481,10 @@ extern "C" nb_status nb__gpu_channel_affine(nb_gpu_ctx *c, const int64_t shape[3
                                             const nb_view *u)
 {
     const int64_t total = out->numel;
-    if (total <= 0)
-        return NB_OK;
-    return dispatch_float(a->dtype, c, "channel_affine", [&](auto tag) -> nb_status {
+    return launch_float(c, "channel_affine", a->dtype, total, [&](auto tag) {
         constexpr nb_dtype D = decltype(tag)::value;
         k_channel_affine<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(
-            total, shape[1], shape[2], static_cast<const T_of<D> *>(a->data), static_cast<const T_of<D> *>(s->data),
-            b ? static_cast<const T_of<D> *>(b->data) : nullptr, t ? static_cast<const T_of<D> *>(t->data) : nullptr,
-            static_cast<const T_of<D> *>(u->data), static_cast<T_of<D> *>(out->data));
-        return nb__gpu_launched(c, "channel_affine");
+            total, shape[1], shape[2], in_ptr<D>(a), in_ptr<D>(s), in_ptr<D>(b), in_ptr<D>(t), in_ptr<D>(u),
+            out_ptr<D>(out));
     });
 }
