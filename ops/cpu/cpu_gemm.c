@@ -85,37 +85,24 @@ typedef struct gemm_arch {
         }                                                                                     \
     }
 
+/* Defines the micro-kernel NAME for elements of type T (ATTR: the target it is
+ * compiled for, or nothing) from UKR_BODY's other arguments: one body, one
+ * instruction set and element type each, as the speed needs. */
+#define UKR_DEFINE(NAME, ATTR, T, ...)                                                        \
+    ATTR static void NAME(int64_t kc, const T *restrict a, const T *restrict b, T *restrict c,  \
+                          int64_t rsc, int first) UKR_BODY(T, __VA_ARGS__)
+
 #if NB_GEMM_X86
-__attribute__((target("avx512f"))) static void ukr_f32_avx512(int64_t kc,
-                                                              const float *restrict a,
-                                                              const float *restrict b,
-                                                              float *restrict c, int64_t rsc,
-                                                              int first)
-    UKR_BODY(float, __m512, 16, 12, 2, _mm512_setzero_ps(), _mm512_load_ps, _mm512_set1_ps,
-             _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_storeu_ps)
-
-__attribute__((target("avx512f"))) static void ukr_f64_avx512(int64_t kc,
-                                                              const double *restrict a,
-                                                              const double *restrict b,
-                                                              double *restrict c, int64_t rsc,
-                                                              int first)
-    UKR_BODY(double, __m512d, 8, 12, 2, _mm512_setzero_pd(), _mm512_load_pd, _mm512_set1_pd,
-             _mm512_fmadd_pd, _mm512_loadu_pd, _mm512_storeu_pd)
-
-__attribute__((target("avx2,fma"))) static void ukr_f32_avx2(int64_t kc, const float *restrict a,
-                                                             const float *restrict b,
-                                                             float *restrict c, int64_t rsc,
-                                                             int first)
-    UKR_BODY(float, __m256, 8, 6, 2, _mm256_setzero_ps(), _mm256_load_ps, _mm256_set1_ps,
-             _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_storeu_ps)
-
-__attribute__((target("avx2,fma"))) static void ukr_f64_avx2(int64_t kc,
-                                                             const double *restrict a,
-                                                             const double *restrict b,
-                                                             double *restrict c, int64_t rsc,
-                                                             int first)
-    UKR_BODY(double, __m256d, 4, 6, 2, _mm256_setzero_pd(), _mm256_load_pd, _mm256_set1_pd,
-             _mm256_fmadd_pd, _mm256_loadu_pd, _mm256_storeu_pd)
+#define AVX512 __attribute__((target("avx512f")))
+#define AVX2 __attribute__((target("avx2,fma")))
+UKR_DEFINE(ukr_f32_avx512, AVX512, float, __m512, 16, 12, 2, _mm512_setzero_ps(), _mm512_load_ps,
+           _mm512_set1_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_storeu_ps)
+UKR_DEFINE(ukr_f64_avx512, AVX512, double, __m512d, 8, 12, 2, _mm512_setzero_pd(), _mm512_load_pd,
+           _mm512_set1_pd, _mm512_fmadd_pd, _mm512_loadu_pd, _mm512_storeu_pd)
+UKR_DEFINE(ukr_f32_avx2, AVX2, float, __m256, 8, 6, 2, _mm256_setzero_ps(), _mm256_load_ps, _mm256_set1_ps,
+           _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_storeu_ps)
+UKR_DEFINE(ukr_f64_avx2, AVX2, double, __m256d, 4, 6, 2, _mm256_setzero_pd(), _mm256_load_pd,
+           _mm256_set1_pd, _mm256_fmadd_pd, _mm256_loadu_pd, _mm256_storeu_pd)
 #endif
 
 #if defined(__GNUC__)
@@ -139,25 +126,17 @@ static inline v2df gv_load2(const double *p)
 #define GV_BCAST2(x) ((v2df){(x), (x)})
 #define GV_FMA(a, b, c) ((c) + (a) * (b))
 #define GV_STORE(p, v) memcpy((p), &(v), sizeof(v))
-static void ukr_f32_generic(int64_t kc, const float *restrict a, const float *restrict b,
-                            float *restrict c, int64_t rsc, int first)
-    UKR_BODY(float, v4sf, 4, 4, 2, ((v4sf){0, 0, 0, 0}), GV_LOAD4, GV_BCAST4, GV_FMA, GV_LOAD4,
-             GV_STORE)
-static void ukr_f64_generic(int64_t kc, const double *restrict a, const double *restrict b,
-                            double *restrict c, int64_t rsc, int first)
-    UKR_BODY(double, v2df, 2, 4, 2, ((v2df){0, 0}), GV_LOAD2, GV_BCAST2, GV_FMA, GV_LOAD2,
-             GV_STORE)
+UKR_DEFINE(ukr_f32_generic, , float, v4sf, 4, 4, 2, ((v4sf){0, 0, 0, 0}), GV_LOAD4, GV_BCAST4, GV_FMA,
+           GV_LOAD4, GV_STORE)
+UKR_DEFINE(ukr_f64_generic, , double, v2df, 2, 4, 2, ((v2df){0, 0}), GV_LOAD2, GV_BCAST2, GV_FMA, GV_LOAD2,
+           GV_STORE)
 #else
 #define SC_LOAD(p) (*(p))
 #define SC_BCAST(x) (x)
 #define SC_FMA(a, b, c) ((c) + (a) * (b))
 #define SC_STORE(p, v) (*(p) = (v))
-static void ukr_f32_generic(int64_t kc, const float *restrict a, const float *restrict b,
-                            float *restrict c, int64_t rsc, int first)
-    UKR_BODY(float, float, 1, 4, 8, 0.0f, SC_LOAD, SC_BCAST, SC_FMA, SC_LOAD, SC_STORE)
-static void ukr_f64_generic(int64_t kc, const double *restrict a, const double *restrict b,
-                            double *restrict c, int64_t rsc, int first)
-    UKR_BODY(double, double, 1, 4, 4, 0.0, SC_LOAD, SC_BCAST, SC_FMA, SC_LOAD, SC_STORE)
+UKR_DEFINE(ukr_f32_generic, , float, float, 1, 4, 8, 0.0f, SC_LOAD, SC_BCAST, SC_FMA, SC_LOAD, SC_STORE)
+UKR_DEFINE(ukr_f64_generic, , double, double, 1, 4, 4, 0.0, SC_LOAD, SC_BCAST, SC_FMA, SC_LOAD, SC_STORE)
 #endif
 
 static const gemm_arch arch_generic = {"generic", 4, 8, 128, 2048, ukr_f32_generic,
