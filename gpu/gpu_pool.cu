@@ -107,22 +107,34 @@ __device__ __forceinline__ void covering(int64_t h, int64_t pad, int64_t R, int6
         hi = P - 1;
 }
 
+// Input element i of a gradient kernel: its image n and channel ch, and the
+// output windows that cover it, rows [plo, phi] by columns [qlo, qhi].
+struct Covered {
+    int64_t n, ch, plo, phi, qlo, qhi;
+};
+
+__device__ __forceinline__ Covered covered(const PoolGeo &g, int64_t i)
+{
+    Covered c;
+    int64_t h, w;
+    split(g, i, g.H, g.W, c.n, h, w, c.ch);
+    covering(h, g.pt, g.R, g.sh, g.P, c.plo, c.phi);
+    covering(w, g.pl, g.S, g.sw, g.Q, c.qlo, c.qhi);
+    return c;
+}
+
 template <nb_dtype D>
 __global__ void __launch_bounds__(kThreads)
     k_max_pool_grad(PoolGeo g, const T_of<D> *x, const T_of<D> *dy, T_of<D> *out, int64_t total)
 {
     using A = typename DT<D>::Acc;
     for (int64_t i = gtid(); i < total; i += gstride()) {
-        int64_t n, h, w, ch;
-        split(g, i, g.H, g.W, n, h, w, ch);
-        int64_t plo, phi, qlo, qhi;
-        covering(h, g.pt, g.R, g.sh, g.P, plo, phi);
-        covering(w, g.pl, g.S, g.sw, g.Q, qlo, qhi);
+        const Covered c = covered(g, i);
         A sum = A(0);
-        for (int64_t p = plo; p <= phi; p++)
-            for (int64_t q = qlo; q <= qhi; q++)
-                if (argmax<D>(g, x, n, p, q, ch) == i)
-                    sum += static_cast<A>(ld<D>(dy[at(g, n, p, q, ch, g.P, g.Q)]));
+        for (int64_t p = c.plo; p <= c.phi; p++)
+            for (int64_t q = c.qlo; q <= c.qhi; q++)
+                if (argmax<D>(g, x, c.n, p, q, c.ch) == i)
+                    sum += static_cast<A>(ld<D>(dy[at(g, c.n, p, q, c.ch, g.P, g.Q)]));
         out[i] = st<D>(sum);
     }
 }
@@ -149,17 +161,13 @@ __global__ void __launch_bounds__(kThreads) k_avg_pool_grad(PoolGeo g, const T_o
 {
     using A = typename DT<D>::Acc;
     for (int64_t i = gtid(); i < total; i += gstride()) {
-        int64_t n, h, w, ch;
-        split(g, i, g.H, g.W, n, h, w, ch);
-        int64_t plo, phi, qlo, qhi;
-        covering(h, g.pt, g.R, g.sh, g.P, plo, phi);
-        covering(w, g.pl, g.S, g.sw, g.Q, qlo, qhi);
+        const Covered c = covered(g, i);
         A sum = A(0);
-        for (int64_t p = plo; p <= phi; p++)
-            for (int64_t q = qlo; q <= qhi; q++) {
+        for (int64_t p = c.plo; p <= c.phi; p++)
+            for (int64_t q = c.qlo; q <= c.qhi; q++) {
                 int64_t h0, r0, r1, w0, s0, s1;
                 window(g, p, q, h0, r0, r1, w0, s0, s1);
-                sum += static_cast<A>(ld<D>(dy[at(g, n, p, q, ch, g.P, g.Q)])) /
+                sum += static_cast<A>(ld<D>(dy[at(g, c.n, p, q, c.ch, g.P, g.Q)])) /
                        static_cast<A>((r1 - r0) * (s1 - s0));
             }
         out[i] = st<D>(sum);
