@@ -139,6 +139,33 @@ static inline bool has_shape(const nb_tensor *t, nb_shape s)
     return true;
 }
 
+/* How references walk one axis of a row-major array of shape s: element
+ * (o, k, i) of the [outer, n, inner] view sits at (o * n + k) * inner + i. A
+ * 0-d shape is one element. */
+static inline void axis_split(nb_shape s, int axis, int64_t *outer, int64_t *n, int64_t *inner)
+{
+    *outer = *inner = 1;
+    *n = s.ndim ? s.dims[axis] : 1;
+    for (int i = 0; i < axis; i++)
+        *outer *= s.dims[i];
+    for (int i = axis + 1; i < s.ndim; i++)
+        *inner *= s.dims[i];
+}
+
+/* For second-order checks: g[0..n) gets an inner tape's gradients of
+ * sum(y * y), y = fn(n, in, user), with every input watched (NULL for an input y
+ * does not reach); the checker then differentiates what the caller makes of
+ * them. Returns false when a step failed. */
+static inline bool grads_of_square_sum(nb_checked_fn fn, void *user, int n, nb_tensor *const *in, nb_tensor **g)
+{
+    nb_tape *inner = nb_tape_begin();
+    for (int i = 0; i < n; i++)
+        if (nb_tape_watch(inner, in[i]))
+            return false;
+    nb_tensor *y = fn(n, in, user);
+    return nb_tape_gradient(inner, nb_sum_all(nb_mul(y, y)), n, in, g) == NB_OK;
+}
+
 /* CHECK with a printf-style explanation of what failed. */
 #define CHECKF(cond, ...)                                                                    \
     do {                                                                                     \
