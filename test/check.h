@@ -139,6 +139,20 @@ static inline bool has_shape(const nb_tensor *t, nb_shape s)
     return true;
 }
 
+/* A log callback that counts the warnings whose message holds w.text:
+ * nb_set_log_callback(count_warnings, &w). */
+typedef struct warning_count {
+    const char *text;
+    int n;
+} warning_count;
+
+static inline void count_warnings(nb_log_level level, const char *message, void *user)
+{
+    warning_count *w = user;
+    if (level == NB_LOG_WARNING && strstr(message, w->text))
+        w->n++;
+}
+
 /* How references walk one axis of a row-major array of shape s: element
  * (o, k, i) of the [outer, n, inner] view sits at (o * n + k) * inner + i. A
  * 0-d shape is one element. */
