@@ -139,6 +139,19 @@ static inline bool has_shape(const nb_tensor *t, nb_shape s)
     return true;
 }
 
+/* Makes a fresh folder NAME_XXXXXX under $TMPDIR (else /tmp), its path in dir;
+ * false, having said why, when it cannot. */
+static inline bool check_scratch_dir(char *dir, size_t size, const char *name)
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, size, "%s/%s_XXXXXX", tmp && *tmp ? tmp : "/tmp", name);
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return false;
+    }
+    return true;
+}
+
 /* A log callback that counts the warnings whose message holds w.text:
  * nb_set_log_callback(count_warnings, &w). */
 typedef struct warning_count {
