@@ -23,50 +23,32 @@ static int B = 10, R = 30;
 static int64_t N;
 static nb_tensor *a, *b, *c;
 
-static void op_copy(void *ctx)
+enum { K_COPY, K_SCALE, K_ADD, K_CHAIN };
+
+/* One of the four ops on the inputs a, b, c. */
+static nb_tensor *run_op(int kind)
 {
-    (void)ctx;
+    return kind == K_COPY    ? nb_cast(a, NB_F32)
+           : kind == K_SCALE ? nb_mul_scalar(a, 2.0)
+           : kind == K_ADD   ? nb_add(a, b)
+                             : nb_exp(nb_mul(nb_add(a, b), c));
+}
+
+/* B ops of the kind *ctx names, each in a scope of its own. */
+static void op_batch(void *ctx)
+{
+    const int kind = *(const int *)ctx;
     for (int i = 0; i < B; i++) {
         nb_scope *s = nb_scope_begin();
-        nb_cast(a, NB_F32);
+        run_op(kind);
         nb_scope_end(s);
     }
 }
 
-static void op_scale(void *ctx)
+/* Median milliseconds per op of that kind, timed in batches of B. */
+static double median_ms(int kind)
 {
-    (void)ctx;
-    for (int i = 0; i < B; i++) {
-        nb_scope *s = nb_scope_begin();
-        nb_mul_scalar(a, 2.0);
-        nb_scope_end(s);
-    }
-}
-
-static void op_add(void *ctx)
-{
-    (void)ctx;
-    for (int i = 0; i < B; i++) {
-        nb_scope *s = nb_scope_begin();
-        nb_add(a, b);
-        nb_scope_end(s);
-    }
-}
-
-static void op_chain(void *ctx)
-{
-    (void)ctx;
-    for (int i = 0; i < B; i++) {
-        nb_scope *s = nb_scope_begin();
-        nb_exp(nb_mul(nb_add(a, b), c));
-        nb_scope_end(s);
-    }
-}
-
-/* Median milliseconds per op of fn, which queues B ops. */
-static double median_ms(void (*fn)(void *))
-{
-    return bench_median_ms(fn, NULL, 3, R) / B;
+    return bench_median_ms(op_batch, &kind, 3, R) / B;
 }
 
 /* Leaves a few blocks of the output's size full of NaN in the allocator's cache,
@@ -80,18 +62,13 @@ static void poison(void)
         nb_release(p[i]);
 }
 
-enum { K_COPY, K_SCALE, K_ADD, K_CHAIN };
-
 /* ||out - ref|| / ||ref|| of one op, the reference in double from the host
  * copies of the inputs. NaN when any output element is NaN. */
 static double check(int kind, const float *ha, const float *hb, const float *hc, float *hout)
 {
     poison();
     nb_scope *s = nb_scope_begin();
-    nb_tensor *y = kind == K_COPY    ? nb_cast(a, NB_F32)
-                   : kind == K_SCALE ? nb_mul_scalar(a, 2.0)
-                   : kind == K_ADD   ? nb_add(a, b)
-                                     : nb_exp(nb_mul(nb_add(a, b), c));
+    nb_tensor *y = run_op(kind);
     nb_tensor_read(y, hout, (size_t)N * sizeof(float));
     nb_scope_end(s);
     double num = 0, den = 0;
@@ -161,10 +138,10 @@ int main(int argc, char **argv)
     free(hc);
     free(hout);
 
-    double t_copy = median_ms(op_copy);
-    double t_scale = median_ms(op_scale);
-    double t_add = median_ms(op_add);
-    double t_chain = median_ms(op_chain);
+    double t_copy = median_ms(K_COPY);
+    double t_scale = median_ms(K_SCALE);
+    double t_add = median_ms(K_ADD);
+    double t_chain = median_ms(K_CHAIN);
 
     bench_peer p;
     if (peer)
