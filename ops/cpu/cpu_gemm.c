@@ -243,39 +243,41 @@ SLIVERS(f64, double)
         atomic_int failed;                                                                    \
     } gemm_##SUF;                                                                             \
                                                                                               \
-    static void pack_a_##SUF(const gemm_##SUF *g, int64_t ic, int64_t mc, T *restrict ap)     \
+    /* rows [0, len) of src (rows rs apart, k running cs apart) as slivers of     \
+     * width rows each (the last zero padded) into dst: A's rows, or B's columns   \
+     * (B^T's rows) */                                                              \
+    static void pack_##SUF(const T *src, int64_t rs, int64_t cs, int64_t len, int width, int64_t kc,  \
+                           T *restrict dst)                                                  \
     {                                                                                         \
-        const int mr = g->mr;                                                                 \
-        const int64_t kc = g->kc;                                                             \
-        for (int64_t ir = 0; ir < mc; ir += mr) {                                             \
-            const int64_t m = mc - ir < mr ? mc - ir : mr;                                    \
-            const T *src = g->A + (ic + ir) * g->rsa + g->pc * g->csa;                        \
-            switch (mr) {                                                                     \
-            case 4: sliver_##SUF##_4(src, g->rsa, g->csa, m, kc, ap + ir * kc); break;        \
-            case 6: sliver_##SUF##_6(src, g->rsa, g->csa, m, kc, ap + ir * kc); break;        \
-            default: sliver_##SUF##_12(src, g->rsa, g->csa, m, kc, ap + ir * kc); break;      \
+        for (int64_t i = 0; i < len; i += width) {                                            \
+            const int64_t r = len - i < width ? len - i : width;                              \
+            const T *from = src + i * rs;                                                     \
+            T *to = dst + i * kc;                                                             \
+            switch (width) {                                                                  \
+            case 4: sliver_##SUF##_4(from, rs, cs, r, kc, to); break;                         \
+            case 6: sliver_##SUF##_6(from, rs, cs, r, kc, to); break;                         \
+            case 8: sliver_##SUF##_8(from, rs, cs, r, kc, to); break;                         \
+            case 12: sliver_##SUF##_12(from, rs, cs, r, kc, to); break;                       \
+            case 16: sliver_##SUF##_16(from, rs, cs, r, kc, to); break;                       \
+            default: sliver_##SUF##_32(from, rs, cs, r, kc, to); break;                       \
             }                                                                                 \
         }                                                                                     \
     }                                                                                         \
                                                                                               \
-    /* slivers [s0, s1) of the current B panel (B^T's rows are B's columns) */               \
+    /* rows [ic, ic + mc) of the current slice of A */                                       \
+    static void pack_a_##SUF(const gemm_##SUF *g, int64_t ic, int64_t mc, T *restrict ap)     \
+    {                                                                                         \
+        pack_##SUF(g->A + ic * g->rsa + g->pc * g->csa, g->rsa, g->csa, mc, g->mr, g->kc, ap);  \
+    }                                                                                         \
+                                                                                              \
+    /* slivers [s0, s1) of the current B panel */                                            \
     static void pack_b_##SUF(void *ctx, int64_t s0, int64_t s1)                               \
     {                                                                                         \
         const gemm_##SUF *g = ctx;                                                            \
-        T *restrict bp = (T *)g->bp;                                                          \
-        const int nr = g->nr;                                                                 \
-        const int64_t kc = g->kc, nc = g->nc;                                                 \
-        const int64_t jr_end = s1 * nr < nc ? s1 * nr : nc;                                   \
-        for (int64_t jr = s0 * nr; jr < jr_end; jr += nr) {                                   \
-            const int64_t n = nc - jr < nr ? nc - jr : nr;                                    \
-            const T *src = g->B + g->pc * g->rsb + (g->jc + jr) * g->csb;                     \
-            switch (nr) {                                                                     \
-            case 4: sliver_##SUF##_4(src, g->csb, g->rsb, n, kc, bp + jr * kc); break;        \
-            case 8: sliver_##SUF##_8(src, g->csb, g->rsb, n, kc, bp + jr * kc); break;        \
-            case 16: sliver_##SUF##_16(src, g->csb, g->rsb, n, kc, bp + jr * kc); break;      \
-            default: sliver_##SUF##_32(src, g->csb, g->rsb, n, kc, bp + jr * kc); break;      \
-            }                                                                                 \
-        }                                                                                     \
+        const int64_t j0 = s0 * g->nr, j1 = s1 * g->nr < g->nc ? s1 * g->nr : g->nc;          \
+        if (j0 < j1)                                                                          \
+            pack_##SUF(g->B + g->pc * g->rsb + (g->jc + j0) * g->csb, g->csb, g->rsb, j1 - j0,  \
+                       g->nr, g->kc, (T *)g->bp + j0 * g->kc);                                \
     }                                                                                         \
                                                                                               \
     /* one work item: an MC block of rows times a group of NR slivers of the panel */        \
