@@ -65,6 +65,12 @@ static inline void options_read(int argc, char **argv, const char *usage, int n,
     }
 }
 
+/* The options fashion_mnist and fashion_cnn share, in their usage order:
+ * --data DIR --device NAME --epochs N --steps N --quick --logdir DIR. */
+#define FASHION_OPTIONS(dir, device, epochs, steps, quick, logdir)                                   \
+    OPTION_TEXT("--data", dir), OPTION_TEXT("--device", device), OPTION_NUMBER("--epochs", epochs),    \
+        OPTION_NUMBER("--steps", steps), OPTION_QUICK(quick, epochs), OPTION_TEXT("--logdir", logdir)
+
 /* OPTIONS_READ(argc, argv, usage, OPTION_...(...), ...): the table inline. */
 #define OPTIONS_READ(argc, argv, usage, ...)                                               \
     do {                                                                                   \

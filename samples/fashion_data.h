@@ -7,6 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* Where Debian and Ubuntu's dataset-fashion-mnist puts the four files. */
+#define FASHION_DIR "/usr/share/datasets/fashion-mnist"
+
 /* Says that DIR/NAME (path) is missing and how to get the data set, then exits:
  * 77 under --quick, which meson counts as a skipped test, 1 otherwise. */
 static inline void fashion_missing(const char *prog, const char *path, bool quick)

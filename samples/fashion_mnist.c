@@ -24,16 +24,13 @@ int main(int argc, char **argv)
 {
     nb_set_error_handler(nb_error_handler_exit, NULL);
 
-    const char *dir = "/usr/share/datasets/fashion-mnist";
+    const char *dir = FASHION_DIR, *logdir = NULL;
     const char *device = nb_device_count(NB_DEVICE_GPU) > 0 ? "/gpu:0" : "/cpu:0";
     int epochs = 5, max_steps = 0;
     bool quick = false; /* a short run; missing data then skips (exit 77) */
-    const char *logdir = NULL;
     OPTIONS_READ(argc, argv,
                  "usage: %s [--data DIR] [--device NAME] [--epochs N] [--steps N] [--quick] [--logdir DIR]\n",
-                 OPTION_TEXT("--data", &dir), OPTION_TEXT("--device", &device), OPTION_NUMBER("--epochs", &epochs),
-                 OPTION_NUMBER("--steps", &max_steps), OPTION_QUICK(&quick, &epochs),
-                 OPTION_TEXT("--logdir", &logdir));
+                 FASHION_OPTIONS(&dir, &device, &epochs, &max_steps, &quick, &logdir));
 
     nb_summary_writer *summary = logdir ? nb_summary_writer_open(logdir) : NULL;
     nb_scope *outer = nb_scope_begin();

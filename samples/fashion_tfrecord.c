@@ -97,7 +97,7 @@ static double evaluate(nb_dataset *test, nb_variable *const *p)
 int main(int argc, char **argv)
 {
     nb_set_error_handler(nb_error_handler_exit, NULL);
-    const char *dir = "/usr/share/datasets/fashion-mnist", *out = NULL;
+    const char *dir = FASHION_DIR, *out = NULL;
     const char *device = nb_device_count(NB_DEVICE_GPU) > 0 ? "/gpu:0" : "/cpu:0";
     int epochs = 5;
     OPTIONS_READ(argc, argv, "usage: %s [--data DIR] [--out DIR] [--device NAME] [--epochs N] [--quick]\n",

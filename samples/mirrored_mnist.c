@@ -74,7 +74,7 @@ static uint64_t rng_next(void)
 
 int main(int argc, char **argv)
 {
-    const char *dir = "/usr/share/datasets/fashion-mnist";
+    const char *dir = FASHION_DIR;
     int replicas = 2, epochs = 5, max_steps = 0, n_names = 0;
     char *names[MAX_REPLICAS], *list = NULL;
     const char *logdir = NULL, *devices = NULL;
