@@ -113,13 +113,8 @@ static nb_status mm_one(const mm_plan *pl, char *c, const char *a, const char *b
 static void mm_batches(void *ctx, int64_t b, int64_t e)
 {
     mm_plan *pl = ctx;
-    int64_t idx[NB_MAX_DIMS], off[3], rest = b;
-    for (int d = pl->nb - 1; d >= 0; d--) {
-        idx[d] = rest % pl->bshape[d];
-        rest /= pl->bshape[d];
-    }
-    for (int o = 0; o < 3; o++)
-        off[o] = nb__cpu_offset(pl->nb, idx, pl->bst[o]);
+    int64_t idx[NB_MAX_DIMS], off[3];
+    nb__cpu_index_at(pl->nb, pl->bshape, b, idx, 3, off, (const int64_t(*)[NB_MAX_DIMS])pl->bst);
     for (int64_t f = b; f < e; f++) {
         if (mm_one(pl, pl->data[0] + off[0], pl->data[1] + off[1], pl->data[2] + off[2]) != NB_OK)
             atomic_store(&pl->failed, 1);

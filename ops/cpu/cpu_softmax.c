@@ -70,13 +70,8 @@ typedef struct sm_plan {
     static void NAME(void *ctx, int64_t b, int64_t e)                                         \
     {                                                                                         \
         const sm_plan *pl = ctx;                                                              \
-        int64_t idx[NB_MAX_DIMS], off[2], rest = b;                                           \
-        for (int d = pl->nd - 1; d >= 0; d--) {                                               \
-            idx[d] = rest % pl->shape[d];                                                     \
-            rest /= pl->shape[d];                                                             \
-        }                                                                                     \
-        off[0] = nb__cpu_offset(pl->nd, idx, pl->st[0]);                                      \
-        off[1] = nb__cpu_offset(pl->nd, idx, pl->st[1]);                                      \
+        int64_t idx[NB_MAX_DIMS], off[2];                                                     \
+        nb__cpu_index_at(pl->nd, pl->shape, b, idx, 2, off, pl->st);                          \
         for (int64_t r = b; r < e; r++) {                                                     \
             NAME##_row(pl, pl->out + off[0], pl->x + off[1]);                                 \
             if (r + 1 < e)                                                                    \
