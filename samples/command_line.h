@@ -16,18 +16,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct option {
+typedef struct sample_option {
     const char *name;  /* "--steps" */
     bool takes_value;  /* --name VALUE, or --name alone */
     int *number;       /* VALUE as a whole number; for --name alone, set to `to` */
     const char **text; /* VALUE as it stands */
     bool *flag;        /* --name alone sets it */
     int to;
-} option;
+} sample_option;
 
 #define OPTION_NUMBER(name, p) {(name), true, (p), NULL, NULL, 0}
 #define OPTION_TEXT(name, p) {(name), true, NULL, (p), NULL, 0}
-#define OPTION_FLAG(name, p) {(name), false, NULL, NULL, (p), 0}
 /* --name alone sets *p to `to` (--quick: fewer steps). */
 #define OPTION_SETS(name, p, to) {(name), false, (p), NULL, NULL, (to)}
 /* --quick in the Fashion-MNIST samples: a short run of one epoch. */
@@ -35,13 +34,13 @@ typedef struct option {
 
 /* Reads argv by the table; every entry named by an argument takes effect, in
  * the order the arguments come. usage is a printf format given argv[0]. */
-static inline void options_read(int argc, char **argv, const char *usage, int n, const option *opts)
+static inline void options_read(int argc, char **argv, const char *usage, int n, const sample_option *opts)
 {
     for (int i = 1; i < argc; i++) {
         const char *value = i + 1 < argc ? argv[i + 1] : NULL;
         bool known = false, took_value = false;
         for (int k = 0; k < n; k++) {
-            const option *o = &opts[k];
+            const sample_option *o = &opts[k];
             if (strcmp(argv[i], o->name) != 0 || (o->takes_value && !value))
                 continue;
             known = true;
@@ -67,14 +66,14 @@ static inline void options_read(int argc, char **argv, const char *usage, int n,
 
 /* The options fashion_mnist and fashion_cnn share, in their usage order:
  * --data DIR --device NAME --epochs N --steps N --quick --logdir DIR. */
-#define FASHION_OPTIONS(dir, device, epochs, steps, quick, logdir)                                   \
-    OPTION_TEXT("--data", dir), OPTION_TEXT("--device", device), OPTION_NUMBER("--epochs", epochs),    \
+#define FASHION_OPTIONS(dir, device, epochs, steps, quick, logdir)                        \
+    OPTION_TEXT("--data", dir), OPTION_TEXT("--device", device), OPTION_NUMBER("--epochs", epochs), \
         OPTION_NUMBER("--steps", steps), OPTION_QUICK(quick, epochs), OPTION_TEXT("--logdir", logdir)
 
 /* OPTIONS_READ(argc, argv, usage, OPTION_...(...), ...): the table inline. */
-#define OPTIONS_READ(argc, argv, usage, ...)                                               \
-    do {                                                                                   \
-        const option table_[] = {__VA_ARGS__};                                             \
+#define OPTIONS_READ(argc, argv, usage, ...)                                              \
+    do {                                                                                  \
+        const sample_option table_[] = {__VA_ARGS__};                                     \
         options_read((argc), (argv), (usage), (int)(sizeof table_ / sizeof *table_), table_); \
     } while (0)
 
