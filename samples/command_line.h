@@ -66,14 +66,14 @@ static inline void options_read(int argc, char **argv, const char *usage, int n,
 
 /* The options fashion_mnist and fashion_cnn share, in their usage order:
  * --data DIR --device NAME --epochs N --steps N --quick --logdir DIR. */
-#define FASHION_OPTIONS(dir, device, epochs, steps, quick, logdir)                        \
+#define FASHION_OPTIONS(dir, device, epochs, steps, quick, logdir)                                  \
     OPTION_TEXT("--data", dir), OPTION_TEXT("--device", device), OPTION_NUMBER("--epochs", epochs), \
         OPTION_NUMBER("--steps", steps), OPTION_QUICK(quick, epochs), OPTION_TEXT("--logdir", logdir)
 
 /* OPTIONS_READ(argc, argv, usage, OPTION_...(...), ...): the table inline. */
-#define OPTIONS_READ(argc, argv, usage, ...)                                              \
-    do {                                                                                  \
-        const sample_option table_[] = {__VA_ARGS__};                                     \
+#define OPTIONS_READ(argc, argv, usage, ...)                                                  \
+    do {                                                                                      \
+        const sample_option table_[] = {__VA_ARGS__};                                         \
         options_read((argc), (argv), (usage), (int)(sizeof table_ / sizeof *table_), table_); \
     } while (0)
 
