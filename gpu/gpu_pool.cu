@@ -181,27 +181,6 @@ PoolGeo geo_of(const nb_pool2d_desc *d)
 
 } // namespace
 
-// A view's data as dtype D's elements; an absent view gives nullptr.
-template <nb_dtype D> static const T_of<D> *in_ptr(const nb_view *v)
-{
-    return v ? static_cast<const T_of<D> *>(v->data) : nullptr;
-}
-template <nb_dtype D> static T_of<D> *out_ptr(const nb_view *v) { return static_cast<T_of<D> *>(v->data); }
-
-// Calls launch(tag) for the float dtype dt, tag naming it as Tag<D>, where a
-// kernel has `total` outputs to write (none: nothing to do), and reports a
-// failed launch under name.
-template <class Launch>
-static nb_status launch_float(nb_gpu_ctx *c, const char *name, nb_dtype dt, int64_t total, Launch &&launch)
-{
-    if (total <= 0)
-        return NB_OK;
-    return dispatch_float(dt, c, name, [&](auto tag) -> nb_status {
-        launch(tag);
-        return nb__gpu_launched(c, name);
-    });
-}
-
 extern "C" nb_status nb__gpu_max_pool2d(nb_gpu_ctx *c, const nb_pool2d_desc *d, const nb_view *out,
                                         const nb_view *x, const nb_view *sel)
 {
