@@ -125,6 +125,16 @@ static inline void nb__cpu_append_dim(int *n, int64_t *shape, int64_t (*st)[NB_M
     }
 }
 
+/* A walk over no dims (a 0-d result) walks one dim of size 1 instead. */
+static inline void nb__cpu_one_dim_at_least(int *n, int64_t *shape, int64_t (*st)[NB_MAX_DIMS])
+{
+    if (*n == 0) {
+        *n = 1;
+        shape[0] = 1;
+        st[0][0] = st[1][0] = 0;
+    }
+}
+
 /* Advances a row-major multi-index over dims [0, ndim) of shape, keeping the byte
  * offsets of nops operands in step. */
 static inline void nb__cpu_index_next(int ndim, const int64_t *shape, int64_t *idx, int nops,

@@ -87,20 +87,16 @@ INT_MM(mm_i64, int64_t, uint64_t)
 
 static nb_status mm_one(const mm_plan *pl, char *c, const char *a, const char *b)
 {
+#if NB_HAVE_CBLAS
+    if ((pl->dtype == NB_F32 || pl->dtype == NB_F64) && !pl->builtin && blas_one(pl, c, a, b))
+        return NB_OK; /* else the built-in kernel */
+#endif
     switch (pl->dtype) {
     case NB_F32:
-#if NB_HAVE_CBLAS
-        if (!pl->builtin && blas_one(pl, c, a, b))
-            return NB_OK;
-#endif
         return nb__cpu_gemm_f32(pl->M, pl->N, pl->K, (const float *)a, pl->rs[1], pl->cs[1],
                                 (const float *)b, pl->rs[2], pl->cs[2], (float *)c, pl->rs[0],
                                 pl->cs[0]);
     case NB_F64:
-#if NB_HAVE_CBLAS
-        if (!pl->builtin && blas_one(pl, c, a, b))
-            return NB_OK;
-#endif
         return nb__cpu_gemm_f64(pl->M, pl->N, pl->K, (const double *)a, pl->rs[1], pl->cs[1],
                                 (const double *)b, pl->rs[2], pl->cs[2], (double *)c, pl->rs[0],
                                 pl->cs[0]);

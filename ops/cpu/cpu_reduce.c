@@ -256,11 +256,7 @@ nb_status nb__cpu_reduce(nb_device *dev, nb_reduce_op op, const nb_view *out, co
         }
     }
     const int64_t es = nb__cpu_esize(x->dtype);
-    if (pl.nk == 0) {
-        pl.nk = 1;
-        pl.kshape[0] = 1;
-        pl.kst[0][0] = pl.kst[1][0] = 0;
-    }
+    nb__cpu_one_dim_at_least(&pl.nk, pl.kshape, pl.kst);
     if (pl.nr == 0) {
         pl.nr = 1;
         pl.rshape[0] = 1;
@@ -362,16 +358,10 @@ nb_status nb__cpu_arg_reduce(nb_device *dev, bool is_max, const nb_view *out, co
     for (int d = 0; d < x->ndim; d++) {
         if (d == axis || x->shape[d] == 1)
             continue;
-        pl.kshape[pl.nk] = x->shape[d];
-        pl.kst[0][pl.nk] = x->strides[d];
-        pl.kst[1][pl.nk++] = out->strides[d];
+        nb__cpu_append_dim(&pl.nk, pl.kshape, pl.kst, x->shape[d], x->strides[d], out->strides[d]);
         kn *= x->shape[d];
     }
-    if (pl.nk == 0) {
-        pl.nk = 1;
-        pl.kshape[0] = 1;
-        pl.kst[0][0] = pl.kst[1][0] = 0;
-    }
+    nb__cpu_one_dim_at_least(&pl.nk, pl.kshape, pl.kst);
     if (kn * pl.len < 2 * NB_CPU_GRAIN)
         fn(&pl, 0, kn);
     else

@@ -111,17 +111,11 @@ nb_status nb__cpu_softmax(nb_device *dev, bool log, const nb_view *out, const nb
         for (int d = 0; d < x->ndim - 1; d++) {
             if (x->shape[d] == 1)
                 continue;
-            pl.shape[pl.nd] = x->shape[d];
-            pl.st[0][pl.nd] = out->strides[d];
-            pl.st[1][pl.nd++] = x->strides[d];
+            nb__cpu_append_dim(&pl.nd, pl.shape, pl.st, x->shape[d], out->strides[d], x->strides[d]);
             rows *= x->shape[d];
         }
     }
-    if (pl.nd == 0) {
-        pl.nd = 1;
-        pl.shape[0] = 1;
-        pl.st[0][0] = pl.st[1][0] = 0;
-    }
+    nb__cpu_one_dim_at_least(&pl.nd, pl.shape, pl.st);
     if (x->numel < 2 * NB_CPU_GRAIN_HEAVY)
         fn(&pl, 0, rows);
     else
