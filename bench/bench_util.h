@@ -1,11 +1,15 @@
-/* Helpers shared by the benchmarks: a monotonic clock, medians, and running the
- * matching PyTorch script and reading its "name value" lines. Public API only. */
+/* Helpers shared by the benchmarks: the command line, a monotonic clock,
+ * medians, and running the matching PyTorch script and reading its "name value"
+ * lines. Public API only. */
 #ifndef NB_BENCH_UTIL_H
 #define NB_BENCH_UTIL_H
 
 #ifndef _POSIX_C_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #endif
+#include <nabla/nabla.h>
+#include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +18,69 @@
 #ifndef NB_BENCH_DIR
 #define NB_BENCH_DIR "bench"
 #endif
+
+/* One option of a benchmark's command line: "--name VALUE" reads a whole number
+ * into *number, raised to `least` when smaller, or keeps the text in *text; a
+ * flag ("--name" alone, value NULL) sets *flag to `to`. */
+typedef struct bench_option {
+    const char *name;  /* "--reps" */
+    const char *value; /* what the usage line calls its value ("R"); NULL for a flag */
+    int *number;
+    int least;
+    const char **text;
+    bool *flag;
+    bool to;
+} bench_option;
+
+#define BENCH_NUMBER(name, value, p, least) {(name), (value), (p), (least), NULL, NULL, false}
+#define BENCH_TEXT(name, value, p) {(name), (value), NULL, 0, (p), NULL, false}
+#define BENCH_FLAG(name, p, to) {(name), NULL, NULL, 0, NULL, (p), (to)}
+/* The two every benchmark takes: --reps R (at least 1) and --no-peer (clears
+ * *run_peer). */
+#define BENCH_REPS(p) BENCH_NUMBER("--reps", "R", p, 1)
+#define BENCH_NO_PEER(run_peer) BENCH_FLAG("--no-peer", run_peer, false)
+
+static inline void bench_usage(FILE *out, const char *prog, int n, const bench_option *opt)
+{
+    fprintf(out, "usage: %s", prog);
+    for (int k = 0; k < n; k++)
+        fprintf(out, opt[k].value ? " [%s %s]" : " [%s]", opt[k].name, opt[k].value);
+    fprintf(out, "\n");
+}
+
+/* Reads argv by the table. --help prints the usage line and exits 0; anything
+ * else the table lacks prints it to stderr and exits 2. */
+static inline void bench_options(int argc, char **argv, int n, const bench_option *opt)
+{
+    for (int i = 1; i < argc; i++) {
+        int k = 0;
+        while (k < n && strcmp(argv[i], opt[k].name) != 0)
+            k++;
+        if (k < n && !opt[k].value) {
+            *opt[k].flag = opt[k].to;
+            continue;
+        }
+        if (k < n && i + 1 < argc) {
+            if (opt[k].number) {
+                int v = atoi(argv[++i]);
+                *opt[k].number = v < opt[k].least ? opt[k].least : v;
+            } else
+                *opt[k].text = argv[++i];
+            continue;
+        }
+        bool help = !strcmp(argv[i], "--help");
+        bench_usage(help ? stdout : stderr, argv[0], n, opt);
+        exit(help ? 0 : 2);
+    }
+}
+
+/* BENCH_OPTIONS(argc, argv, BENCH_REPS(&reps), BENCH_NO_PEER(&peer), ...): the
+ * table in the order the usage line lists it. */
+#define BENCH_OPTIONS(argc, argv, ...)                                                \
+    do {                                                                              \
+        const bench_option table_[] = {__VA_ARGS__};                                  \
+        bench_options((argc), (argv), (int)(sizeof table_ / sizeof *table_), table_); \
+    } while (0)
 
 static inline double bench_now(void)
 {
@@ -35,11 +102,44 @@ static inline double bench_median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* Median milliseconds of step(ctx) over reps runs after warm untimed ones.
+ * Each run has a scope of its own and stands between two nb_synchronize()
+ * calls, so that what a GPU queued is in its time and nothing before it is. */
+static inline double bench_median_ms(void (*step)(void *ctx), void *ctx, int warm, int reps)
+{
+    double *v = malloc(sizeof *v * (size_t)reps);
+    for (int i = 0; i < warm + reps; i++) {
+        nb_synchronize();
+        double t0 = bench_now();
+        nb_scope *s = nb_scope_begin();
+        step(ctx);
+        nb_scope_end(s);
+        nb_synchronize();
+        if (i >= warm)
+            v[i - warm] = (bench_now() - t0) * 1e3;
+    }
+    double ms = bench_median(v, reps);
+    free(v);
+    return ms;
+}
+
 /* Whether NB_REQUIRE_GPU (set, not "0") says a GPU must be there. */
 static inline int bench_gpu_required(void)
 {
     const char *want = getenv("NB_REQUIRE_GPU");
     return want && want[0] && strcmp(want, "0") != 0;
+}
+
+/* Readies /gpu:0 for a GPU benchmark: false where there is none; otherwise
+ * strict placement (so that a CPU fallback is never timed by mistake) and the
+ * card's properties in *props. */
+static inline bool bench_gpu_ready(nb_gpu_properties *props)
+{
+    if (nb_device_count(NB_DEVICE_GPU) == 0)
+        return false;
+    nb_set_soft_placement(false);
+    nb_gpu_device_properties("/gpu:0", props);
+    return true;
 }
 
 /* Where a GPU benchmark finds no GPU: prints why under its title and returns its
@@ -103,6 +203,23 @@ static inline void bench_run_peer(bench_peer *p, const char *script, const char 
                  script, rc);
 }
 
+/* Runs the peer script with the arguments printf makes of fmt, or, when run
+ * is false, only notes that it was not run. */
+static inline void bench_peer_run(bench_peer *p, bool run, const char *script, const char *fmt, ...)
+{
+    if (!run) {
+        memset(p, 0, sizeof *p);
+        snprintf(p->status, sizeof p->status, "PyTorch: not run (--no-peer)");
+        return;
+    }
+    char args[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    bench_run_peer(p, script, args);
+}
+
 /* The peer's figure called name, or -1 when it has none. */
 static inline double bench_peer_get(const bench_peer *p, const char *name)
 {
@@ -122,13 +239,20 @@ static inline void bench_row(const char *what, double ours, double theirs)
         printf("%-40s %10.3f %10s %9s\n", what, ours, "-", "-");
 }
 
+/* The line under a table's title that says which PyTorch ran, or why none did
+ * and so what the table lacks (`without`: "nabla's figures only"). */
+static inline void bench_peer_line(const bench_peer *p, const char *without)
+{
+    if (p->status[0])
+        printf("(%s; %s)\n", p->status, without);
+    else
+        printf("(PyTorch %s from Python, same machine, same run)\n", p->version);
+}
+
 static inline void bench_header(const char *title, const char *unit, const bench_peer *p)
 {
     printf("\n%s\n", title);
-    if (p->status[0])
-        printf("(%s; nabla's figures only)\n", p->status);
-    else
-        printf("(PyTorch %s from Python, same machine, same run)\n", p->version);
+    bench_peer_line(p, "nabla's figures only");
     printf("%-40s %10s %10s %9s\n", unit, "nabla", "PyTorch", "speed-up");
 }
 

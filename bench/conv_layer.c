@@ -68,6 +68,28 @@ static double check(nb_tensor *y, nb_tensor *x, nb_tensor *w, const layer *l)
     return worst;
 }
 
+typedef struct conv_run {
+    nb_tensor *x, *w, *gy; /* gy: the output gradient */
+    const nb_conv2d_opts *o;
+} conv_run;
+
+static void conv_forward(void *ctx)
+{
+    conv_run *r = ctx;
+    nb_conv2d(r->x, r->w, r->o);
+}
+
+/* The forward and a tape's gradients for the image and the filter. */
+static void conv_step(void *ctx)
+{
+    conv_run *r = ctx;
+    nb_tape *tape = nb_tape_begin();
+    nb_tape_watch(tape, r->x);
+    nb_tape_watch(tape, r->w);
+    nb_tensor *y = nb_conv2d(r->x, r->w, r->o), *g[2];
+    nb_tape_gradient_ex(tape, y, r->gy, 2, (nb_tensor *const[]){r->x, r->w}, g, NB_UNCONNECTED_NULL);
+}
+
 /* Median milliseconds of the forward ([0]) and forward+backward ([1]). */
 static void bench_layer(const char *device, int batch, const layer *l, int reps, double out[2], double *err)
 {
@@ -82,29 +104,9 @@ static void bench_layer(const char *device, int batch, const layer *l, int reps,
         *err = check(nb_conv2d(x, w, &o), x, w, l);
         nb_scope_end(s);
     }
-    double *v = malloc(sizeof *v * (size_t)reps);
-    for (int mode = 0; mode < 2; mode++) {
-        for (int i = 0; i < WARM + reps; i++) {
-            nb_synchronize();
-            double t0 = bench_now();
-            nb_scope *s = nb_scope_begin();
-            if (mode == 0) {
-                nb_conv2d(x, w, &o);
-            } else {
-                nb_tape *tape = nb_tape_begin();
-                nb_tape_watch(tape, x);
-                nb_tape_watch(tape, w);
-                nb_tensor *y = nb_conv2d(x, w, &o), *g[2];
-                nb_tape_gradient_ex(tape, y, gy, 2, (nb_tensor *const[]){x, w}, g, NB_UNCONNECTED_NULL);
-            }
-            nb_scope_end(s);
-            nb_synchronize();
-            if (i >= WARM)
-                v[i - WARM] = (bench_now() - t0) * 1e3;
-        }
-        out[mode] = bench_median(v, reps);
-    }
-    free(v);
+    conv_run run = {x, w, gy, &o};
+    out[0] = bench_median_ms(conv_forward, &run, WARM, reps);
+    out[1] = bench_median_ms(conv_step, &run, WARM, reps);
     nb_device_pop();
     nb_scope_end(outer);
 }
@@ -150,38 +152,15 @@ static int run_device(const char *device, const char *peer_prefix, int batch, in
 int main(int argc, char **argv)
 {
     int reps = 10, cpu_batch = 8, gpu_batch = 32;
-    bool peer = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--cpu-batch") && i + 1 < argc)
-            cpu_batch = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--gpu-batch") && i + 1 < argc)
-            gpu_batch = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--plain"))
-            setenv("NB_CONV_PLAIN", "1", 1);
-        else if (!strcmp(argv[i], "--no-peer"))
-            peer = false;
-        else {
-            fprintf(stderr, "usage: %s [--reps R] [--cpu-batch B] [--gpu-batch B] [--plain] [--no-peer]\n", argv[0]);
-            return 2;
-        }
-    }
-    if (reps < 1)
-        reps = 1;
-    if (cpu_batch < 1)
-        cpu_batch = 1;
-    if (gpu_batch < 1)
-        gpu_batch = 1;
+    bool peer = true, plain = false;
+    BENCH_OPTIONS(argc, argv, BENCH_REPS(&reps), BENCH_NUMBER("--cpu-batch", "B", &cpu_batch, 1),
+                  BENCH_NUMBER("--gpu-batch", "B", &gpu_batch, 1), BENCH_FLAG("--plain", &plain, true),
+                  BENCH_NO_PEER(&peer));
+    if (plain)
+        setenv("NB_CONV_PLAIN", "1", 1);
     nb_set_error_handler(nb_error_handler_exit, NULL);
-    bench_peer p = {0};
-    if (peer) {
-        char args[64];
-        snprintf(args, sizeof args, "%d %d %d", cpu_batch, gpu_batch, reps);
-        bench_run_peer(&p, "conv_layer.py", args);
-    } else {
-        snprintf(p.status, sizeof p.status, "PyTorch: not run (--no-peer)");
-    }
+    bench_peer p;
+    bench_peer_run(&p, peer, "conv_layer.py", "%d %d %d", cpu_batch, gpu_batch, reps);
     int bad = run_device("/cpu:0", "cpu", cpu_batch, reps, &p);
     if (nb_device_count(NB_DEVICE_GPU) == 0)
         return bench_no_gpu("Conv2d layers on /gpu:0", nb_gpu_unavailable_reason()) || bad;

@@ -5,22 +5,16 @@ f32, at 56x56 with 64 channels: 3x3 64->64, 1x1 64->64, 3x3 depthwise 64.
 Usage: conv_layer.py CPU_BATCH GPU_BATCH REPS
 Prints "version V", then "cpu.<layer>.<fwd|step> MS" and, with CUDA,
 "cuda.<layer>.<fwd|step> MS" (median milliseconds), or "PyTorch: not installed"."""
-import statistics
 import sys
-import time
-import warnings
 
-warnings.filterwarnings("ignore")
-try:
-    import torch
-    import torch.nn.functional as F
-except Exception:
-    print("PyTorch: not installed")
-    sys.exit(0)
+from torch_peer import arg, median_wall, need_torch
 
-CPU_BATCH = int(sys.argv[1]) if len(sys.argv) > 1 else 8
-GPU_BATCH = int(sys.argv[2]) if len(sys.argv) > 2 else 32
-R = int(sys.argv[3]) if len(sys.argv) > 3 else 10
+torch = need_torch()
+import torch.nn.functional as F  # noqa: E402 - after need_torch has found torch
+
+CPU_BATCH = arg(1, 8)
+GPU_BATCH = arg(2, 32)
+R = arg(3, 10)
 WARM = 3
 LAYERS = [("3x3", 3, 1), ("1x1", 1, 1), ("dw3x3", 3, 64)]  # name, kernel, groups
 
@@ -50,17 +44,7 @@ def bench(device, batch, k, groups):
         if cuda:
             torch.cuda.synchronize()
 
-    out = []
-    for fn in (fwd, step):
-        for _ in range(WARM):
-            fn()
-        samples = []
-        for _ in range(R):
-            t0 = time.perf_counter_ns()
-            fn()
-            samples.append((time.perf_counter_ns() - t0) / 1e6)
-        out.append(statistics.median(samples))
-    return out
+    return [median_wall(fn, R, WARM, 1e6) for fn in (fwd, step)]
 
 
 print("version", torch.__version__)

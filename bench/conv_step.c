@@ -34,6 +34,23 @@ static nb_tensor *forward(net *m, const nb_tensor *x)
     return nb_dense_apply(&m->fc2, h);
 }
 
+typedef struct step_run {
+    net *m;
+    nb_tensor *x, *y;
+    nb_variable **all; /* the 10 trainable variables */
+    nb_optimizer *opt;
+} step_run;
+
+static void train_step(void *ctx)
+{
+    step_run *r = ctx;
+    nb_tape *tape = nb_tape_begin();
+    nb_tensor *loss = nb_mean_all(nb_sparse_softmax_cross_entropy(forward(r->m, r->x), r->y));
+    nb_tensor *g[10];
+    nb_tape_gradient_vars(tape, loss, 10, r->all, g);
+    nb_optimizer_apply(r->opt, 10, r->all, g);
+}
+
 static double bench_device(const char *device, int reps)
 {
     nb_scope *outer = nb_scope_begin();
@@ -61,22 +78,8 @@ static double bench_device(const char *device, int reps)
         all[i] = p[i];
     all[8] = q[0], all[9] = q[1];
     nb_optimizer *opt = nb_adam_new(1e-3, 0.9, 0.999, 1e-7);
-    double *v = malloc(sizeof *v * (size_t)reps);
-    for (int i = 0; i < WARM + reps; i++) {
-        double t0 = bench_now();
-        nb_scope *s = nb_scope_begin();
-        nb_tape *tape = nb_tape_begin();
-        nb_tensor *loss = nb_mean_all(nb_sparse_softmax_cross_entropy(forward(&m, x), y));
-        nb_tensor *g[10];
-        nb_tape_gradient_vars(tape, loss, 10, all, g);
-        nb_optimizer_apply(opt, 10, all, g);
-        nb_scope_end(s);
-        nb_synchronize();
-        if (i >= WARM)
-            v[i - WARM] = (bench_now() - t0) * 1e3;
-    }
-    double med = bench_median(v, reps);
-    free(v);
+    step_run run = {&m, x, y, all, opt};
+    double med = bench_median_ms(train_step, &run, WARM, reps);
     nb_optimizer_free(opt);
     nb_conv2d_free(&m.conv1);
     nb_conv2d_free(&m.conv2);
@@ -94,32 +97,15 @@ int main(int argc, char **argv)
 {
     int reps = 30;
     bool peer = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--no-peer"))
-            peer = false;
-        else {
-            fprintf(stderr, "usage: %s [--reps R] [--no-peer]\n", argv[0]);
-            return 2;
-        }
-    }
-    if (reps < 1)
-        reps = 1;
+    BENCH_OPTIONS(argc, argv, BENCH_REPS(&reps), BENCH_NO_PEER(&peer));
     nb_set_error_handler(nb_error_handler_exit, NULL);
 
     double cpu = bench_device("/cpu:0", reps);
     bool gpu = nb_device_count(NB_DEVICE_GPU) > 0;
     double gpu_ms = gpu ? bench_device("/gpu:0", reps * 10) : 0;
 
-    bench_peer pr = {0};
-    if (peer) {
-        char args[32];
-        snprintf(args, sizeof args, "%d", reps);
-        bench_run_peer(&pr, "conv_step.py", args);
-    } else {
-        snprintf(pr.status, sizeof pr.status, "PyTorch: not run (--no-peer)");
-    }
+    bench_peer pr;
+    bench_peer_run(&pr, peer, "conv_step.py", "%d", reps);
     bench_header("CNN training step (fashion_cnn's network), batch 64 (median, warm-up first)",
                  "milliseconds per step", &pr);
     bench_row("/cpu:0 (torch: cpu)", cpu, bench_peer_get(&pr, "cpu"));

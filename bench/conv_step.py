@@ -4,21 +4,15 @@ dropout, dense 3136-128-10, cross-entropy, backward, Adam), channels_last.
 
 Prints "version V", then "cpu MS" and, with CUDA, "cuda MS" (median
 milliseconds per step), or "PyTorch: not installed"."""
-import statistics
 import sys
-import time
-import warnings
 
-warnings.filterwarnings("ignore")
-try:
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
-except Exception:
-    print("PyTorch: not installed")
-    sys.exit(0)
+from torch_peer import arg, median_wall, need_torch
 
-R = int(sys.argv[1]) if len(sys.argv) > 1 else 30
+torch = need_torch()
+import torch.nn as nn  # noqa: E402 - after need_torch has found torch
+import torch.nn.functional as F  # noqa: E402
+
+R = arg(1, 30)
 WARM = 5
 
 
@@ -59,14 +53,7 @@ def bench(device, reps):
         if cuda:
             torch.cuda.synchronize()
 
-    for _ in range(WARM):
-        step()
-    samples = []
-    for _ in range(reps):
-        t0 = time.perf_counter_ns()
-        step()
-        samples.append((time.perf_counter_ns() - t0) / 1e6)
-    return statistics.median(samples)
+    return median_wall(step, reps, WARM, 1e6)
 
 
 print("version", torch.__version__)

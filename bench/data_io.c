@@ -20,12 +20,7 @@ int main(int argc, char **argv)
 {
     int reps = 5;
     bool peer = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--no-peer"))
-            peer = false;
-    }
+    BENCH_OPTIONS(argc, argv, BENCH_REPS(&reps), BENCH_NO_PEER(&peer));
     char scratch[] = "/tmp/nb_bench_data_XXXXXX";
     if (!mkdtemp(scratch)) {
         perror("mkdtemp");
@@ -71,14 +66,7 @@ int main(int argc, char **argv)
     rmdir(logdir);
 
     bench_peer p;
-    char args[256];
-    snprintf(args, sizeof args, "'%s' %d %d %d", scratch, VARS, ELEMS, reps);
-    if (peer)
-        bench_run_peer(&p, "data_io.py", args);
-    else {
-        memset(&p, 0, sizeof p);
-        snprintf(p.status, sizeof p.status, "PyTorch: not run (--no-peer)");
-    }
+    bench_peer_run(&p, peer, "data_io.py", "'%s' %d %d %d", scratch, VARS, ELEMS, reps);
     bench_header("Checkpoints (8 x 2M f32 = 64 MiB) and TensorBoard scalars, medians", "", &p);
     bench_row("save, ms (nabla also fsyncs)", bench_median(save, reps), bench_peer_get(&p, "save_ms"));
     bench_row("restore, ms", bench_median(restore, reps), bench_peer_get(&p, "restore_ms"));

@@ -5,7 +5,6 @@ tensors, and TensorBoard scalars through torch.utils.tensorboard.SummaryWriter.
 Arguments: a scratch folder, VARS, ELEMS, repetitions. Prints "name milliseconds"
 or "name microseconds" lines, or "PyTorch: ..." when something is missing."""
 import os
-import statistics
 import sys
 import time
 import warnings
@@ -17,6 +16,7 @@ try:
 except Exception as e:  # noqa: BLE001 - any import failure: no peer
     print(f"PyTorch: torch with safetensors is not installed ({type(e).__name__})")
     sys.exit(0)
+from torch_peer import median_wall  # noqa: E402
 
 scratch, n_vars, elems, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 torch.manual_seed(0)
@@ -25,13 +25,8 @@ path = os.path.join(scratch, "peer.safetensors")
 
 
 def timed(fn):
-    fn()
-    t = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        t.append(time.perf_counter() - t0)
-    return statistics.median(t)
+    """Median seconds of fn after one untimed call."""
+    return median_wall(fn, reps, 1, 1e9)
 
 
 def save():

@@ -23,59 +23,32 @@ static int B = 10, R = 30;
 static int64_t N;
 static nb_tensor *a, *b, *c;
 
-static void op_copy(void)
+enum { K_COPY, K_SCALE, K_ADD, K_CHAIN };
+
+/* One of the four ops on the inputs a, b, c. */
+static nb_tensor *run_op(int kind)
 {
+    return kind == K_COPY    ? nb_cast(a, NB_F32)
+           : kind == K_SCALE ? nb_mul_scalar(a, 2.0)
+           : kind == K_ADD   ? nb_add(a, b)
+                             : nb_exp(nb_mul(nb_add(a, b), c));
+}
+
+/* B ops of the kind *ctx names, each in a scope of its own. */
+static void op_batch(void *ctx)
+{
+    const int kind = *(const int *)ctx;
     for (int i = 0; i < B; i++) {
         nb_scope *s = nb_scope_begin();
-        nb_cast(a, NB_F32);
+        run_op(kind);
         nb_scope_end(s);
     }
 }
 
-static void op_scale(void)
+/* Median milliseconds per op of that kind, timed in batches of B. */
+static double median_ms(int kind)
 {
-    for (int i = 0; i < B; i++) {
-        nb_scope *s = nb_scope_begin();
-        nb_mul_scalar(a, 2.0);
-        nb_scope_end(s);
-    }
-}
-
-static void op_add(void)
-{
-    for (int i = 0; i < B; i++) {
-        nb_scope *s = nb_scope_begin();
-        nb_add(a, b);
-        nb_scope_end(s);
-    }
-}
-
-static void op_chain(void)
-{
-    for (int i = 0; i < B; i++) {
-        nb_scope *s = nb_scope_begin();
-        nb_exp(nb_mul(nb_add(a, b), c));
-        nb_scope_end(s);
-    }
-}
-
-/* Median milliseconds per op of fn, which queues B ops. */
-static double median_ms(void (*fn)(void))
-{
-    for (int i = 0; i < 3; i++)
-        fn();
-    nb_synchronize();
-    double *v = malloc(sizeof *v * (size_t)R);
-    for (int i = 0; i < R; i++) {
-        nb_synchronize();
-        double t0 = bench_now();
-        fn();
-        nb_synchronize();
-        v[i] = (bench_now() - t0) / B * 1e3;
-    }
-    double m = bench_median(v, R);
-    free(v);
-    return m;
+    return bench_median_ms(op_batch, &kind, 3, R) / B;
 }
 
 /* Leaves a few blocks of the output's size full of NaN in the allocator's cache,
@@ -89,18 +62,13 @@ static void poison(void)
         nb_release(p[i]);
 }
 
-enum { K_COPY, K_SCALE, K_ADD, K_CHAIN };
-
 /* ||out - ref|| / ||ref|| of one op, the reference in double from the host
  * copies of the inputs. NaN when any output element is NaN. */
 static double check(int kind, const float *ha, const float *hb, const float *hc, float *hout)
 {
     poison();
     nb_scope *s = nb_scope_begin();
-    nb_tensor *y = kind == K_COPY    ? nb_cast(a, NB_F32)
-                   : kind == K_SCALE ? nb_mul_scalar(a, 2.0)
-                   : kind == K_ADD   ? nb_add(a, b)
-                                     : nb_exp(nb_mul(nb_add(a, b), c));
+    nb_tensor *y = run_op(kind);
     nb_tensor_read(y, hout, (size_t)N * sizeof(float));
     nb_scope_end(s);
     double num = 0, den = 0;
@@ -135,33 +103,13 @@ int main(int argc, char **argv)
 {
     int mib = 256;
     bool peer = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--mib") && i + 1 < argc)
-            mib = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
-            B = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            R = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--no-peer"))
-            peer = false;
-        else {
-            fprintf(stderr, "usage: %s [--mib M] [--batch B] [--reps R] [--no-peer]\n", argv[0]);
-            return 2;
-        }
-    }
-    if (mib < 1)
-        mib = 1;
-    if (B < 1)
-        B = 1;
-    if (R < 1)
-        R = 1;
+    BENCH_OPTIONS(argc, argv, BENCH_NUMBER("--mib", "M", &mib, 1), BENCH_NUMBER("--batch", "B", &B, 1), BENCH_REPS(&R),
+                  BENCH_NO_PEER(&peer));
     nb_set_error_handler(nb_error_handler_exit, NULL);
-    if (nb_device_count(NB_DEVICE_GPU) == 0)
-        return bench_no_gpu(TITLE, nb_gpu_unavailable_reason());
-    nb_set_soft_placement(false); /* never time the CPU by mistake */
-    nb_device_push("/gpu:0");
     nb_gpu_properties props;
-    nb_gpu_device_properties("/gpu:0", &props);
+    if (!bench_gpu_ready(&props))
+        return bench_no_gpu(TITLE, nb_gpu_unavailable_reason());
+    nb_device_push("/gpu:0");
 
     N = (int64_t)mib * (1 << 20) / (int64_t)sizeof(float);
     a = nb_random_uniform(NB_F32, NB_SHAPE(N), -1, 1, 1);
@@ -190,20 +138,15 @@ int main(int argc, char **argv)
     free(hc);
     free(hout);
 
-    double t_copy = median_ms(op_copy);
-    double t_scale = median_ms(op_scale);
-    double t_add = median_ms(op_add);
-    double t_chain = median_ms(op_chain);
+    double t_copy = median_ms(K_COPY);
+    double t_scale = median_ms(K_SCALE);
+    double t_add = median_ms(K_ADD);
+    double t_chain = median_ms(K_CHAIN);
 
-    bench_peer p = {0};
-    if (peer) {
+    bench_peer p;
+    if (peer)
         nb_gpu_empty_cache("/gpu:0"); /* leave the card's memory to PyTorch */
-        char args[64];
-        snprintf(args, sizeof args, "%d %d %d", mib, B, R);
-        bench_run_peer(&p, "gpu_bandwidth.py", args);
-    } else {
-        snprintf(p.status, sizeof p.status, "PyTorch: not run (--no-peer)");
-    }
+    bench_peer_run(&p, peer, "gpu_bandwidth.py", "%d %d %d", mib, B, R);
     char title[512];
     snprintf(title, sizeof title,
              "%s (%s), f32 tensors of %d MiB\n(median of %d batches of %d ops, warm-up first, "

@@ -4,23 +4,15 @@ Arguments: MiB per tensor, ops per timed batch, timed batches. Prints "version V
 "copy", "scale", "add", "chain" (median milliseconds per op, timed with
 torch.cuda.Event around each batch), or "PyTorch: ..." when PyTorch or CUDA is
 missing."""
-import statistics
 import sys
-import warnings
 
-warnings.filterwarnings("ignore")
-try:
-    import torch
-except Exception:  # ImportError, or a broken install
-    print("PyTorch: not installed")
-    sys.exit(0)
-if not torch.cuda.is_available():
-    print("PyTorch: no CUDA device")
-    sys.exit(0)
+from torch_peer import arg, median_events_ms, need_torch
 
-MIB = int(sys.argv[1]) if len(sys.argv) > 1 else 256
-B = int(sys.argv[2]) if len(sys.argv) > 2 else 10  # ops per timed batch
-R = int(sys.argv[3]) if len(sys.argv) > 3 else 30  # timed batches
+torch = need_torch(cuda=True)
+
+MIB = arg(1, 256)
+B = arg(2, 10)  # ops per timed batch
+R = arg(3, 30)  # timed batches
 
 torch.set_grad_enabled(False)
 dev = torch.device("cuda:0")
@@ -32,19 +24,7 @@ c = torch.rand(n, device=dev, generator=g) * 2 - 1
 
 
 def median_ms(fn):
-    for _ in range(3):  # warm-up
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(R):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / B)
-    return statistics.median(samples)
+    return median_events_ms(fn, R, B)
 
 
 def op_copy():

@@ -160,33 +160,13 @@ static void print_row(const char *what, double ms_nb, double ms_cu, double ms_pt
 int main(int argc, char **argv)
 {
     bool peer = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--n") && i + 1 < argc)
-            n = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
-            B = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            R = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--no-peer"))
-            peer = false;
-        else {
-            fprintf(stderr, "usage: %s [--n N] [--batch B] [--reps R] [--no-peer]\n", argv[0]);
-            return 2;
-        }
-    }
-    if (n < CHECK_ROWS)
-        n = CHECK_ROWS;
-    if (B < 1)
-        B = 1;
-    if (R < 1)
-        R = 1;
+    BENCH_OPTIONS(argc, argv, BENCH_NUMBER("--n", "N", &n, CHECK_ROWS), BENCH_NUMBER("--batch", "B", &B, 1), BENCH_REPS(&R),
+                  BENCH_NO_PEER(&peer));
     nb_set_error_handler(nb_error_handler_exit, NULL);
-    if (nb_device_count(NB_DEVICE_GPU) == 0)
-        return bench_no_gpu(TITLE, nb_gpu_unavailable_reason());
-    nb_set_soft_placement(false); /* never time the CPU by mistake */
-    nb_device_push("/gpu:0");
     nb_gpu_properties props;
-    nb_gpu_device_properties("/gpu:0", &props);
+    if (!bench_gpu_ready(&props))
+        return bench_no_gpu(TITLE, nb_gpu_unavailable_reason());
+    nb_device_push("/gpu:0");
 
     a = nb_random_uniform(NB_F32, NB_SHAPE(n, n), -1, 1, 1);
     b = nb_random_uniform(NB_F32, NB_SHAPE(n, n), -1, 1, 2);
@@ -258,21 +238,13 @@ int main(int argc, char **argv)
     nb_release(b);
     nb_device_pop();
 
-    bench_peer p = {0};
-    if (peer) {
+    bench_peer p;
+    if (peer)
         nb_gpu_empty_cache("/gpu:0"); /* leave the card's memory to PyTorch */
-        char args[64];
-        snprintf(args, sizeof args, "%d %d %d", n, B, R);
-        bench_run_peer(&p, "gpu_matmul.py", args);
-    } else {
-        snprintf(p.status, sizeof p.status, "PyTorch: not run (--no-peer)");
-    }
+    bench_peer_run(&p, peer, "gpu_matmul.py", "%d %d %d", n, B, R);
     printf("\n%s (%s): %d x %d x %d, f32 in and out\n", TITLE, props.name, n, n, n);
     printf("(median of %d batches of %d, warm-up first; nabla and cuBLAS alternate batches)\n", R, B);
-    if (p.status[0])
-        printf("(%s; nabla's and cuBLAS's figures only)\n", p.status);
-    else
-        printf("(PyTorch %s from Python, same machine, same run)\n", p.version);
+    bench_peer_line(&p, "nabla's and cuBLAS's figures only");
     printf("(cuBLAS %d.%d.%d called directly from C on its own buffers)\n", cublas_version / 10000,
            cublas_version / 100 % 100, cublas_version % 100);
     printf("%-34s %8s %8s %8s %10s %10s\n", "TFLOP/s", "nabla", "cuBLAS", "PyTorch", "vs cuBLAS",

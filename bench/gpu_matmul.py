@@ -5,23 +5,15 @@ Arguments: N, matmuls per timed batch, timed batches. Prints "version V", then
 "f32" and "tf32" (median milliseconds per matmul, timed with torch.cuda.Event
 around each batch) and "f32_err", "tf32_err" (||C - ref|| / ||ref|| on 16 rows,
 the reference in float64), or "PyTorch: ..." when PyTorch or CUDA is missing."""
-import statistics
 import sys
-import warnings
 
-warnings.filterwarnings("ignore")
-try:
-    import torch
-except Exception:  # ImportError, or a broken install
-    print("PyTorch: not installed")
-    sys.exit(0)
-if not torch.cuda.is_available():
-    print("PyTorch: no CUDA device")
-    sys.exit(0)
+from torch_peer import arg, median_events_ms, need_torch
 
-N = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
-B = int(sys.argv[2]) if len(sys.argv) > 2 else 10  # matmuls per timed batch
-R = int(sys.argv[3]) if len(sys.argv) > 3 else 20  # timed batches
+torch = need_torch(cuda=True)
+
+N = arg(1, 4096)
+B = arg(2, 10)  # matmuls per timed batch
+R = arg(3, 20)  # timed batches
 
 
 def set_tf32(on):
@@ -46,19 +38,7 @@ def median_ms():
         for _ in range(B):
             a @ b
 
-    for _ in range(3):  # warm-up
-        batch()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(R):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        batch()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / B)
-    return statistics.median(samples)
+    return median_events_ms(batch, R, B)
 
 
 def rel_err():

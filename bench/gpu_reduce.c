@@ -115,28 +115,11 @@ static double time_op(kind k, const nb_tensor *x)
 int main(int argc, char **argv)
 {
     bool peer = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--batch") && i + 1 < argc)
-            B = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            R = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--no-peer"))
-            peer = false;
-        else {
-            fprintf(stderr, "usage: %s [--batch B] [--reps R] [--no-peer]\n", argv[0]);
-            return 2;
-        }
-    }
-    if (B < 1)
-        B = 1;
-    if (R < 1)
-        R = 1;
+    BENCH_OPTIONS(argc, argv, BENCH_NUMBER("--batch", "B", &B, 1), BENCH_REPS(&R), BENCH_NO_PEER(&peer));
     nb_set_error_handler(nb_error_handler_exit, NULL);
-    if (nb_device_count(NB_DEVICE_GPU) == 0)
-        return bench_no_gpu(TITLE, nb_gpu_unavailable_reason());
-    nb_set_soft_placement(false); /* never time the CPU by mistake */
     nb_gpu_properties props;
-    nb_gpu_device_properties("/gpu:0", &props);
+    if (!bench_gpu_ready(&props))
+        return bench_no_gpu(TITLE, nb_gpu_unavailable_reason());
 
     double ms[N_CASES];
     bool ok = true, good[N_CASES];
@@ -150,21 +133,13 @@ int main(int argc, char **argv)
     }
     nb_device_pop();
 
-    bench_peer p = {0};
-    if (peer) {
+    bench_peer p;
+    if (peer)
         nb_gpu_empty_cache("/gpu:0"); /* leave the card's memory to PyTorch */
-        char args[64];
-        snprintf(args, sizeof args, "%d %d", B, R);
-        bench_run_peer(&p, "gpu_reduce.py", args);
-    } else {
-        snprintf(p.status, sizeof p.status, "PyTorch: not run (--no-peer)");
-    }
+    bench_peer_run(&p, peer, "gpu_reduce.py", "%d %d", B, R);
     printf("\n%s (%s): f32\n", TITLE, props.name);
     printf("(median of %d batches of %d, warm-up first, host clock between synchronizes)\n", R, B);
-    if (p.status[0])
-        printf("(%s; nabla's figures only)\n", p.status);
-    else
-        printf("(PyTorch %s from Python, same machine, same run)\n", p.version);
+    bench_peer_line(&p, "nabla's figures only");
     printf("%-34s %10s %8s %10s %8s %10s\n", "us per op", "nabla", "GB/s", "PyTorch", "GB/s", "vs PyTorch");
     for (int k = 0; k < N_CASES; k++) {
         double bytes = (double)cases[k].rows * (double)(cases[k].cols ? cases[k].cols : 1) * sizeof(float);

@@ -5,22 +5,14 @@ Arguments: ops per timed batch, timed batches. Prints "version V", then one
 "name microseconds" line per case (the median per op, timed with
 torch.cuda.Event around each batch), or "PyTorch: ..." when PyTorch or CUDA is
 missing."""
-import statistics
 import sys
-import warnings
 
-warnings.filterwarnings("ignore")
-try:
-    import torch
-except Exception:  # ImportError, or a broken install
-    print("PyTorch: not installed")
-    sys.exit(0)
-if not torch.cuda.is_available():
-    print("PyTorch: no CUDA device")
-    sys.exit(0)
+from torch_peer import arg, median_events_ms, need_torch
 
-B = int(sys.argv[1]) if len(sys.argv) > 1 else 20  # ops per timed batch
-R = int(sys.argv[2]) if len(sys.argv) > 2 else 20  # timed batches
+torch = need_torch(cuda=True)
+
+B = arg(1, 20)  # ops per timed batch
+R = arg(2, 20)  # timed batches
 
 torch.set_grad_enabled(False)
 dev = torch.device("cuda:0")
@@ -50,19 +42,7 @@ def median_us(fn):
         for _ in range(B):
             fn()
 
-    for _ in range(3):  # warm-up
-        batch()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(R):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        batch()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / B * 1e3)
-    return statistics.median(samples)
+    return median_events_ms(batch, R, B) * 1e3
 
 
 print("version", torch.__version__)

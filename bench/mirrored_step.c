@@ -134,25 +134,10 @@ static void row(const char *what, double images_per_s, double single)
 
 int main(int argc, char **argv)
 {
-    int reps = 100;
-    int64_t batch = 256;
+    int reps = 100, batch_arg = 256;
     bool peer = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--batch") && i + 1 < argc)
-            batch = atoll(argv[++i]);
-        else if (!strcmp(argv[i], "--no-peer"))
-            peer = false;
-        else {
-            fprintf(stderr, "usage: %s [--reps R] [--batch B] [--no-peer]\n", argv[0]);
-            return 2;
-        }
-    }
-    if (reps < 1)
-        reps = 1;
-    if (batch < 4)
-        batch = 4;
+    BENCH_OPTIONS(argc, argv, BENCH_REPS(&reps), BENCH_NUMBER("--batch", "B", &batch_arg, 4), BENCH_NO_PEER(&peer));
+    const int64_t batch = batch_arg;
 
     /* Split the CPU before any other nabla call (CPU devices only). */
     int gpus = nb_physical_gpu_count();
@@ -193,23 +178,14 @@ int main(int argc, char **argv)
         nb_mirrored_free(strategies[c]);
     }
 
-    bench_peer p = {0};
-    if (peer) {
-        char args[64];
-        snprintf(args, sizeof args, "%d %lld", reps, (long long)batch);
-        bench_run_peer(&p, "mirrored_step_ddp.py", args);
-    } else {
-        snprintf(p.status, sizeof p.status, "PyTorch: not run (--no-peer)");
-    }
+    bench_peer p;
+    bench_peer_run(&p, peer, "mirrored_step_ddp.py", "%d %lld", reps, (long long)batch);
 
     printf("\nMLP 784-256-10 training step (SGD), global batch %lld: images per second\n",
            (long long)batch);
     printf("(median step after a warm-up; replicas on %s, all-reduce \"%s\")\n",
            gpus ? "GPUs" : "logical CPU devices", algorithm);
-    if (p.status[0])
-        printf("(%s; the PyTorch rows are skipped)\n", p.status);
-    else
-        printf("(PyTorch %s from Python, same machine, same run)\n", p.version);
+    bench_peer_line(&p, "the PyTorch rows are skipped");
     printf("%-44s %10s %10s\n", "", "images/s", "vs single");
     row(gpus ? "nabla, /gpu:0, no strategy" : "nabla, /cpu:0, no strategy", single_ips, single_ips);
     for (int c = 0; c < 3; c++) {

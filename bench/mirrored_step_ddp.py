@@ -11,25 +11,17 @@ for each process count P in WORLDS (default "2"; "1,2,4" for bench/world.sh),
 step of rank 0; P = 1 is one process of one thread, without DDP), or
 "PyTorch: not installed"."""
 import os
-import socket
-import statistics
 import sys
-import time
-import warnings
 
-warnings.filterwarnings("ignore")
-try:
-    import torch
-    import torch.distributed as dist
-    import torch.multiprocessing as mp
-    import torch.nn.functional as F
-    from torch.nn.parallel import DistributedDataParallel
-except Exception:
-    print("PyTorch: not installed")
-    sys.exit(0)
+from torch_peer import arg, join_group, median_wall, need_torch, spawn_for_result
 
-R = int(sys.argv[1]) if len(sys.argv) > 1 else 100
-BATCH = int(sys.argv[2]) if len(sys.argv) > 2 else 256
+torch = need_torch()
+import torch.distributed as dist  # noqa: E402 - after need_torch has found torch
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+R = arg(1, 100)
+BATCH = arg(2, 256)
 WARM = 20
 
 
@@ -51,22 +43,13 @@ def median_step_us(world, rank):
         loss.backward()  # DDP all-reduces (averages) the gradients here
         opt.step()
 
-    for _ in range(WARM):
-        step()
-    samples = []
-    for _ in range(R):
-        t0 = time.perf_counter_ns()
-        step()
-        samples.append((time.perf_counter_ns() - t0) / 1000.0)
-    return statistics.median(samples)
+    return median_wall(step, R, WARM, 1000.0)
 
 
 def ddp_worker(rank, world, port, queue):
     torch.set_num_threads(1)  # two processes on two cores
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    join_group("gloo", rank, world, port)
     us = median_step_us(world, rank)
     if rank == 0:
         queue.put(us)
@@ -74,21 +57,12 @@ def ddp_worker(rank, world, port, queue):
     dist.destroy_process_group()
 
 
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def ddp(world):
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
-    mp.spawn(ddp_worker, args=(world, free_port(), queue), nprocs=world, join=True)
-    return queue.get()
+    return spawn_for_result(ddp_worker, world)
 
 
 if __name__ == "__main__":
-    WORLDS = [int(w) for w in (sys.argv[3] if len(sys.argv) > 3 else "2").split(",")]
+    WORLDS = [int(w) for w in arg(3, "2", str).split(",")]
     print("version", torch.__version__)
     print("torch1", BATCH / (median_step_us(1, 0) * 1e-6))
     sys.stdout.flush()

@@ -53,6 +53,22 @@ static nb_status mlp_train(void *user, int n_in, nb_tensor *const *in, int n_out
     return st;
 }
 
+typedef struct step_run {
+    mlp *m;
+    nb_tensor **in;
+    nb_graph *g; /* NULL: eager */
+} step_run;
+
+static void train_step(void *ctx)
+{
+    step_run *r = ctx;
+    nb_tensor *loss;
+    if (r->g) /* the inputs stay in the graph, as PyTorch's static ones */
+        nb_graph_replay(r->g, NULL, &loss);
+    else
+        mlp_train(r->m, 2, r->in, 1, &loss);
+}
+
 /* Median microseconds per step: eager, or (graph) one capture then replays. */
 static double bench_device(const char *device, int reps, bool graph)
 {
@@ -68,22 +84,8 @@ static double bench_device(const char *device, int reps, bool graph)
     nb_graph *g = NULL;
     if (graph)
         nb_graph_capture(device, mlp_train, &m, 2, in, 1, NULL, &g);
-    double *v = malloc(sizeof *v * (size_t)reps);
-    for (int i = 0; i < WARM + reps; i++) {
-        double t0 = bench_now();
-        nb_scope *s = nb_scope_begin();
-        nb_tensor *loss;
-        if (g) /* the inputs stay in the graph, as PyTorch's static ones */
-            nb_graph_replay(g, NULL, &loss);
-        else
-            mlp_train(&m, 2, in, 1, &loss);
-        nb_scope_end(s);
-        nb_synchronize();
-        if (i >= WARM)
-            v[i - WARM] = (bench_now() - t0) * 1e6;
-    }
-    double med = bench_median(v, reps);
-    free(v);
+    step_run run = {&m, in, g};
+    double med = bench_median_ms(train_step, &run, WARM, reps) * 1e3;
     nb_graph_free(g);
     mlp_free(&m);
     nb_device_pop();
@@ -95,18 +97,7 @@ int main(int argc, char **argv)
 {
     int reps = 200;
     bool peer = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--no-peer"))
-            peer = false;
-        else {
-            fprintf(stderr, "usage: %s [--reps R] [--no-peer]\n", argv[0]);
-            return 2;
-        }
-    }
-    if (reps < 1)
-        reps = 1;
+    BENCH_OPTIONS(argc, argv, BENCH_REPS(&reps), BENCH_NO_PEER(&peer));
     nb_set_error_handler(nb_error_handler_exit, NULL);
 
     double cpu = bench_device("/cpu:0", reps, false);
@@ -114,14 +105,8 @@ int main(int argc, char **argv)
     double gpu_us = gpu ? bench_device("/gpu:0", reps, false) : 0;
     double graph_us = gpu ? bench_device("/gpu:0", reps, true) : 0;
 
-    bench_peer p = {0};
-    if (peer) {
-        char args[32];
-        snprintf(args, sizeof args, "%d", reps);
-        bench_run_peer(&p, "mlp_step.py", args);
-    } else {
-        snprintf(p.status, sizeof p.status, "PyTorch: not run (--no-peer)");
-    }
+    bench_peer p;
+    bench_peer_run(&p, peer, "mlp_step.py", "%d", reps);
     bench_header("MLP 784-256-10 training step, batch 64 (median, warm-up first)",
                  "microseconds per step", &p);
     bench_row("/cpu:0 (torch: cpu)", cpu, bench_peer_get(&p, "cpu"));

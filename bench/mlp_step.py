@@ -4,20 +4,14 @@ batch 64 (forward, sparse softmax cross-entropy, backward, SGD update).
 Prints "version V", then "cpu US" and, with CUDA, "cuda US" and "cuda_graph US"
 (the step captured once with torch.cuda.graph and replayed) (median microseconds
 per step), or "PyTorch: not installed"."""
-import statistics
 import sys
-import time
-import warnings
 
-warnings.filterwarnings("ignore")
-try:
-    import torch
-    import torch.nn.functional as F
-except Exception:
-    print("PyTorch: not installed")
-    sys.exit(0)
+from torch_peer import arg, median_wall, need_torch
 
-R = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+torch = need_torch()
+import torch.nn.functional as F  # noqa: E402 - after need_torch has found torch
+
+R = arg(1, 200)
 WARM = 20
 
 
@@ -60,12 +54,7 @@ def bench(device, graph=False):
 
         for _ in range(WARM):
             step()
-    samples = []
-    for _ in range(R):
-        t0 = time.perf_counter_ns()
-        step()
-        samples.append((time.perf_counter_ns() - t0) / 1000.0)
-    return statistics.median(samples)
+    return median_wall(step, R, 0, 1000.0)
 
 
 print("version", torch.__version__)

@@ -51,6 +51,28 @@ static double ln_check(nb_tensor *y, nb_tensor *x, nb_tensor *g, nb_tensor *b, i
     return worst;
 }
 
+typedef struct ln_run {
+    nb_tensor *x, *g, *b, *gy; /* gy: the output gradient */
+} ln_run;
+
+static void ln_forward(void *ctx)
+{
+    ln_run *r = ctx;
+    nb_layer_norm(r->x, r->g, r->b, 1, 1e-5);
+}
+
+/* The forward and a tape's gradients for x, gamma and beta. */
+static void ln_step(void *ctx)
+{
+    ln_run *r = ctx;
+    nb_tape *tape = nb_tape_begin();
+    nb_tape_watch(tape, r->x);
+    nb_tape_watch(tape, r->g);
+    nb_tape_watch(tape, r->b);
+    nb_tensor *y = nb_layer_norm(r->x, r->g, r->b, 1, 1e-5), *gr[3];
+    nb_tape_gradient_ex(tape, y, r->gy, 3, (nb_tensor *const[]){r->x, r->g, r->b}, gr, NB_UNCONNECTED_NULL);
+}
+
 /* Median milliseconds of fn's forward ([0]) and, when step, forward+backward
  * ([1]). */
 static double time_ln(const char *device, const ln_case *c, int reps, int mode, double *err)
@@ -66,31 +88,21 @@ static double time_ln(const char *device, const ln_case *c, int reps, int mode, 
         *err = ln_check(nb_layer_norm(x, g, b, 1, 1e-5), x, g, b, c->rows, c->dim);
         nb_scope_end(s);
     }
-    double *v = malloc(sizeof *v * (size_t)reps);
-    for (int i = 0; i < WARM + reps; i++) {
-        nb_synchronize();
-        double t0 = bench_now();
-        nb_scope *s = nb_scope_begin();
-        if (mode == 0) {
-            nb_layer_norm(x, g, b, 1, 1e-5);
-        } else {
-            nb_tape *tape = nb_tape_begin();
-            nb_tape_watch(tape, x);
-            nb_tape_watch(tape, g);
-            nb_tape_watch(tape, b);
-            nb_tensor *y = nb_layer_norm(x, g, b, 1, 1e-5), *gr[3];
-            nb_tape_gradient_ex(tape, y, gy, 3, (nb_tensor *const[]){x, g, b}, gr, NB_UNCONNECTED_NULL);
-        }
-        nb_scope_end(s);
-        nb_synchronize();
-        if (i >= WARM)
-            v[i - WARM] = (bench_now() - t0) * 1e3;
-    }
-    double ms = bench_median(v, reps);
-    free(v);
+    ln_run run = {x, g, b, gy};
+    double ms = bench_median_ms(mode == 0 ? ln_forward : ln_step, &run, WARM, reps);
     nb_device_pop();
     nb_scope_end(outer);
     return ms;
+}
+
+typedef struct bn_run {
+    nb_tensor *x, *g, *b, *mean, *var;
+} bn_run;
+
+static void bn_forward(void *ctx)
+{
+    bn_run *r = ctx;
+    nb_batch_norm_infer(r->x, r->g, r->b, r->mean, r->var, 1e-5, NB_NHWC);
 }
 
 /* batch_norm_infer's forward on NHWC [32, 28, 28, 64]: median milliseconds;
@@ -120,19 +132,8 @@ static double time_bn(const char *device, int reps, double *err)
         }
         nb_scope_end(s);
     }
-    double *v = malloc(sizeof *v * (size_t)reps);
-    for (int i = 0; i < WARM + reps; i++) {
-        nb_synchronize();
-        double t0 = bench_now();
-        nb_scope *s = nb_scope_begin();
-        nb_batch_norm_infer(x, g, b, m, var, 1e-5, NB_NHWC);
-        nb_scope_end(s);
-        nb_synchronize();
-        if (i >= WARM)
-            v[i - WARM] = (bench_now() - t0) * 1e3;
-    }
-    double ms = bench_median(v, reps);
-    free(v);
+    bn_run run = {x, g, b, m, var};
+    double ms = bench_median_ms(bn_forward, &run, WARM, reps);
     nb_device_pop();
     nb_scope_end(outer);
     return ms;
@@ -176,27 +177,10 @@ int main(int argc, char **argv)
 {
     int reps = 20;
     bool peer = true;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--no-peer"))
-            peer = false;
-        else {
-            fprintf(stderr, "usage: %s [--reps R] [--no-peer]\n", argv[0]);
-            return 2;
-        }
-    }
-    if (reps < 1)
-        reps = 1;
+    BENCH_OPTIONS(argc, argv, BENCH_REPS(&reps), BENCH_NO_PEER(&peer));
     nb_set_error_handler(nb_error_handler_exit, NULL);
-    bench_peer p = {0};
-    if (peer) {
-        char args[32];
-        snprintf(args, sizeof args, "%d", reps);
-        bench_run_peer(&p, "norm.py", args);
-    } else {
-        snprintf(p.status, sizeof p.status, "PyTorch: not run (--no-peer)");
-    }
+    bench_peer p;
+    bench_peer_run(&p, peer, "norm.py", "%d", reps);
     int bad = run_device("/cpu:0", "cpu", reps, &p);
     if (nb_device_count(NB_DEVICE_GPU) == 0)
         return bench_no_gpu("Normalisation on /gpu:0", nb_gpu_unavailable_reason()) || bad;

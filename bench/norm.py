@@ -6,35 +6,25 @@ input, weight and bias gradients), and batch_norm in inference mode on
 Usage: norm.py REPS
 Prints "version V", then "cpu.<case>.<fwd|step> MS" and, with CUDA,
 "cuda.<case>.<fwd|step> MS" (median milliseconds), or "PyTorch: not installed"."""
-import statistics
 import sys
-import time
-import warnings
 
-warnings.filterwarnings("ignore")
-try:
-    import torch
-    import torch.nn.functional as F
-except Exception:
-    print("PyTorch: not installed")
-    sys.exit(0)
+from torch_peer import arg, median_wall, need_torch
 
-R = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+torch = need_torch()
+import torch.nn.functional as F  # noqa: E402 - after need_torch has found torch
+
+R = arg(1, 20)
 WARM = 3
 LN = [("ln64x512", 64, 512), ("ln4096x768", 4096, 768)]  # name, rows, dim
 
 
 def median_ms(fn, cuda):
-    for _ in range(WARM):
-        fn()
-    samples = []
-    for _ in range(R):
-        t0 = time.perf_counter_ns()
+    def timed():
         fn()
         if cuda:
             torch.cuda.synchronize()
-        samples.append((time.perf_counter_ns() - t0) / 1e6)
-    return statistics.median(samples)
+
+    return median_wall(timed, R, WARM, 1e6)
 
 
 def bench_ln(device, rows, dim):

@@ -78,14 +78,8 @@ static void measure(const char *device, bool peer)
     double taped = median_us(add_taped, K);
     double fb = median_us(fwd_bwd, K / 10);
 
-    bench_peer p = {0};
-    if (peer) {
-        char args[64];
-        snprintf(args, sizeof args, "%s %d %d", gpu ? "cuda" : "cpu", K, R);
-        bench_run_peer(&p, "overhead.py", args);
-    } else {
-        snprintf(p.status, sizeof p.status, "PyTorch: not run (--no-peer)");
-    }
+    bench_peer p;
+    bench_peer_run(&p, peer, "overhead.py", "%s %d %d", gpu ? "cuda" : "cpu", K, R);
     char title[256];
     snprintf(title, sizeof title, "Small-op overhead on %s (median of %d batches of %d ops, warm-up first)",
              device, R, K);
@@ -103,24 +97,8 @@ int main(int argc, char **argv)
 {
     bool peer = true;
     const char *device = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--ops") && i + 1 < argc)
-            K = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            R = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--device") && i + 1 < argc)
-            device = argv[++i];
-        else if (!strcmp(argv[i], "--no-peer"))
-            peer = false;
-        else {
-            fprintf(stderr, "usage: %s [--device NAME] [--ops K] [--reps R] [--no-peer]\n", argv[0]);
-            return 2;
-        }
-    }
-    if (K < 10)
-        K = 10;
-    if (R < 1)
-        R = 1;
+    BENCH_OPTIONS(argc, argv, BENCH_TEXT("--device", "NAME", &device), BENCH_NUMBER("--ops", "K", &K, 10),
+                  BENCH_REPS(&R), BENCH_NO_PEER(&peer));
     nb_set_error_handler(nb_error_handler_exit, NULL);
     nb_set_soft_placement(false); /* never time the CPU in place of a missing GPU */
     if (device) {

@@ -4,21 +4,14 @@ Arguments: device ("cpu" or "cuda"), ops per timed batch, timed batches. On
 CUDA each batch ends with one torch.cuda.synchronize(). Prints one line per
 figure, "name microseconds", or "PyTorch: ..." when PyTorch or the device is
 missing."""
-import statistics
 import sys
-import time
-import warnings
 
-warnings.filterwarnings("ignore")
-try:
-    import torch
-except Exception:  # ImportError, or a broken install
-    print("PyTorch: not installed")
-    sys.exit(0)
+from torch_peer import arg, median_wall, need_torch
 
-DEVICE = sys.argv[1] if len(sys.argv) > 1 else "cpu"
-K = int(sys.argv[2]) if len(sys.argv) > 2 else 1000  # ops per timed batch
-R = int(sys.argv[3]) if len(sys.argv) > 3 else 200   # timed batches
+torch = need_torch()
+DEVICE = arg(1, "cpu", str)
+K = arg(2, 1000)  # ops per timed batch
+R = arg(3, 200)  # timed batches
 cuda = DEVICE == "cuda"
 if cuda and not torch.cuda.is_available():
     print("PyTorch: no CUDA device")
@@ -32,14 +25,7 @@ def sync():
 
 
 def median_us(fn, per):
-    for _ in range(max(3, R // 10)):  # warm-up
-        fn()
-    samples = []
-    for _ in range(R):
-        t0 = time.perf_counter_ns()
-        fn()
-        samples.append((time.perf_counter_ns() - t0) / per / 1000.0)
-    return statistics.median(samples)
+    return median_wall(fn, R, max(3, R // 10), 1000.0, per)
 
 
 torch.set_grad_enabled(True)

@@ -370,6 +370,27 @@ template <class Fn> nb_status dispatch_float(nb_dtype d, const nb_gpu_ctx *c, co
                     nb_dtype_name(d), c->dev->name);
 }
 
+// Calls launch(tag) for the float dtype dt, tag naming it as Tag<D>, where a
+// kernel has `total` outputs to write (none: nothing to do), and reports a
+// failed launch under name.
+template <class Launch>
+nb_status launch_float(nb_gpu_ctx *c, const char *name, nb_dtype dt, int64_t total, Launch &&launch)
+{
+    if (total <= 0)
+        return NB_OK;
+    return dispatch_float(dt, c, name, [&](auto tag) -> nb_status {
+        launch(tag);
+        return nb__gpu_launched(c, name);
+    });
+}
+
+// A view's data as dtype D's elements; an absent view gives nullptr.
+template <nb_dtype D> const T_of<D> *in_ptr(const nb_view *v)
+{
+    return v ? static_cast<const T_of<D> *>(v->data) : nullptr;
+}
+template <nb_dtype D> T_of<D> *out_ptr(const nb_view *v) { return v ? static_cast<T_of<D> *>(v->data) : nullptr; }
+
 inline nb_status dtype_error(const nb_gpu_ctx *c, const char *op, nb_dtype d)
 {
     return nb__fail(NB_ERR_DTYPE, "%s: dtype %s is not supported on %s", op, nb_dtype_name(d), c->dev->name);

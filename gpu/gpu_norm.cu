@@ -58,6 +58,32 @@ template <bool WARP> struct RowSum {
     }
 };
 
+// How a row kernel's threads share the rows: with WARP a warp per row, else a
+// block per row. The group's lanes take every lanes-th element of a row.
+template <bool WARP> struct RowGroup {
+    int lane, lanes;
+    int64_t first, step; // the group's first row, and the stride to its next
+};
+
+template <bool WARP> __device__ __forceinline__ RowGroup<WARP> row_group()
+{
+    if constexpr (WARP)
+        return RowGroup<WARP>{(int)(threadIdx.x & 31), 32, gtid() >> 5, gstride() >> 5};
+    else
+        return RowGroup<WARP>{(int)threadIdx.x, kRowThreads, (int64_t)blockIdx.x, (int64_t)gridDim.x};
+}
+
+// The mean of row xr's L values, summed in double; every lane gets it.
+template <nb_dtype D, bool WARP>
+__device__ __forceinline__ double mean_of_row(const RowSum<WARP> &sum, const RowGroup<WARP> &grp, const T_of<D> *xr,
+                                           int64_t L)
+{
+    double s = 0;
+    for (int64_t j = grp.lane; j < L; j += grp.lanes)
+        s += static_cast<double>(ld<D>(xr[j]));
+    return sum(s) / static_cast<double>(L);
+}
+
 template <nb_dtype D, bool WARP>
 __global__ void __launch_bounds__(kRowThreads)
     k_ln_fwd(const T_of<D> *x, const T_of<D> *gamma, const T_of<D> *beta, T_of<D> *out, Stat<D> *mean,
@@ -66,15 +92,11 @@ __global__ void __launch_bounds__(kRowThreads)
     using C = typename DT<D>::C; // float, or double for f64
     __shared__ typename cub::BlockReduce<double, kRowThreads>::TempStorage temp;
     const RowSum<WARP> sum{&temp};
-    const int lanes = WARP ? 32 : kRowThreads;
-    const int lane = WARP ? (threadIdx.x & 31) : threadIdx.x;
-    const int64_t first = WARP ? gtid() >> 5 : blockIdx.x, step = WARP ? gstride() >> 5 : gridDim.x;
-    for (int64_t r = first; r < rows; r += step) {
+    const RowGroup<WARP> grp = row_group<WARP>();
+    const int lane = grp.lane, lanes = grp.lanes;
+    for (int64_t r = grp.first; r < rows; r += grp.step) {
         const T_of<D> *xr = x + r * L;
-        double s = 0;
-        for (int64_t j = lane; j < L; j += lanes)
-            s += static_cast<double>(ld<D>(xr[j]));
-        const double mu = sum(s) / static_cast<double>(L);
+        const double mu = mean_of_row<D>(sum, grp, xr, L);
         double q = 0;
         for (int64_t j = lane; j < L; j += lanes) {
             const double d = static_cast<double>(ld<D>(xr[j])) - mu;
@@ -108,15 +130,11 @@ __global__ void __launch_bounds__(kRowThreads)
     using C = typename DT<D>::C;
     __shared__ typename cub::BlockReduce<double, kRowThreads>::TempStorage temp;
     const RowSum<WARP> sum{&temp};
-    const int lanes = WARP ? 32 : kRowThreads;
-    const int lane = WARP ? (threadIdx.x & 31) : threadIdx.x;
-    const int64_t first = WARP ? gtid() >> 5 : blockIdx.x, step = WARP ? gstride() >> 5 : gridDim.x;
-    for (int64_t r = first; r < rows; r += step) {
+    const RowGroup<WARP> grp = row_group<WARP>();
+    const int lane = grp.lane, lanes = grp.lanes;
+    for (int64_t r = grp.first; r < rows; r += grp.step) {
         const T_of<D> *xr = x + r * L, *gr = g + r * L;
-        double s = 0;
-        for (int64_t j = lane; j < L; j += lanes)
-            s += static_cast<double>(ld<D>(xr[j]));
-        const double mu = sum(s) / static_cast<double>(L), rs = static_cast<double>(rstd[r]);
+        const double mu = mean_of_row<D>(sum, grp, xr, L), rs = static_cast<double>(rstd[r]);
         if (lane == 0 && row_mean)
             row_mean[r] = mu;
         if (!dx)
@@ -198,6 +216,21 @@ bool ln_views_ok(nb_dtype d, nb_dtype stat, std::initializer_list<const nb_view 
 
 constexpr nb_dtype stat_dtype(nb_dtype d) { return d == NB_F64 ? NB_F64 : NB_F32; }
 
+// How a row kernel is launched for rows of L: a warp per row up to 1024
+// elements, else a block per row, with at most one wave of blocks.
+struct RowLaunch {
+    bool warp;
+    unsigned blocks;
+};
+
+RowLaunch row_launch(const nb_gpu_ctx *c, int64_t rows, int64_t L)
+{
+    if (L <= 1024)
+        return RowLaunch{true, grid_for(c, rows * 32, kRowThreads)};
+    const int64_t cap = (int64_t)c->phys->sm_count * (2048 / kRowThreads);
+    return RowLaunch{false, (unsigned)(rows < cap ? rows : cap)};
+}
+
 } // namespace
 
 extern "C" nb_status nb__gpu_layer_norm_rows(nb_gpu_ctx *c, int64_t rows, int64_t L, const nb_view *out,
@@ -222,14 +255,11 @@ extern "C" nb_status nb__gpu_layer_norm_rows(nb_gpu_ctx *c, int64_t rows, int64_
         const T *xp = data_of<const T>(x), *gp = data_of<const T>(gamma), *bp = data_of<const T>(beta);
         T *op = data_of<T>(out);
         Stat<D> *mp = data_of<Stat<D>>(mean), *rp = data_of<Stat<D>>(rstd);
-        if (L <= 1024) {
-            k_ln_fwd<D, true><<<grid_for(c, rows * 32, kRowThreads), kRowThreads, 0, c->stream>>>(xp, gp, bp, op, mp,
-                                                                                                  rp, rows, L, epsilon);
-        } else {
-            const int64_t cap = (int64_t)c->phys->sm_count * (2048 / kRowThreads);
-            k_ln_fwd<D, false><<<(unsigned)(rows < cap ? rows : cap), kRowThreads, 0, c->stream>>>(
-                xp, gp, bp, op, mp, rp, rows, L, epsilon);
-        }
+        const RowLaunch rl = row_launch(c, rows, L);
+        if (rl.warp)
+            k_ln_fwd<D, true><<<rl.blocks, kRowThreads, 0, c->stream>>>(xp, gp, bp, op, mp, rp, rows, L, epsilon);
+        else
+            k_ln_fwd<D, false><<<rl.blocks, kRowThreads, 0, c->stream>>>(xp, gp, bp, op, mp, rp, rows, L, epsilon);
         return nb__gpu_launched(c, "layer_norm");
     });
 }
@@ -266,14 +296,12 @@ extern "C" nb_status nb__gpu_layer_norm_rows_grad(nb_gpu_ctx *c, int64_t rows, i
         double *mean_p = static_cast<double *>(means.p);
         T *dxp = data_of<T>(dx);
         if (dxp || cols) {
-            if (L <= 1024) {
-                k_ln_bwd_rows<D, true><<<grid_for(c, rows * 32, kRowThreads), kRowThreads, 0, c->stream>>>(
-                    gp, xp, rp, gmp, dxp, mean_p, rows, L);
-            } else {
-                const int64_t cap = (int64_t)c->phys->sm_count * (2048 / kRowThreads);
-                k_ln_bwd_rows<D, false><<<(unsigned)(rows < cap ? rows : cap), kRowThreads, 0, c->stream>>>(
-                    gp, xp, rp, gmp, dxp, mean_p, rows, L);
-            }
+            const RowLaunch rl = row_launch(c, rows, L);
+            if (rl.warp)
+                k_ln_bwd_rows<D, true><<<rl.blocks, kRowThreads, 0, c->stream>>>(gp, xp, rp, gmp, dxp, mean_p, rows, L);
+            else
+                k_ln_bwd_rows<D, false><<<rl.blocks, kRowThreads, 0, c->stream>>>(gp, xp, rp, gmp, dxp, mean_p, rows,
+                                                                                   L);
             nb_status s = nb__gpu_launched(c, "layer_norm_grad");
             if (s)
                 return s;

@@ -83,6 +83,13 @@ nb_status check_same(const nb_gpu_ctx *c, const char *op, const nb_view *param, 
 
 } // namespace
 
+// What an update reads the parameter from: p->source where the update writes
+// to a fresh buffer, else the parameter itself.
+template <nb_dtype D> static const T_of<D> *source_of(const nb_view *param, const nb_update_params *p)
+{
+    return static_cast<const T_of<D> *>(p->source ? p->source : param->data);
+}
+
 extern "C" nb_status nb__gpu_sgd_update(nb_gpu_ctx *c, const nb_view *param, const nb_view *grad,
                                         const nb_view *slot1, const nb_update_params *p)
 {
@@ -95,14 +102,11 @@ extern "C" nb_status nb__gpu_sgd_update(nb_gpu_ctx *c, const nb_view *param, con
         (s = check_same(c, op, param, grad, "the gradient")) != NB_OK ||
         (slot1 && (s = check_same(c, op, param, slot1, "the momentum slot")) != NB_OK))
         return s;
-    return dispatch_float(param->dtype, c, op, [&](auto tag) -> nb_status {
+    return launch_float(c, op, param->dtype, n, [&](auto tag) {
         constexpr nb_dtype D = decltype(tag)::value;
-        k_sgd<D><<<grid_for(c, n), kThreads, 0, c->stream>>>(
-            static_cast<T_of<D> *>(param->data),
-            static_cast<const T_of<D> *>(p->source ? p->source : param->data),
-            static_cast<const T_of<D> *>(grad->data), slot1 ? static_cast<T_of<D> *>(slot1->data) : nullptr, n,
-            packed(p), p->device_params, p->nesterov);
-        return nb__gpu_launched(c, op);
+        k_sgd<D><<<grid_for(c, n), kThreads, 0, c->stream>>>(out_ptr<D>(param), source_of<D>(param, p),
+                                                             in_ptr<D>(grad), out_ptr<D>(slot1), n, packed(p),
+                                                             p->device_params, p->nesterov);
     });
 }
 
@@ -121,13 +125,10 @@ extern "C" nb_status nb__gpu_adam_update(nb_gpu_ctx *c, const nb_view *param, co
         (s = check_same(c, op, param, slot1, "the first-moment slot")) != NB_OK ||
         (s = check_same(c, op, param, slot2, "the second-moment slot")) != NB_OK)
         return s;
-    return dispatch_float(param->dtype, c, op, [&](auto tag) -> nb_status {
+    return launch_float(c, op, param->dtype, n, [&](auto tag) {
         constexpr nb_dtype D = decltype(tag)::value;
-        k_adam<D><<<grid_for(c, n), kThreads, 0, c->stream>>>(
-            static_cast<T_of<D> *>(param->data),
-            static_cast<const T_of<D> *>(p->source ? p->source : param->data),
-            static_cast<const T_of<D> *>(grad->data), static_cast<T_of<D> *>(slot1->data), static_cast<T_of<D> *>(slot2->data), n, packed(p),
-            p->device_params);
-        return nb__gpu_launched(c, op);
+        k_adam<D><<<grid_for(c, n), kThreads, 0, c->stream>>>(out_ptr<D>(param), source_of<D>(param, p),
+                                                              in_ptr<D>(grad), out_ptr<D>(slot1), out_ptr<D>(slot2), n,
+                                                              packed(p), p->device_params);
     });
 }

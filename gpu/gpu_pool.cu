@@ -107,22 +107,34 @@ __device__ __forceinline__ void covering(int64_t h, int64_t pad, int64_t R, int6
         hi = P - 1;
 }
 
+// Input element i of a gradient kernel: its image n and channel ch, and the
+// output windows that cover it, rows [plo, phi] by columns [qlo, qhi].
+struct Covered {
+    int64_t n, ch, plo, phi, qlo, qhi;
+};
+
+__device__ __forceinline__ Covered covered(const PoolGeo &g, int64_t i)
+{
+    Covered c;
+    int64_t h, w;
+    split(g, i, g.H, g.W, c.n, h, w, c.ch);
+    covering(h, g.pt, g.R, g.sh, g.P, c.plo, c.phi);
+    covering(w, g.pl, g.S, g.sw, g.Q, c.qlo, c.qhi);
+    return c;
+}
+
 template <nb_dtype D>
 __global__ void __launch_bounds__(kThreads)
     k_max_pool_grad(PoolGeo g, const T_of<D> *x, const T_of<D> *dy, T_of<D> *out, int64_t total)
 {
     using A = typename DT<D>::Acc;
     for (int64_t i = gtid(); i < total; i += gstride()) {
-        int64_t n, h, w, ch;
-        split(g, i, g.H, g.W, n, h, w, ch);
-        int64_t plo, phi, qlo, qhi;
-        covering(h, g.pt, g.R, g.sh, g.P, plo, phi);
-        covering(w, g.pl, g.S, g.sw, g.Q, qlo, qhi);
+        const Covered c = covered(g, i);
         A sum = A(0);
-        for (int64_t p = plo; p <= phi; p++)
-            for (int64_t q = qlo; q <= qhi; q++)
-                if (argmax<D>(g, x, n, p, q, ch) == i)
-                    sum += static_cast<A>(ld<D>(dy[at(g, n, p, q, ch, g.P, g.Q)]));
+        for (int64_t p = c.plo; p <= c.phi; p++)
+            for (int64_t q = c.qlo; q <= c.qhi; q++)
+                if (argmax<D>(g, x, c.n, p, q, c.ch) == i)
+                    sum += static_cast<A>(ld<D>(dy[at(g, c.n, p, q, c.ch, g.P, g.Q)]));
         out[i] = st<D>(sum);
     }
 }
@@ -149,17 +161,13 @@ __global__ void __launch_bounds__(kThreads) k_avg_pool_grad(PoolGeo g, const T_o
 {
     using A = typename DT<D>::Acc;
     for (int64_t i = gtid(); i < total; i += gstride()) {
-        int64_t n, h, w, ch;
-        split(g, i, g.H, g.W, n, h, w, ch);
-        int64_t plo, phi, qlo, qhi;
-        covering(h, g.pt, g.R, g.sh, g.P, plo, phi);
-        covering(w, g.pl, g.S, g.sw, g.Q, qlo, qhi);
+        const Covered c = covered(g, i);
         A sum = A(0);
-        for (int64_t p = plo; p <= phi; p++)
-            for (int64_t q = qlo; q <= qhi; q++) {
+        for (int64_t p = c.plo; p <= c.phi; p++)
+            for (int64_t q = c.qlo; q <= c.qhi; q++) {
                 int64_t h0, r0, r1, w0, s0, s1;
                 window(g, p, q, h0, r0, r1, w0, s0, s1);
-                sum += static_cast<A>(ld<D>(dy[at(g, n, p, q, ch, g.P, g.Q)])) /
+                sum += static_cast<A>(ld<D>(dy[at(g, c.n, p, q, c.ch, g.P, g.Q)])) /
                        static_cast<A>((r1 - r0) * (s1 - s0));
             }
         out[i] = st<D>(sum);
@@ -176,17 +184,11 @@ PoolGeo geo_of(const nb_pool2d_desc *d)
 extern "C" nb_status nb__gpu_max_pool2d(nb_gpu_ctx *c, const nb_pool2d_desc *d, const nb_view *out,
                                         const nb_view *x, const nb_view *sel)
 {
-    const char *name = sel ? "max_pool2d_select" : "max_pool2d";
     const int64_t total = out->numel;
-    if (total <= 0)
-        return NB_OK;
-    const PoolGeo g = geo_of(d);
-    return dispatch_float(x->dtype, c, name, [&](auto tag) -> nb_status {
+    return launch_float(c, sel ? "max_pool2d_select" : "max_pool2d", x->dtype, total, [&](auto tag) {
         constexpr nb_dtype D = decltype(tag)::value;
-        k_max_pool<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(
-            g, static_cast<const T_of<D> *>(x->data), sel ? static_cast<const T_of<D> *>(sel->data) : nullptr,
-            static_cast<T_of<D> *>(out->data), total);
-        return nb__gpu_launched(c, name);
+        k_max_pool<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(geo_of(d), in_ptr<D>(x), in_ptr<D>(sel),
+                                                                       out_ptr<D>(out), total);
     });
 }
 
@@ -194,15 +196,10 @@ extern "C" nb_status nb__gpu_max_pool2d_grad(nb_gpu_ctx *c, const nb_pool2d_desc
                                              const nb_view *x, const nb_view *dy)
 {
     const int64_t total = out->numel;
-    if (total <= 0)
-        return NB_OK;
-    const PoolGeo g = geo_of(d);
-    return dispatch_float(x->dtype, c, "max_pool2d_grad", [&](auto tag) -> nb_status {
+    return launch_float(c, "max_pool2d_grad", x->dtype, total, [&](auto tag) {
         constexpr nb_dtype D = decltype(tag)::value;
-        k_max_pool_grad<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(
-            g, static_cast<const T_of<D> *>(x->data), static_cast<const T_of<D> *>(dy->data),
-            static_cast<T_of<D> *>(out->data), total);
-        return nb__gpu_launched(c, "max_pool2d_grad");
+        k_max_pool_grad<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(geo_of(d), in_ptr<D>(x), in_ptr<D>(dy),
+                                                                            out_ptr<D>(out), total);
     });
 }
 
@@ -210,14 +207,10 @@ extern "C" nb_status nb__gpu_avg_pool2d(nb_gpu_ctx *c, const nb_pool2d_desc *d, 
                                         const nb_view *x)
 {
     const int64_t total = out->numel;
-    if (total <= 0)
-        return NB_OK;
-    const PoolGeo g = geo_of(d);
-    return dispatch_float(x->dtype, c, "avg_pool2d", [&](auto tag) -> nb_status {
+    return launch_float(c, "avg_pool2d", x->dtype, total, [&](auto tag) {
         constexpr nb_dtype D = decltype(tag)::value;
-        k_avg_pool<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(
-            g, static_cast<const T_of<D> *>(x->data), static_cast<T_of<D> *>(out->data), total);
-        return nb__gpu_launched(c, "avg_pool2d");
+        k_avg_pool<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(geo_of(d), in_ptr<D>(x), out_ptr<D>(out),
+                                                                       total);
     });
 }
 
@@ -225,14 +218,10 @@ extern "C" nb_status nb__gpu_avg_pool2d_grad(nb_gpu_ctx *c, const nb_pool2d_desc
                                              const nb_view *dy)
 {
     const int64_t total = out->numel;
-    if (total <= 0)
-        return NB_OK;
-    const PoolGeo g = geo_of(d);
-    return dispatch_float(dy->dtype, c, "avg_pool2d_grad", [&](auto tag) -> nb_status {
+    return launch_float(c, "avg_pool2d_grad", dy->dtype, total, [&](auto tag) {
         constexpr nb_dtype D = decltype(tag)::value;
-        k_avg_pool_grad<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(
-            g, static_cast<const T_of<D> *>(dy->data), static_cast<T_of<D> *>(out->data), total);
-        return nb__gpu_launched(c, "avg_pool2d_grad");
+        k_avg_pool_grad<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(geo_of(d), in_ptr<D>(dy),
+                                                                            out_ptr<D>(out), total);
     });
 }
 
@@ -450,9 +439,7 @@ extern "C" nb_status nb__gpu_channel_moments(nb_gpu_ctx *c, const int64_t shape[
     return dispatch_float(a->dtype, c, "channel_moments", [&](auto tag) -> nb_status {
         constexpr nb_dtype D = decltype(tag)::value;
         using A = typename MomentAcc<D>::T;
-        using T = T_of<D>;
-        const T *ap = static_cast<const T *>(a->data), *bp = b ? static_cast<const T *>(b->data) : nullptr,
-                *cp = center ? static_cast<const T *>(center->data) : nullptr;
+        const T_of<D> *ap = in_ptr<D>(a), *bp = in_ptr<D>(b), *cp = in_ptr<D>(center);
         Scratch part(c, (size_t)(2 * C * L) * sizeof(A));
         if (L > 0 && !part.p)
             return nb_error() ? nb_error() : NB_ERR_OUT_OF_MEMORY;
@@ -471,7 +458,7 @@ extern "C" nb_status nb__gpu_channel_moments(nb_gpu_ctx *c, const int64_t shape[
                 return st;
         }
         k_moments_final<D, A><<<grid_for(c, C * 32), kThreads, 0, c->stream>>>(
-            C, L, n, !b && !center, pp, static_cast<T *>(sum->data), static_cast<T *>(moment->data));
+            C, L, n, !b && !center, pp, out_ptr<D>(sum), out_ptr<D>(moment));
         return nb__gpu_launched(c, "channel_moments");
     });
 }
@@ -481,14 +468,10 @@ extern "C" nb_status nb__gpu_channel_affine(nb_gpu_ctx *c, const int64_t shape[3
                                             const nb_view *u)
 {
     const int64_t total = out->numel;
-    if (total <= 0)
-        return NB_OK;
-    return dispatch_float(a->dtype, c, "channel_affine", [&](auto tag) -> nb_status {
+    return launch_float(c, "channel_affine", a->dtype, total, [&](auto tag) {
         constexpr nb_dtype D = decltype(tag)::value;
         k_channel_affine<D><<<grid_for(c, total), kThreads, 0, c->stream>>>(
-            total, shape[1], shape[2], static_cast<const T_of<D> *>(a->data), static_cast<const T_of<D> *>(s->data),
-            b ? static_cast<const T_of<D> *>(b->data) : nullptr, t ? static_cast<const T_of<D> *>(t->data) : nullptr,
-            static_cast<const T_of<D> *>(u->data), static_cast<T_of<D> *>(out->data));
-        return nb__gpu_launched(c, "channel_affine");
+            total, shape[1], shape[2], in_ptr<D>(a), in_ptr<D>(s), in_ptr<D>(b), in_ptr<D>(t), in_ptr<D>(u),
+            out_ptr<D>(out));
     });
 }

@@ -100,6 +100,23 @@ __global__ void __launch_bounds__(kThreads) k_scan_serial(SGeo g, Line ln)
 
 constexpr int kScanThreads = 256, kItems = 4, kTile = kScanThreads * kItems;
 
+// Segment s of a line cut into nchunk chunks of chunk positions: row s /
+// nchunk's data, and its positions [j0, j1) along the axis.
+struct Segment {
+    const char *x;
+    char *out;
+    int64_t j0, j1;
+};
+
+__device__ __forceinline__ Segment segment(const SGeo &g, const Line &ln, int64_t s, int64_t chunk, int64_t nchunk)
+{
+    const int64_t r = s / nchunk, cidx = s - r * nchunk;
+    int64_t ox, oo;
+    row_offsets(g, r, ox, oo);
+    const int64_t j0 = cidx * chunk;
+    return Segment{ln.x + ox, ln.out + oo, j0, min(ln.L, j0 + chunk)};
+}
+
 // One block per segment (row r, chunk c): scan positions [c*chunk, (c+1)*chunk)
 // of row r, starting from prefix[r * nchunk + c] (0 when prefix is NULL).
 template <class IO>
@@ -111,12 +128,10 @@ __global__ void __launch_bounds__(kScanThreads)
     __shared__ typename BlockScan::TempStorage temp;
     const int64_t nseg = ln.rows * nchunk;
     for (int64_t s = blockIdx.x; s < nseg; s += gridDim.x) {
-        const int64_t r = s / nchunk, cidx = s - r * nchunk;
-        int64_t ox, oo;
-        row_offsets(g, r, ox, oo);
-        const char *x = ln.x + ox;
-        char *out = ln.out + oo;
-        const int64_t j0 = cidx * chunk, j1 = min(ln.L, j0 + chunk);
+        const Segment seg = segment(g, ln, s, chunk, nchunk);
+        const char *x = seg.x;
+        char *out = seg.out;
+        const int64_t j0 = seg.j0, j1 = seg.j1;
         Acc carry = prefix ? prefix[s] : Acc(0);
         for (int64_t t = j0; t < j1; t += kTile) {
             Acc v[kItems], y[kItems];
@@ -154,11 +169,9 @@ __global__ void __launch_bounds__(kScanThreads)
     __shared__ typename BlockReduce::TempStorage temp;
     const int64_t nseg = ln.rows * nchunk;
     for (int64_t s = blockIdx.x; s < nseg; s += gridDim.x) {
-        const int64_t r = s / nchunk, cidx = s - r * nchunk;
-        int64_t ox, oo;
-        row_offsets(g, r, ox, oo);
-        const char *x = ln.x + ox;
-        const int64_t j0 = cidx * chunk, j1 = min(ln.L, j0 + chunk);
+        const Segment seg = segment(g, ln, s, chunk, nchunk);
+        const char *x = seg.x;
+        const int64_t j0 = seg.j0, j1 = seg.j1;
         Acc acc = Acc(0);
         for (int64_t j = j0 + threadIdx.x; j < j1; j += kScanThreads)
             acc += IO::load(x + (ln.reverse ? ln.L - 1 - j : j) * ln.sx);

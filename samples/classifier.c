@@ -7,8 +7,8 @@
 #include <nabla/nabla.h>
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+
+#include "command_line.h"
 
 /* Points x ~ N(0, 1) in 5-d, labelled 1 when x·v > 0.2, else 0 (as f32 [n, 1]). */
 static void make_data(int64_t n, uint64_t seed, nb_tensor **x, nb_tensor **y)
@@ -38,18 +38,8 @@ int main(int argc, char **argv)
 
     const char *device = nb_device_count(NB_DEVICE_GPU) > 0 ? "/gpu:0" : "/cpu:0";
     int steps = 1000;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--device") && i + 1 < argc)
-            device = argv[++i];
-        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
-            steps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--quick"))
-            steps = 300;
-        else {
-            fprintf(stderr, "usage: %s [--device NAME] [--steps N] [--quick]\n", argv[0]);
-            return 2;
-        }
-    }
+    OPTIONS_READ(argc, argv, "usage: %s [--device NAME] [--steps N] [--quick]\n", OPTION_TEXT("--device", &device),
+                 OPTION_NUMBER("--steps", &steps), OPTION_SETS("--quick", &steps, 300));
 
     nb_scope *outer = nb_scope_begin();
     nb_device_push(device);

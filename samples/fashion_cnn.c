@@ -13,22 +13,13 @@
 #include <nabla/nabla.h>
 #include <nabla/layers.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
+#include "command_line.h"
 #include "fashion_data.h"
 #include "progress.h"
+#include "training.h"
 
 #define BATCH 64
-
-static bool quick; /* --quick: a short run; missing data then skips (exit 77) */
-
-/* Images as f32 [n, 28, 28, 1] in [0, 1] (NHWC), or labels as i64 [n], keeping
- * the first `limit` rows (all when limit <= 0). */
-static nb_tensor *load(const char *dir, const char *name, bool images, int64_t limit)
-{
-    return fashion_load("fashion_cnn", dir, name, images, NB_SHAPE(28, 28, 1), limit, quick);
-}
 
 typedef struct model {
     nb_conv2d_layer conv1, conv2;
@@ -73,86 +64,47 @@ static nb_tensor *forward(model *m, const nb_tensor *x, bool training)
     return nb_dense_apply(&m->fc2, h);
 }
 
-/* Number of rows whose largest logit is at the label, as an f32 0-d tensor. */
-static nb_tensor *correct(nb_tensor *logits, nb_tensor *labels)
+/* forward as training.h's classifier takes it. */
+static nb_tensor *logits(void *m, nb_tensor *x, bool training)
 {
-    return nb_sum_all(nb_cast(nb_equal(nb_argmax(logits, 1, false), labels), NB_F32));
-}
-
-static double evaluate(model *m, nb_tensor *x, nb_tensor *y)
-{
-    int64_t n = nb_tensor_dim(x, 0);
-    double right = 0;
-    for (int64_t start = 0; start < n; start += 500) {
-        nb_scope *s = nb_scope_begin();
-        int64_t len = n - start < 500 ? n - start : 500;
-        nb_tensor *xb = nb_slice(x, NB_SHAPE(start, 0, 0, 0), NB_SHAPE(len, -1, -1, -1));
-        nb_tensor *yb = nb_slice(y, NB_SHAPE(start), NB_SHAPE(len));
-        right += nb_tensor_item(correct(forward(m, xb, false), yb));
-        nb_scope_end(s);
-    }
-    return right / (double)n;
+    return forward(m, x, training);
 }
 
 int main(int argc, char **argv)
 {
     nb_set_error_handler(nb_error_handler_exit, NULL);
 
-    const char *dir = "/usr/share/datasets/fashion-mnist";
+    const char *dir = FASHION_DIR, *logdir = NULL, *save = NULL;
     const char *device = nb_device_count(NB_DEVICE_GPU) > 0 ? "/gpu:0" : "/cpu:0";
     int epochs = 5, max_steps = 0;
-    const char *logdir = NULL, *save = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--data") && i + 1 < argc)
-            dir = argv[++i];
-        else if (!strcmp(argv[i], "--device") && i + 1 < argc)
-            device = argv[++i];
-        else if (!strcmp(argv[i], "--epochs") && i + 1 < argc)
-            epochs = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
-            max_steps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--quick"))
-            quick = true, epochs = 1;
-        else if (!strcmp(argv[i], "--logdir") && i + 1 < argc)
-            logdir = argv[++i];
-        else if (!strcmp(argv[i], "--save") && i + 1 < argc)
-            save = argv[++i];
-        else {
-            fprintf(stderr,
-                    "usage: %s [--data DIR] [--device NAME] [--epochs N] [--steps N] [--quick] [--logdir DIR] "
-                    "[--save FILE]\n",
-                    argv[0]);
-            return 2;
-        }
-    }
+    bool quick = false; /* a short run; missing data then skips (exit 77) */
+    OPTIONS_READ(argc, argv,
+                 "usage: %s [--data DIR] [--device NAME] [--epochs N] [--steps N] [--quick] [--logdir DIR] "
+                 "[--save FILE]\n",
+                 FASHION_OPTIONS(&dir, &device, &epochs, &max_steps, &quick, &logdir), OPTION_TEXT("--save", &save));
 
     nb_summary_writer *summary = logdir ? nb_summary_writer_open(logdir) : NULL;
     nb_scope *outer = nb_scope_begin();
     nb_device_push(device);
     double t0 = progress_now();
-    nb_tensor *x_train = load(dir, "train-images-idx3-ubyte.gz", true, quick ? 2000 : 0);
-    nb_tensor *y_train = load(dir, "train-labels-idx1-ubyte.gz", false, quick ? 2000 : 0);
-    nb_tensor *x_test = load(dir, "t10k-images-idx3-ubyte.gz", true, quick ? 1000 : 0);
-    nb_tensor *y_test = load(dir, "t10k-labels-idx1-ubyte.gz", false, quick ? 1000 : 0);
-    int64_t n = nb_tensor_dim(x_train, 0);
+    /* images as f32 [n, 28, 28, 1] in [0, 1] (NHWC), labels as i64 [n] */
+    fashion_set data =
+        fashion_load_set("fashion_cnn", dir, NB_SHAPE(28, 28, 1), quick ? 2000 : 0, quick ? 1000 : 0, quick);
+    int64_t n = nb_tensor_dim(data.x_train, 0);
     printf("Fashion-MNIST CNN: %lld training and %lld test images on %s (loaded in %.1f s)\n", (long long)n,
-           (long long)nb_tensor_dim(x_test, 0), nb_device_current(), progress_now() - t0);
+           (long long)nb_tensor_dim(data.x_test, 0), nb_device_current(), progress_now() - t0);
 
     model m;
     model_init(&m);
     nb_variable *params[16];
     int n_params = nb_trainable_variables(params, 16);
     nb_optimizer *opt = nb_adam_new(1e-3, 0.9, 0.999, 1e-7);
-    /* Running sums of loss*rows and correct rows, on the device, so the loop
-     * never waits for them. */
-    nb_variable *stats = nb_variable_new("stats", nb_zeros(NB_F32, NB_SHAPE(2)));
-    nb_variable_set_trainable(stats, false);
+    const classifier cnn = {logits, &m, n_params, params, opt};
+    epoch_sums sums = epoch_sums_new();
 
-    nb_tensor *train[2] = {x_train, y_train};
+    nb_tensor *train[2] = {data.x_train, data.y_train};
     nb_dataset *batches = nb_dataset_batch(nb_dataset_shuffle(nb_dataset_from_tensors(2, train), n, 7), BATCH, false);
-    int64_t steps_per_epoch = (n + BATCH - 1) / BATCH;
-    if (max_steps > 0 && max_steps < steps_per_epoch)
-        steps_per_epoch = max_steps;
+    const int64_t steps = steps_per_epoch(n, BATCH, max_steps);
     double test_acc = 0;
     printf("%d trainable variables; epoch   loss    train acc  test acc  images/s  seconds\n", n_params);
     for (int epoch = 1; epoch <= epochs; epoch++) {
@@ -162,48 +114,17 @@ int main(int argc, char **argv)
         nb_optimizer_set_learning_rate(opt, lr);
         double start_time = progress_now();
         nb_scope *es = nb_scope_begin();
-        nb_dataset_iterator *it = nb_dataset_iterate(batches);
-        nb_variable_assign(stats, nb_zeros(NB_F32, NB_SHAPE(2)));
-        int64_t seen = 0;
-        progress bar;
-        progress_begin(&bar, epoch, steps_per_epoch);
-        for (int64_t step = 0; step < steps_per_epoch; step++) {
-            nb_scope *s = nb_scope_begin();
-            nb_tensor *batch[2];
-            if (nb_dataset_next(it, batch) != NB_OK) /* the end of the data (errors exit) */
-                break;
-            nb_tensor *xb = batch[0], *yb = batch[1];
-            int64_t len = nb_tensor_dim(xb, 0);
-            nb_tape *tape = nb_tape_begin();
-            nb_tensor *logits = forward(&m, xb, true);
-            nb_tensor *loss = nb_mean_all(nb_sparse_softmax_cross_entropy(logits, yb));
-            nb_tensor *grads[16];
-            nb_tape_gradient_vars(tape, loss, n_params, params, grads);
-            nb_optimizer_apply(opt, n_params, params, grads);
-            nb_tensor *both[2] = {nb_mul_scalar(loss, (double)len), correct(logits, yb)};
-            nb_variable_assign_add(stats, nb_stack(2, both, 0));
-            seen += len;
-            if (progress_due(&bar, step + 1)) { /* reading the sums waits for the device */
-                float run[2];
-                nb_tensor_read(nb_read(stats), run, sizeof run);
-                progress_show(&bar, step + 1, run[0] / (double)seen, seen);
-            }
-            nb_scope_end(s);
-        }
-        progress_end(&bar);
-        nb_dataset_iterator_free(it);
-        float sums[2];
-        nb_tensor_read(nb_read(stats), sums, sizeof sums);
+        /* each step: the loss, its gradients by a tape, Adam's update (training.h) */
+        train_epoch(&cnn, batches, steps, epoch, &sums);
+        double loss, train_acc;
+        epoch_sums_read(&sums, &loss, &train_acc);
         double train_seconds = progress_now() - start_time;
-        test_acc = evaluate(&m, x_test, y_test);
-        printf("%5d  %7.4f  %8.2f%%  %7.2f%%  %8.0f  %7.1f\n", epoch, sums[0] / (double)seen,
-               100.0 * sums[1] / (double)seen, 100.0 * test_acc, (double)seen / train_seconds,
-               progress_now() - start_time);
+        test_acc = accuracy_in_chunks(&cnn, data.x_test, data.y_test, 500);
+        printf("%5d  %7.4f  %8.2f%%  %7.2f%%  %8.0f  %7.1f\n", epoch, loss, 100.0 * train_acc, 100.0 * test_acc,
+               (double)sums.seen / train_seconds, progress_now() - start_time);
         fflush(stdout);
+        epoch_summaries(summary, epoch, loss, train_acc, test_acc);
         if (summary) {
-            nb_summary_scalar(summary, "train/loss", epoch, sums[0] / (double)seen);
-            nb_summary_scalar(summary, "train/accuracy", epoch, sums[1] / (double)seen);
-            nb_summary_scalar(summary, "test/accuracy", epoch, test_acc);
             nb_summary_histogram(summary, "conv1/kernel", epoch, nb_read(m.conv1.kernel));
             nb_summary_histogram(summary, "conv2/kernel", epoch, nb_read(m.conv2.kernel));
         }
@@ -220,15 +141,11 @@ int main(int argc, char **argv)
     }
 
     nb_dataset_free(batches);
-    nb_variable_free(stats);
+    epoch_sums_free(&sums);
     model_free(&m);
     nb_optimizer_free(opt);
     nb_device_pop();
     nb_scope_end(outer);
     /* A sanity floor: even the quick run is far above chance (10%). */
-    if (epochs > 0 && test_acc < (quick ? 0.4 : 0.85)) {
-        fprintf(stderr, "fashion_cnn: test accuracy %.3f is too low\n", test_acc);
-        return 1;
-    }
-    return 0;
+    return accuracy_floor("fashion_cnn", epochs, test_acc, quick ? 0.4 : 0.85);
 }

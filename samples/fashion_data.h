@@ -7,6 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* Where Debian and Ubuntu's dataset-fashion-mnist puts the four files. */
+#define FASHION_DIR "/usr/share/datasets/fashion-mnist"
+
 /* Says that DIR/NAME (path) is missing and how to get the data set, then exits:
  * 77 under --quick, which meson counts as a skipped test, 1 otherwise. */
 static inline void fashion_missing(const char *prog, const char *path, bool quick)
@@ -46,6 +49,25 @@ static inline nb_tensor *fashion_load(const char *prog, const char *dir, const c
     }
     t = nb_slice(nb_reshape(t, shape), begin, size);
     return nb_mul_scalar(nb_cast(t, NB_F32), 1.0 / 255);
+}
+
+/* The four files of Fashion-MNIST in DIR. */
+typedef struct fashion_set {
+    nb_tensor *x_train, *y_train, *x_test, *y_test;
+} fashion_set;
+
+/* Reads the training images and labels, then the test ones, each as
+ * fashion_load makes them, keeping the first train_limit and test_limit rows
+ * (all when 0). */
+static inline fashion_set fashion_load_set(const char *prog, const char *dir, nb_shape image_shape,
+                                           int64_t train_limit, int64_t test_limit, bool quick)
+{
+    fashion_set d;
+    d.x_train = fashion_load(prog, dir, "train-images-idx3-ubyte.gz", true, image_shape, train_limit, quick);
+    d.y_train = fashion_load(prog, dir, "train-labels-idx1-ubyte.gz", false, image_shape, train_limit, quick);
+    d.x_test = fashion_load(prog, dir, "t10k-images-idx3-ubyte.gz", true, image_shape, test_limit, quick);
+    d.y_test = fashion_load(prog, dir, "t10k-labels-idx1-ubyte.gz", false, image_shape, test_limit, quick);
+    return d;
 }
 
 #endif

@@ -11,27 +11,19 @@
  * own that it removes afterwards (so that runs side by side do not meet). */
 #include <nabla/nabla.h>
 #include <errno.h>
-#include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "command_line.h"
 #include "fashion_data.h"
+#include "fashion_mlp.h"
 #include "progress.h"
+#include "training.h"
 
 #define BATCH 128
 
 static bool quick; /* missing data then skips (exit 77) */
-
-static double now(void)
-{
-    struct timespec ts;
-    timespec_get(&ts, TIME_UTC);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Writes the first `limit` images and labels of DIR/IMAGES and DIR/LABELS as
  * Examples to PATH; returns how many. */
@@ -83,19 +75,6 @@ static nb_dataset *pipeline(const char *path, bool shuffle, const char *device)
     return nb_dataset_prefetch(ds, 2, device);
 }
 
-static nb_tensor *model(nb_tensor *x, nb_variable *const *p)
-{
-    nb_tensor *h = nb_relu(nb_add(nb_matmul(x, nb_read(p[0])), nb_read(p[1])));
-    h = nb_relu(nb_add(nb_matmul(h, nb_read(p[2])), nb_read(p[3])));
-    return nb_add(nb_matmul(h, nb_read(p[4])), nb_read(p[5]));
-}
-
-/* Rows whose largest logit is at the label, as an f32 0-d tensor. */
-static nb_tensor *correct(nb_tensor *logits, nb_tensor *labels)
-{
-    return nb_sum_all(nb_cast(nb_equal(nb_argmax(logits, 1, false), labels), NB_F32));
-}
-
 static double evaluate(nb_dataset *test, nb_variable *const *p)
 {
     double right = 0, seen = 0;
@@ -107,7 +86,7 @@ static double evaluate(nb_dataset *test, nb_variable *const *p)
             nb_scope_end(s);
             break;
         }
-        right += nb_tensor_item(correct(model(b[0], p), b[1]));
+        right += nb_tensor_item(count_correct(mlp_forward(b[0], p), b[1]));
         seen += (double)nb_tensor_dim(b[0], 0);
         nb_scope_end(s);
     }
@@ -118,25 +97,12 @@ static double evaluate(nb_dataset *test, nb_variable *const *p)
 int main(int argc, char **argv)
 {
     nb_set_error_handler(nb_error_handler_exit, NULL);
-    const char *dir = "/usr/share/datasets/fashion-mnist", *out = NULL;
+    const char *dir = FASHION_DIR, *out = NULL;
     const char *device = nb_device_count(NB_DEVICE_GPU) > 0 ? "/gpu:0" : "/cpu:0";
     int epochs = 5;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--data") && i + 1 < argc)
-            dir = argv[++i];
-        else if (!strcmp(argv[i], "--out") && i + 1 < argc)
-            out = argv[++i];
-        else if (!strcmp(argv[i], "--device") && i + 1 < argc)
-            device = argv[++i];
-        else if (!strcmp(argv[i], "--epochs") && i + 1 < argc)
-            epochs = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--quick"))
-            quick = true, epochs = 1;
-        else {
-            fprintf(stderr, "usage: %s [--data DIR] [--out DIR] [--device NAME] [--epochs N] [--quick]\n", argv[0]);
-            return 2;
-        }
-    }
+    OPTIONS_READ(argc, argv, "usage: %s [--data DIR] [--out DIR] [--device NAME] [--epochs N] [--quick]\n",
+                 OPTION_TEXT("--data", &dir), OPTION_TEXT("--out", &out), OPTION_TEXT("--device", &device),
+                 OPTION_NUMBER("--epochs", &epochs), OPTION_QUICK(&quick, &epochs));
     char own[256];
     if (!out) {
         snprintf(own, sizeof own, quick ? "/tmp/nabla-fashion-tfrecord-%d" : "/tmp/nabla-fashion-tfrecord",
@@ -151,33 +117,25 @@ int main(int argc, char **argv)
     snprintf(train_path, sizeof train_path, "%s/train.tfrecord", out);
     snprintf(test_path, sizeof test_path, "%s/test.tfrecord", out);
 
-    double t0 = now();
+    double t0 = progress_now();
     int64_t n = convert(dir, "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", train_path,
                         quick ? 4000 : 0);
     int64_t n_test = convert(dir, "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz", test_path,
                              quick ? 2000 : 0);
     printf("Fashion-MNIST as TFRecord: %lld training and %lld test Examples in %s (written in %.1f s)\n",
-           (long long)n, (long long)n_test, out, now() - t0);
+           (long long)n, (long long)n_test, out, progress_now() - t0);
 
     nb_scope *outer = nb_scope_begin();
     nb_device_push(device);
-    const int64_t sizes[4] = {784, 256, 128, 10};
-    nb_variable *params[6];
-    for (int l = 0; l < 3; l++) {
-        char name[32];
-        snprintf(name, sizeof name, "dense%d/w", l + 1);
-        params[2 * l] = nb_variable_new(name, nb_truncated_normal(NB_F32, NB_SHAPE(sizes[l], sizes[l + 1]), 0,
-                                                               sqrt(2.0 / (double)sizes[l]), 100 + l));
-        snprintf(name, sizeof name, "dense%d/b", l + 1);
-        params[2 * l + 1] = nb_variable_new(name, nb_zeros(NB_F32, NB_SHAPE(sizes[l + 1])));
-    }
+    nb_variable *params[MLP_PARAMS];
+    mlp_init(params, NULL); /* as in fashion_mnist */
     nb_optimizer *opt = nb_adam_new(1e-3, 0.9, 0.999, 1e-7);
     nb_dataset *train = pipeline(train_path, true, device), *test = pipeline(test_path, false, device);
     int64_t steps = (n + BATCH - 1) / BATCH;
     double test_acc = 0;
     printf("training on %s\nepoch   loss    train acc  test acc  images/s\n", nb_device_current());
     for (int epoch = 1; epoch <= epochs; epoch++) {
-        double start = now(), loss_sum = 0, right = 0;
+        double start = progress_now(), loss_sum = 0, right = 0;
         int64_t seen = 0;
         nb_dataset_iterator *it = nb_dataset_iterate(train);
         progress bar;
@@ -191,13 +149,13 @@ int main(int argc, char **argv)
             }
             int64_t len = nb_tensor_dim(b[0], 0);
             nb_tape *tape = nb_tape_begin();
-            nb_tensor *logits = model(b[0], params);
+            nb_tensor *logits = mlp_forward(b[0], params);
             nb_tensor *loss = nb_mean_all(nb_sparse_softmax_cross_entropy(logits, b[1]));
-            nb_tensor *grads[6];
-            nb_tape_gradient_vars(tape, loss, 6, params, grads);
-            nb_optimizer_apply(opt, 6, params, grads);
+            nb_tensor *grads[MLP_PARAMS];
+            nb_tape_gradient_vars(tape, loss, MLP_PARAMS, params, grads);
+            nb_optimizer_apply(opt, MLP_PARAMS, params, grads);
             loss_sum += nb_tensor_item(loss) * (double)len;
-            right += nb_tensor_item(correct(logits, b[1]));
+            right += nb_tensor_item(count_correct(logits, b[1]));
             seen += len;
             if (progress_due(&bar, step + 1))
                 progress_show(&bar, step + 1, loss_sum / (double)seen, seen);
@@ -205,7 +163,7 @@ int main(int argc, char **argv)
         }
         progress_end(&bar);
         nb_dataset_iterator_free(it);
-        double secs = now() - start;
+        double secs = progress_now() - start;
         test_acc = evaluate(test, params);
         printf("%5d  %7.4f  %8.2f%%  %7.2f%%  %8.0f\n", epoch, loss_sum / (double)seen, 100.0 * right / (double)seen,
                100.0 * test_acc, (double)seen / secs);
@@ -214,8 +172,7 @@ int main(int argc, char **argv)
     printf("test accuracy: %.2f%%\n", 100.0 * test_acc);
     nb_dataset_free(train);
     nb_dataset_free(test);
-    for (int i = 0; i < 6; i++)
-        nb_variable_free(params[i]);
+    mlp_free(params);
     nb_optimizer_free(opt);
     nb_device_pop();
     nb_scope_end(outer);
@@ -224,9 +181,5 @@ int main(int argc, char **argv)
         unlink(test_path);
         rmdir(out);
     }
-    if (epochs > 0 && test_acc < (quick ? 0.5 : 0.8)) {
-        fprintf(stderr, "fashion_tfrecord: test accuracy %.3f is too low\n", test_acc);
-        return 1;
-    }
-    return 0;
+    return accuracy_floor("fashion_tfrecord", epochs, test_acc, quick ? 0.5 : 0.8);
 }

@@ -5,8 +5,8 @@
  * Prints the loss as it falls and the learned w and b beside the true ones. */
 #include <nabla/nabla.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+
+#include "command_line.h"
 
 int main(int argc, char **argv)
 {
@@ -14,18 +14,8 @@ int main(int argc, char **argv)
 
     const char *device = nb_device_count(NB_DEVICE_GPU) > 0 ? "/gpu:0" : "/cpu:0";
     int steps = 200;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--device") && i + 1 < argc)
-            device = argv[++i];
-        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
-            steps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--quick"))
-            steps = 100;
-        else {
-            fprintf(stderr, "usage: %s [--device NAME] [--steps N] [--quick]\n", argv[0]);
-            return 2;
-        }
-    }
+    OPTIONS_READ(argc, argv, "usage: %s [--device NAME] [--steps N] [--quick]\n", OPTION_TEXT("--device", &device),
+                 OPTION_NUMBER("--steps", &steps), OPTION_SETS("--quick", &steps, 100));
 
     nb_scope *outer = nb_scope_begin();
     nb_device_push(device);

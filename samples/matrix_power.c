@@ -16,6 +16,8 @@
 #include <pthread.h>
 #include <time.h>
 
+#include "command_line.h"
+
 #define POWER 10
 
 static double now(void)
@@ -77,22 +79,11 @@ int main(int argc, char **argv)
     bool two_gpus = nb_device_count(NB_DEVICE_GPU) >= 2;
     const char *dev[2] = {two_gpus ? "/gpu:0" : "/cpu:0", two_gpus ? "/gpu:1" : "/cpu:1"};
     const char *single = dev[0];
-    int64_t n = 1000;
-    int reps = 3;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--device") && i + 1 < argc)
-            single = argv[++i];
-        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--size") && i + 1 < argc)
-            n = atoll(argv[++i]);
-        else if (!strcmp(argv[i], "--quick"))
-            n = 256, reps = 1;
-        else {
-            fprintf(stderr, "usage: %s [--device NAME] [--steps N] [--size N] [--quick]\n", argv[0]);
-            return 2;
-        }
-    }
+    int size = 1000, reps = 3;
+    OPTIONS_READ(argc, argv, "usage: %s [--device NAME] [--steps N] [--size N] [--quick]\n",
+                 OPTION_TEXT("--device", &single), OPTION_NUMBER("--steps", &reps), OPTION_NUMBER("--size", &size),
+                 OPTION_SETS("--quick", &size, 256), OPTION_SETS("--quick", &reps, 1));
+    const int64_t n = size;
 
     nb_scope *outer = nb_scope_begin();
     /* Entries N(0, 1/n): the powers neither explode nor vanish. */

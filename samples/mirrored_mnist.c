@@ -19,41 +19,18 @@
  * global batch, the gradients are summed across all replicas of all
  * processes, and only rank 0 prints and writes summaries. */
 #include <nabla/nabla.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "command_line.h"
 #include "fashion_data.h"
+#include "fashion_mlp.h"
 #include "progress.h"
+#include "training.h"
 
 #define BATCH 128 /* the global batch, as in fashion_mnist */
 #define MAX_REPLICAS 64
-
-static bool quick; /* --quick: a short run; missing data then skips (exit 77) */
-
-static double now(void)
-{
-    struct timespec ts;
-    timespec_get(&ts, TIME_UTC);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* Reads images (as f32 [n, 784] in [0, 1]) or labels (as i64 [n]) from DIR/NAME,
- * keeping the first `limit` rows (all when limit <= 0). */
-static nb_tensor *load(const char *dir, const char *name, bool images, int64_t limit)
-{
-    return fashion_load("mirrored_mnist", dir, name, images, NB_SHAPE(784), limit, quick);
-}
-
-/* Inside a replica function nb_read gives that replica's copy of each variable. */
-static nb_tensor *model(nb_tensor *x, nb_variable *const *p)
-{
-    nb_tensor *h = nb_relu(nb_add(nb_matmul(x, nb_read(p[0])), nb_read(p[1])));
-    h = nb_relu(nb_add(nb_matmul(h, nb_read(p[2])), nb_read(p[3])));
-    return nb_add(nb_matmul(h, nb_read(p[4])), nb_read(p[5]));
-}
 
 /* One replica's share of a step: inputs are its rows of the images and labels. */
 static nb_status train_step(nb_replica *r, int n_inputs, nb_tensor *const *in, int n_vars,
@@ -62,17 +39,16 @@ static nb_status train_step(nb_replica *r, int n_inputs, nb_tensor *const *in, i
 {
     (void)r, (void)n_inputs, (void)user;
     nb_tape *tape = nb_tape_begin();
-    *loss = nb_mean_all(nb_sparse_softmax_cross_entropy(model(in[0], vars), in[1]));
+    *loss = nb_mean_all(nb_sparse_softmax_cross_entropy(mlp_forward(in[0], vars), in[1]));
     return nb_tape_gradient_vars(tape, *loss, n_vars, vars, grads);
 }
 
 /* Counts the replica's test rows whose largest logit is at the label (f32 0-d). */
-static nb_status count_correct(nb_replica *r, int n_inputs, nb_tensor *const *in, int n_outputs,
+static nb_status replica_correct(nb_replica *r, int n_inputs, nb_tensor *const *in, int n_outputs,
                                nb_tensor **out, void *params)
 {
     (void)r, (void)n_inputs, (void)n_outputs;
-    nb_tensor *hits = nb_equal(nb_argmax(model(in[0], params), 1, false), in[1]);
-    out[0] = nb_sum_all(nb_cast(hits, NB_F32));
+    out[0] = count_correct(mlp_forward(in[0], params), in[1]);
     return out[0] ? NB_OK : nb_error();
 }
 
@@ -80,7 +56,7 @@ static double evaluate(nb_mirrored *s, nb_tensor *x, nb_tensor *y, nb_variable *
 {
     nb_scope *sc = nb_scope_begin();
     nb_tensor *per_replica[MAX_REPLICAS];
-    nb_mirrored_run(s, count_correct, params, NB_TENSORS(x, y), 1, per_replica);
+    nb_mirrored_run(s, replica_correct, params, NB_TENSORS(x, y), 1, per_replica);
     double right = nb_tensor_item(nb_mirrored_reduce(s, NB_REDUCE_SUM, per_replica));
     nb_scope_end(sc);
     return right / (double)nb_tensor_dim(x, 0);
@@ -98,33 +74,19 @@ static uint64_t rng_next(void)
 
 int main(int argc, char **argv)
 {
-    const char *dir = "/usr/share/datasets/fashion-mnist";
+    const char *dir = FASHION_DIR;
     int replicas = 2, epochs = 5, max_steps = 0, n_names = 0;
     char *names[MAX_REPLICAS], *list = NULL;
-    const char *logdir = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--data") && i + 1 < argc)
-            dir = argv[++i];
-        else if (!strcmp(argv[i], "--replicas") && i + 1 < argc)
-            replicas = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--devices") && i + 1 < argc)
-            list = argv[++i];
-        else if (!strcmp(argv[i], "--epochs") && i + 1 < argc)
-            epochs = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
-            max_steps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--quick"))
-            quick = true, epochs = 1;
-        else if (!strcmp(argv[i], "--logdir") && i + 1 < argc)
-            logdir = argv[++i];
-        else {
-            fprintf(stderr,
-                    "usage: %s [--replicas N] [--devices /gpu:0,/gpu:1] [--data DIR] [--epochs N]\n"
-                    "          [--steps N] [--quick] [--logdir DIR]\n",
-                    argv[0]);
-            return 2;
-        }
-    }
+    const char *logdir = NULL, *devices = NULL;
+    bool quick = false; /* a short run; missing data then skips (exit 77) */
+    OPTIONS_READ(argc, argv,
+                 "usage: %s [--replicas N] [--devices /gpu:0,/gpu:1] [--data DIR] [--epochs N]\n"
+                 "          [--steps N] [--quick] [--logdir DIR]\n",
+                 OPTION_TEXT("--data", &dir), OPTION_NUMBER("--replicas", &replicas),
+                 OPTION_TEXT("--devices", &devices), OPTION_NUMBER("--epochs", &epochs),
+                 OPTION_NUMBER("--steps", &max_steps), OPTION_QUICK(&quick, &epochs),
+                 OPTION_TEXT("--logdir", &logdir));
+    list = (char *)devices; /* a string of argv, which strtok may cut */
     if (replicas < 1 || replicas > MAX_REPLICAS) {
         fprintf(stderr, "mirrored_mnist: --replicas wants 1 to %d\n", MAX_REPLICAS);
         return 2;
@@ -166,14 +128,12 @@ int main(int argc, char **argv)
 
     nb_scope *outer = nb_scope_begin();
     nb_device_push(nb_mirrored_device(s, 0)); /* data, batches and losses live on replica 0 */
-    double t0 = now();
-    nb_tensor *x_train = load(dir, "train-images-idx3-ubyte.gz", true, quick ? 4000 : 0);
-    nb_tensor *y_train = load(dir, "train-labels-idx1-ubyte.gz", false, quick ? 4000 : 0);
-    nb_tensor *x_test = load(dir, "t10k-images-idx3-ubyte.gz", true, quick ? 2000 : 0);
-    nb_tensor *y_test = load(dir, "t10k-labels-idx1-ubyte.gz", false, quick ? 2000 : 0);
-    int64_t n = nb_tensor_dim(x_train, 0);
+    double t0 = progress_now();
+    /* images as f32 [n, 784] in [0, 1], labels as i64 [n] */
+    fashion_set data = fashion_load_set("mirrored_mnist", dir, NB_SHAPE(784), quick ? 4000 : 0, quick ? 2000 : 0, quick);
+    int64_t n = nb_tensor_dim(data.x_train, 0);
     printf("Fashion-MNIST: %lld training and %lld test images (loaded in %.1f s)\n", (long long)n,
-           (long long)nb_tensor_dim(x_test, 0), now() - t0);
+           (long long)nb_tensor_dim(data.x_test, 0), progress_now() - t0);
     printf("%d replica%s:", replicas, replicas > 1 ? "s" : "");
     for (int r = 0; r < replicas; r++)
         printf(" %s", nb_mirrored_device(s, r));
@@ -182,17 +142,8 @@ int main(int argc, char **argv)
     printf(" (global batch %d)\n", BATCH);
 
     /* He-initialised weights, zero biases, as in fashion_mnist; one copy per replica. */
-    const int64_t sizes[4] = {784, 256, 128, 10};
-    nb_variable *params[6];
-    for (int l = 0; l < 3; l++) {
-        char name[32];
-        snprintf(name, sizeof name, "dense%d/w", l + 1);
-        nb_tensor *w = nb_truncated_normal(NB_F32, NB_SHAPE(sizes[l], sizes[l + 1]), 0,
-                                           sqrt(2.0 / (double)sizes[l]), 100 + l);
-        params[2 * l] = nb_mirrored_variable_new(s, name, w);
-        snprintf(name, sizeof name, "dense%d/b", l + 1);
-        params[2 * l + 1] = nb_mirrored_variable_new(s, name, nb_zeros(NB_F32, NB_SHAPE(sizes[l + 1])));
-    }
+    nb_variable *params[MLP_PARAMS];
+    mlp_init(params, s);
     nb_optimizer *opt = nb_adam_new(1e-3, 0.9, 0.999, 1e-7);
     /* Running sum of loss * rows, kept on the device so that the loop never waits. */
     nb_variable *loss_sum = nb_variable_new("loss_sum", nb_zeros(NB_F64, NB_SCALAR));
@@ -201,12 +152,10 @@ int main(int argc, char **argv)
     int64_t *order = malloc(sizeof *order * (size_t)n);
     for (int64_t i = 0; i < n; i++)
         order[i] = i;
-    int64_t steps_per_epoch = (n + BATCH - 1) / BATCH;
-    if (max_steps > 0 && max_steps < steps_per_epoch)
-        steps_per_epoch = max_steps;
+    const int64_t steps = steps_per_epoch(n, BATCH, max_steps);
     double test_acc = 0, first_loss = -1, last_loss = 0;
     for (int epoch = 1; epoch <= epochs; epoch++) {
-        double start_time = now();
+        double start_time = progress_now();
         nb_scope *es = nb_scope_begin();
         for (int64_t i = n - 1; i > 0; i--) { /* Fisher-Yates */
             int64_t j = (int64_t)(rng_next() % (uint64_t)(i + 1)), t = order[i];
@@ -217,18 +166,18 @@ int main(int argc, char **argv)
         nb_variable_assign(loss_sum, nb_zeros(NB_F64, NB_SCALAR));
         int64_t seen = 0;
         progress bar;
-        progress_begin(&bar, epoch, steps_per_epoch);
-        for (int64_t step = 0; step < steps_per_epoch; step++) {
+        progress_begin(&bar, epoch, steps);
+        for (int64_t step = 0; step < steps; step++) {
             nb_scope *sc = nb_scope_begin();
             int64_t start = step * BATCH, len = n - start < BATCH ? n - start : BATCH;
             /* this process's share of the global batch (all of it in one process) */
             int64_t lo = len * rank / processes, hi = len * (rank + 1) / processes;
             nb_tensor *idx = nb_slice(perm, NB_SHAPE(start + lo), NB_SHAPE(hi - lo));
-            nb_tensor *batch[2] = {nb_gather(x_train, idx), nb_gather(y_train, idx)};
+            nb_tensor *batch[2] = {nb_gather(data.x_train, idx), nb_gather(data.y_train, idx)};
             nb_tensor *loss;
             /* MEAN weights each replica by its rows: the update of one device on the
              * batch; the loss is the global batch's */
-            nb_mirrored_step(s, opt, 6, params, train_step, NULL, 2, batch, NB_REDUCE_MEAN, &loss);
+            nb_mirrored_step(s, opt, MLP_PARAMS, params, train_step, NULL, 2, batch, NB_REDUCE_MEAN, &loss);
             nb_variable_assign_add(loss_sum, nb_mul_scalar(loss, (double)len));
             seen += len;
             if (first_loss < 0)
@@ -239,20 +188,13 @@ int main(int argc, char **argv)
         }
         progress_end(&bar);
         last_loss = nb_tensor_item(nb_read(loss_sum)) / (double)seen;
-        double seconds = now() - start_time;
-        test_acc = evaluate(s, x_test, y_test, params);
+        double seconds = progress_now() - start_time;
+        test_acc = evaluate(s, data.x_test, data.y_test, params);
         printf("epoch %d: loss %.4f, test accuracy %.2f%%, %.0f images/s\n", epoch, last_loss,
                100.0 * test_acc, (double)seen / seconds);
         fflush(stdout);
-        if (summary) {
-            nb_summary_scalar(summary, "train/loss", epoch, last_loss);
-            nb_summary_scalar(summary, "test/accuracy", epoch, test_acc);
-            for (int l = 0; l < 3; l++) {
-                char tag[32];
-                snprintf(tag, sizeof tag, "dense%d/w", l + 1);
-                nb_summary_histogram(summary, tag, epoch, nb_read(params[2 * l]));
-            }
-        }
+        epoch_summaries(summary, epoch, last_loss, -1, test_acc);
+        mlp_summaries(summary, epoch, params);
         nb_scope_end(es);
     }
     printf("test accuracy: %.2f%%\n", 100.0 * test_acc);
@@ -260,8 +202,7 @@ int main(int argc, char **argv)
 
     free(order);
     nb_variable_free(loss_sum);
-    for (int i = 0; i < 6; i++)
-        nb_variable_free(params[i]);
+    mlp_free(params);
     nb_optimizer_free(opt);
     nb_device_pop();
     nb_scope_end(outer);

@@ -1,5 +1,4 @@
-/* Progress lines for the samples' training loops, shared by fashion_mnist and
- * mirrored_mnist (header-only).
+/* Progress lines for the Fashion-MNIST samples' training loops (header-only).
  *
  *   progress p;
  *   progress_begin(&p, epoch, steps);           at the start of an epoch

@@ -139,6 +139,60 @@ static inline bool has_shape(const nb_tensor *t, nb_shape s)
     return true;
 }
 
+/* Makes a fresh folder NAME_XXXXXX under $TMPDIR (else /tmp), its path in dir;
+ * false, having said why, when it cannot. */
+static inline bool check_scratch_dir(char *dir, size_t size, const char *name)
+{
+    const char *tmp = getenv("TMPDIR");
+    snprintf(dir, size, "%s/%s_XXXXXX", tmp && *tmp ? tmp : "/tmp", name);
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return false;
+    }
+    return true;
+}
+
+/* A log callback that counts the warnings whose message holds w.text:
+ * nb_set_log_callback(count_warnings, &w). */
+typedef struct warning_count {
+    const char *text;
+    int n;
+} warning_count;
+
+static inline void count_warnings(nb_log_level level, const char *message, void *user)
+{
+    warning_count *w = user;
+    if (level == NB_LOG_WARNING && strstr(message, w->text))
+        w->n++;
+}
+
+/* How references walk one axis of a row-major array of shape s: element
+ * (o, k, i) of the [outer, n, inner] view sits at (o * n + k) * inner + i. A
+ * 0-d shape is one element. */
+static inline void axis_split(nb_shape s, int axis, int64_t *outer, int64_t *n, int64_t *inner)
+{
+    *outer = *inner = 1;
+    *n = s.ndim ? s.dims[axis] : 1;
+    for (int i = 0; i < axis; i++)
+        *outer *= s.dims[i];
+    for (int i = axis + 1; i < s.ndim; i++)
+        *inner *= s.dims[i];
+}
+
+/* For second-order checks: g[0..n) gets an inner tape's gradients of
+ * sum(y * y), y = fn(n, in, user), with every input watched (NULL for an input y
+ * does not reach); the checker then differentiates what the caller makes of
+ * them. Returns false when a step failed. */
+static inline bool grads_of_square_sum(nb_checked_fn fn, void *user, int n, nb_tensor *const *in, nb_tensor **g)
+{
+    nb_tape *inner = nb_tape_begin();
+    for (int i = 0; i < n; i++)
+        if (nb_tape_watch(inner, in[i]))
+            return false;
+    nb_tensor *y = fn(n, in, user);
+    return nb_tape_gradient(inner, nb_sum_all(nb_mul(y, y)), n, in, g) == NB_OK;
+}
+
 /* CHECK with a printf-style explanation of what failed. */
 #define CHECKF(cond, ...)                                                                    \
     do {                                                                                     \

@@ -57,11 +57,14 @@ static inline bool conv_resolve(conv_geo *g, const nb_conv2d_opts *o)
     return true;
 }
 
-/* The input row (or column) that output position o's tap t reads; outside
- * [0, lim) means padding. */
-static inline int64_t conv_ref_at(int64_t o, int64_t t, int stride, int pad, int dil)
+/* The input pixel (h, w) that tap (r, t) of output (p, q) reads; false where
+ * it falls on the padding. */
+static inline bool conv_ref_tap(const conv_geo *g, int64_t p, int64_t q, int64_t r, int64_t t, int64_t *h,
+                                int64_t *w)
 {
-    return o * stride - pad + t * dil;
+    *h = p * g->sh - g->pt + r * g->dh;
+    *w = q * g->sw - g->pl + t * g->dw;
+    return *h >= 0 && *h < g->H && *w >= 0 && *w < g->W;
 }
 
 /* y = x (*) w. */
@@ -77,9 +80,8 @@ static inline double *conv_ref_fwd(const conv_geo *g, const double *x, const dou
                     int64_t gr = k / Kg;
                     for (int64_t r = 0; r < g->R; r++)
                         for (int64_t t = 0; t < g->S; t++) {
-                            int64_t h = conv_ref_at(p, r, g->sh, g->pt, g->dh);
-                            int64_t ww = conv_ref_at(q, t, g->sw, g->pl, g->dw);
-                            if (h < 0 || h >= g->H || ww < 0 || ww >= g->W)
+                            int64_t h, ww;
+                            if (!conv_ref_tap(g, p, q, r, t, &h, &ww))
                                 continue;
                             for (int64_t c = 0; c < Cg; c++)
                                 s += (long double)x[((n * g->H + h) * g->W + ww) * g->C + gr * Cg + c] *
@@ -101,9 +103,8 @@ static inline double *conv_ref_data(const conv_geo *g, const double *dy, const d
                 for (int64_t k = 0; k < g->K; k++)
                     for (int64_t r = 0; r < g->R; r++)
                         for (int64_t t = 0; t < g->S; t++) {
-                            int64_t h = conv_ref_at(p, r, g->sh, g->pt, g->dh);
-                            int64_t ww = conv_ref_at(q, t, g->sw, g->pl, g->dw);
-                            if (h < 0 || h >= g->H || ww < 0 || ww >= g->W)
+                            int64_t h, ww;
+                            if (!conv_ref_tap(g, p, q, r, t, &h, &ww))
                                 continue;
                             for (int64_t c = 0; c < Cg; c++)
                                 acc[((n * g->H + h) * g->W + ww) * g->C + (k / Kg) * Cg + c] +=
@@ -130,9 +131,8 @@ static inline double *conv_ref_filter(const conv_geo *g, const double *x, const 
                     for (int64_t n = 0; n < g->N; n++)
                         for (int64_t p = 0; p < g->P; p++)
                             for (int64_t q = 0; q < g->Q; q++) {
-                                int64_t h = conv_ref_at(p, r, g->sh, g->pt, g->dh);
-                                int64_t ww = conv_ref_at(q, t, g->sw, g->pl, g->dw);
-                                if (h < 0 || h >= g->H || ww < 0 || ww >= g->W)
+                                int64_t h, ww;
+                                if (!conv_ref_tap(g, p, q, r, t, &h, &ww))
                                     continue;
                                 s += (long double)x[((n * g->H + h) * g->W + ww) * g->C + (k / Kg) * Cg + c] *
                                      dy[((n * g->P + p) * g->Q + q) * g->K + k];

@@ -528,12 +528,8 @@ int main(int argc, char **argv)
         return resume_main(argv[2], argv[3]);
     g_self = argv[0];
     g_script = argc > 1 ? argv[1] : NULL;
-    const char *tmp = getenv("TMPDIR");
-    snprintf(g_dir, sizeof g_dir, "%s/nb_ckpt_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(g_dir)) {
-        perror("mkdtemp");
+    if (!check_scratch_dir(g_dir, sizeof g_dir, "nb_ckpt"))
         return 1;
-    }
     RUN(test_dtypes);
     RUN(test_resume);
     RUN(test_refusals);

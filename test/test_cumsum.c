@@ -12,11 +12,8 @@
  * gives, bit for bit). */
 static void ref_cumsum(const double *v, nb_shape s, int axis, bool excl, bool rev, bool f32, double *out)
 {
-    int64_t outer = 1, inner = 1, n = s.ndim ? s.dims[axis] : 1;
-    for (int i = 0; i < axis; i++)
-        outer *= s.dims[i];
-    for (int i = axis + 1; i < s.ndim; i++)
-        inner *= s.dims[i];
+    int64_t outer, n, inner;
+    axis_split(s, axis, &outer, &n, &inner);
     for (int64_t o = 0; o < outer; o++)
         for (int64_t in = 0; in < inner; in++) {
             double acc = 0;

@@ -466,6 +466,51 @@ static bool unchanged(const twin *t, int n, nb_tensor *const *snap)
     return same;
 }
 
+/* The set-up most cases share: the MLP_MSE model's initial values in dtype dt
+ * (from seed) and `rows` rows of its data (from seed + 1), a strategy over n
+ * logical CPU devices and their names, and the model's twin, updated on both
+ * sides by optimizer kind opt at rate lr. */
+typedef struct mlp_case {
+    model m;
+    nb_tensor *init[4], *in[2];
+    nb_mirrored *s;
+    const char *devs[MAXR];
+    twin t;
+} mlp_case;
+
+static void mlp_case_new(mlp_case *mc, nb_dtype dt, uint64_t seed, int64_t rows, int n, int opt, double lr)
+{
+    mc->m = (model){MLP_MSE, false};
+    model_init(&mc->m, dt, seed, mc->init);
+    model_data(&mc->m, dt, rows, seed + 1, mc->in);
+    mc->s = cpu_mirrored(n);
+    strategy_devices(mc->s, mc->devs);
+    twin_new(&mc->t, mc->s, 4, mc->init, make_opt(opt, lr), make_opt(opt, lr));
+}
+
+static void mlp_case_free(mlp_case *mc)
+{
+    twin_free(&mc->t);
+    nb_mirrored_free(mc->s);
+}
+
+/* One mirrored step of the case (MEAN), the replicas running ctx_step with c. */
+static nb_status mlp_case_step(mlp_case *mc, step_ctx *c, nb_tensor **loss)
+{
+    return nb_mirrored_step(mc->s, mc->t.mopt, 4, mc->t.mv, ctx_step, c, 2, mc->in, NB_REDUCE_MEAN, loss);
+}
+
+/* A plain step on the n replicas still equals one on one device: the strategy
+ * is usable after what came before it (what: for the message). */
+static void mlp_case_still_steps(mlp_case *mc, int n, const char *what)
+{
+    step_ctx c;
+    ctx_init(&c, mc->m, STEP_PLAIN, -1);
+    CHECK_OK(mlp_case_step(mc, &c, NULL));
+    twin_ref_step(&mc->t, &mc->m, mc->in);
+    twin_check(&mc->t, n, mc->devs, 1e-12, true, what);
+}
+
 /* ---- 1. one mirrored step equals one step on one device ------------------------ */
 
 static void equivalence_case(int n, int64_t rows, nb_dtype dt, int kind, int opt)
@@ -516,31 +561,38 @@ static void equivalence_case(int n, int64_t rows, nb_dtype dt, int kind, int opt
     nb_scope_end(sc);
 }
 
-/* One step with MEAN on N replicas is one step on one device over the whole
- * batch, for even, uneven and empty shares, in f64 to 1e-12. */
-static void test_equivalence_f64_sgd(void)
+/* The cases of equivalence_case: replicas, rows, dtype, model, optimizer. */
+static const struct {
+    int n;
+    int64_t rows;
+    nb_dtype dt;
+    int kind, opt;
+} equivalences[] = {
+    {1, 7, NB_F64, MLP_MSE, OPT_SGD},    {2, 8, NB_F64, MLP_MSE, OPT_SGD},
+    {2, 7, NB_F64, MLP_MSE, OPT_SGD},    {3, 7, NB_F64, MLP_MSE, OPT_SGD},
+    {4, 7, NB_F64, MLP_MSE, OPT_SGD},    {4, 3, NB_F64, MLP_MSE, OPT_SGD}, /* replica 3 gets no rows */
+    {4, 1, NB_F64, MLP_MSE, OPT_SGD}, /* only one replica has rows */
+    {3, 10, NB_F64, LINEAR_CE, OPT_SGD}, {4, 6, NB_F64, LINEAR_CE, OPT_SGD},
+    {2, 7, NB_F32, MLP_MSE, OPT_SGD},    {4, 7, NB_F32, MLP_MSE, OPT_SGD},
+    {4, 3, NB_F32, LINEAR_CE, OPT_SGD},  {4, 7, NB_F64, MLP_MSE, OPT_ADAM},
+    {3, 5, NB_F64, LINEAR_CE, OPT_ADAM}, {3, 10, NB_F32, MLP_MSE, OPT_ADAM},
+};
+
+/* The cases in f64 with SGD (f64_sgd), or the others, in table order. */
+static void equivalence_cases(bool f64_sgd)
 {
-    equivalence_case(1, 7, NB_F64, MLP_MSE, OPT_SGD);
-    equivalence_case(2, 8, NB_F64, MLP_MSE, OPT_SGD);
-    equivalence_case(2, 7, NB_F64, MLP_MSE, OPT_SGD);
-    equivalence_case(3, 7, NB_F64, MLP_MSE, OPT_SGD);
-    equivalence_case(4, 7, NB_F64, MLP_MSE, OPT_SGD);
-    equivalence_case(4, 3, NB_F64, MLP_MSE, OPT_SGD); /* replica 3 gets no rows */
-    equivalence_case(4, 1, NB_F64, MLP_MSE, OPT_SGD); /* only one replica has rows */
-    equivalence_case(3, 10, NB_F64, LINEAR_CE, OPT_SGD);
-    equivalence_case(4, 6, NB_F64, LINEAR_CE, OPT_SGD);
+    for (size_t k = 0; k < sizeof equivalences / sizeof *equivalences; k++)
+        if ((equivalences[k].dt == NB_F64 && equivalences[k].opt == OPT_SGD) == f64_sgd)
+            equivalence_case(equivalences[k].n, equivalences[k].rows, equivalences[k].dt, equivalences[k].kind,
+                             equivalences[k].opt);
 }
 
+/* One step with MEAN on N replicas is one step on one device over the whole
+ * batch, for even, uneven and empty shares, in f64 to 1e-12. */
+static void test_equivalence_f64_sgd(void) { equivalence_cases(true); }
+
 /* The same in f32 (to 1e-5) and with Adam. */
-static void test_equivalence_f32_and_adam(void)
-{
-    equivalence_case(2, 7, NB_F32, MLP_MSE, OPT_SGD);
-    equivalence_case(4, 7, NB_F32, MLP_MSE, OPT_SGD);
-    equivalence_case(4, 3, NB_F32, LINEAR_CE, OPT_SGD);
-    equivalence_case(4, 7, NB_F64, MLP_MSE, OPT_ADAM);
-    equivalence_case(3, 5, NB_F64, LINEAR_CE, OPT_ADAM);
-    equivalence_case(3, 10, NB_F32, MLP_MSE, OPT_ADAM);
-}
+static void test_equivalence_f32_and_adam(void) { equivalence_cases(false); }
 
 /* ---- 2. SUM and MEAN ------------------------------------------------------------ */
 
@@ -669,45 +721,37 @@ static void test_missing_gradients(void)
  * With ref, also steps a plain model beside it and compares at tol. */
 static void train_mirrored(nb_dtype dt, int steps, nb_tensor **out, bool ref, double tol)
 {
-    model m = {MLP_MSE, false};
-    nb_tensor *init[4], *in[2];
-    model_init(&m, dt, 31, init);
-    model_data(&m, dt, 10, 32, in);
-    nb_mirrored *s = cpu_mirrored(3);
-    const char *devs[MAXR];
-    strategy_devices(s, devs);
-    twin t;
-    twin_new(&t, s, 4, init, nb_adam_new(0.01, 0.9, 0.999, 1e-8), nb_adam_new(0.01, 0.9, 0.999, 1e-8));
+    mlp_case mc;
+    mlp_case_new(&mc, dt, 31, 10, 3, OPT_ADAM, 0.01);
     step_ctx c;
-    ctx_init(&c, m, STEP_PLAIN, -1);
+    ctx_init(&c, mc.m, STEP_PLAIN, -1);
     double first = NAN, last = NAN;
     for (int k = 0; k < steps; k++) {
         nb_scope *sc = nb_scope_begin();
         nb_tensor *loss = NULL;
-        CHECK_OK(nb_mirrored_step(s, t.mopt, 4, t.mv, ctx_step, &c, 2, in, NB_REDUCE_MEAN, &loss));
+        CHECK_OK(mlp_case_step(&mc, &c, &loss));
         last = loss ? nb_tensor_item(loss) : NAN;
         if (k == 0)
             first = last;
         if (ref)
-            twin_ref_step(&t, &m, in);
+            twin_ref_step(&mc.t, &mc.m, mc.in);
         nb_scope_end(sc);
     }
     CHECKF(last < first, "%s: training did not lower the loss (%g -> %g)", nb_dtype_name(dt), first, last);
     for (int i = 0; i < 4; i++) {
-        out[i] = nb_mirrored_variable_read(t.mv[i], 0);
+        out[i] = nb_mirrored_variable_read(mc.t.mv[i], 0);
         for (int r = 1; r < 3; r++)
-            CHECKF(same_bits(nb_mirrored_variable_read(t.mv[i], r), out[i]),
+            CHECKF(same_bits(nb_mirrored_variable_read(mc.t.mv[i], r), out[i]),
                    "%s: after %d steps v%d on replica %d differs from replica 0", nb_dtype_name(dt),
                    steps, i, r);
     }
     if (ref)
-        twin_check(&t, 3, devs, tol, true, "50 Adam steps");
-    nb_mirrored_stats st = stats_of(s);
+        twin_check(&mc.t, 3, mc.devs, tol, true, "50 Adam steps");
+    nb_mirrored_stats st = stats_of(mc.s);
     CHECKF(st.steps == steps, "stats.steps %lld after %d steps", (long long)st.steps, steps);
-    CHECKF(nb_optimizer_iterations(t.mopt) == steps, "optimizer iterations %lld after %d steps",
-           (long long)nb_optimizer_iterations(t.mopt), steps);
-    twin_free(&t);
-    nb_mirrored_free(s);
+    CHECKF(nb_optimizer_iterations(mc.t.mopt) == steps, "optimizer iterations %lld after %d steps",
+           (long long)nb_optimizer_iterations(mc.t.mopt), steps);
+    mlp_case_free(&mc);
 }
 
 /* After 50 Adam steps with an uneven batch every copy is bit-equal to the
@@ -846,22 +890,16 @@ static void record_handler(nb_status code, const char *message, void *user)
  * one Adam step on one device. */
 static void test_failing_replica(void)
 {
-    model m = {MLP_MSE, false};
-    nb_tensor *init[4], *in[2], *snap[4 * NDEV];
-    model_init(&m, NB_F64, 51, init);
-    model_data(&m, NB_F64, 7, 52, in);
-    nb_mirrored *s = cpu_mirrored(4);
-    const char *devs[MAXR];
-    strategy_devices(s, devs);
-    twin t;
-    twin_new(&t, s, 4, init, nb_adam_new(0.01, 0.9, 0.999, 1e-8), nb_adam_new(0.01, 0.9, 0.999, 1e-8));
-    snapshot(&t, 4, snap);
+    mlp_case mc;
+    mlp_case_new(&mc, NB_F64, 51, 7, 4, OPT_ADAM, 0.01);
+    nb_tensor *snap[4 * NDEV];
+    snapshot(&mc.t, 4, snap);
     step_ctx c;
 
     atomic_store(&handler_calls, 0);
     nb_set_error_handler(record_handler, NULL);
-    ctx_init(&c, m, STEP_FAIL_OP, 1);
-    nb_status st = nb_mirrored_step(s, t.mopt, 4, t.mv, ctx_step, &c, 2, in, NB_REDUCE_MEAN, NULL);
+    ctx_init(&c, mc.m, STEP_FAIL_OP, 1);
+    nb_status st = mlp_case_step(&mc, &c, NULL);
     nb_set_error_handler(NULL, NULL);
     CHECK(st == NB_ERR_SHAPE);
     CHECK_ERROR(NB_ERR_SHAPE, "replica 1", "/cpu:1", "[2]", "[3]");
@@ -872,37 +910,31 @@ static void test_failing_replica(void)
             pthread_equal(handler_threads[k], c.thread[1]))
             on_replica_thread = true;
     CHECKF(on_replica_thread, "the error handler did not run on replica 1's thread (%d calls)", calls);
-    CHECK(unchanged(&t, 4, snap));
+    CHECK(unchanged(&mc.t, 4, snap));
 
-    ctx_init(&c, m, STEP_GRAD_SHAPE, 0);
-    CHECK(nb_mirrored_step(s, t.mopt, 4, t.mv, ctx_step, &c, 2, in, NB_REDUCE_MEAN, NULL) == NB_ERR_SHAPE);
-    CHECK_ERROR(NB_ERR_SHAPE, "replica 0", "/cpu:0");
-    CHECK(unchanged(&t, 4, snap));
-
-    ctx_init(&c, m, STEP_GRAD_DTYPE, 2);
-    CHECK(nb_mirrored_step(s, t.mopt, 4, t.mv, ctx_step, &c, 2, in, NB_REDUCE_MEAN, NULL) == NB_ERR_DTYPE);
-    CHECK_ERROR(NB_ERR_DTYPE, "replica 2", "/cpu:2");
-    CHECK(unchanged(&t, 4, snap));
-
-    ctx_init(&c, m, STEP_VECTOR_LOSS, 3);
-    CHECK(nb_mirrored_step(s, t.mopt, 4, t.mv, ctx_step, &c, 2, in, NB_REDUCE_MEAN, NULL) == NB_ERR_SHAPE);
-    CHECK_ERROR(NB_ERR_SHAPE, "replica 3", "floating scalar");
-    CHECK(unchanged(&t, 4, snap));
-
-    ctx_init(&c, m, STEP_INT_LOSS, 0);
-    CHECK(nb_mirrored_step(s, t.mopt, 4, t.mv, ctx_step, &c, 2, in, NB_REDUCE_MEAN, NULL) == NB_ERR_DTYPE);
-    CHECK_ERROR(NB_ERR_DTYPE, "replica 0", "i32");
-    CHECK(unchanged(&t, 4, snap));
-    CHECK(stats_of(s).steps == 0);
+    /* Bad gradients and losses: the error names the replica and what is wrong. */
+    static const struct {
+        int mode, replica;
+        nb_status code;
+        const char *where, *what;
+    } bad[] = {
+        {STEP_GRAD_SHAPE, 0, NB_ERR_SHAPE, "replica 0", "/cpu:0"},
+        {STEP_GRAD_DTYPE, 2, NB_ERR_DTYPE, "replica 2", "/cpu:2"},
+        {STEP_VECTOR_LOSS, 3, NB_ERR_SHAPE, "replica 3", "floating scalar"},
+        {STEP_INT_LOSS, 0, NB_ERR_DTYPE, "replica 0", "i32"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+        ctx_init(&c, mc.m, bad[k].mode, bad[k].replica);
+        CHECKF(mlp_case_step(&mc, &c, NULL) == bad[k].code, "case %zu", k);
+        CHECK_ERROR(bad[k].code, bad[k].where, bad[k].what);
+        CHECK(unchanged(&mc.t, 4, snap));
+    }
+    CHECK(stats_of(mc.s).steps == 0);
 
     /* The strategy is still usable, and the failures left no trace. */
-    ctx_init(&c, m, STEP_PLAIN, -1);
-    CHECK_OK(nb_mirrored_step(s, t.mopt, 4, t.mv, ctx_step, &c, 2, in, NB_REDUCE_MEAN, NULL));
-    twin_ref_step(&t, &m, in);
-    twin_check(&t, 4, devs, 1e-12, true, "a step after failed ones");
-    CHECK(stats_of(s).steps == 1);
-    twin_free(&t);
-    nb_mirrored_free(s);
+    mlp_case_still_steps(&mc, 4, "a step after failed ones");
+    CHECK(stats_of(mc.s).steps == 1);
+    mlp_case_free(&mc);
 }
 
 /* ---- 6. bad arguments --------------------------------------------------------------- */
@@ -1489,33 +1521,26 @@ static void test_free_during_step(void)
     nb_mirrored_free(NULL);
     CHECK(nb_error() == NB_OK);
 
-    model m = {MLP_MSE, false};
-    nb_tensor *init[4], *in[2];
-    model_init(&m, NB_F64, 81, init);
-    model_data(&m, NB_F64, 7, 82, in);
-    nb_mirrored *s = cpu_mirrored(4);
-    const char *devs[MAXR];
-    strategy_devices(s, devs);
-    twin t;
-    twin_new(&t, s, 4, init, nb_sgd_new(0.1), nb_sgd_new(0.1));
+    mlp_case mc;
+    mlp_case_new(&mc, NB_F64, 81, 7, 4, OPT_SGD, 0.1);
     step_ctx c;
-    ctx_init(&c, m, STEP_SLEEP, -1);
-    flight f = {.s = s, .t = &t, .c = &c, .in = in};
+    ctx_init(&c, mc.m, STEP_SLEEP, -1);
+    flight f = {.s = mc.s, .t = &mc.t, .c = &c, .in = mc.in};
     pthread_t th;
     CHECK(pthread_create(&th, NULL, flight_main, &f) == 0);
     double end = now_s() + 2.0;
     while (atomic_load(&c.started) == 0 && now_s() < end)
         sleep_ms(1);
     CHECKF(atomic_load(&c.started) > 0, "the step did not start within 2 s");
-    nb_mirrored_free(s);
+    nb_mirrored_free(mc.s);
     /* Freeing waited: every replica function had returned. */
     CHECKF(atomic_load(&c.finished) == 4, "nb_mirrored_free returned while %d of 4 replicas were running",
            4 - atomic_load(&c.finished));
     pthread_join(th, NULL);
     CHECKF(f.st == NB_OK, "the step freed under: %s: %s", nb_status_name(f.st), f.message);
-    twin_ref_step(&t, &m, in);
-    twin_check(&t, 4, devs, 1e-12, true, "after nb_mirrored_free");
-    twin_free(&t);
+    twin_ref_step(&mc.t, &mc.m, mc.in);
+    twin_check(&mc.t, 4, mc.devs, 1e-12, true, "after nb_mirrored_free");
+    twin_free(&mc.t);
 
     for (int k = 0; k < 5; k++) {
         run_flight rf = {.s = cpu_mirrored(NDEV), .x = nb_ones(NB_F64, NB_SHAPE(NDEV, 1))};
@@ -1539,22 +1564,15 @@ static void test_free_during_step(void)
  * NB_ERR_INVALID_ARGUMENT (no hang, no effect); the strategy stays usable. */
 static void test_calls_from_replicas(void)
 {
-    model m = {MLP_MSE, false};
-    nb_tensor *init[4], *in[2];
-    model_init(&m, NB_F64, 91, init);
-    model_data(&m, NB_F64, 7, 92, in);
-    nb_mirrored *s = cpu_mirrored(3);
-    const char *devs[MAXR];
-    strategy_devices(s, devs);
-    twin t;
-    twin_new(&t, s, 4, init, nb_sgd_new(0.1), nb_sgd_new(0.1));
+    mlp_case mc;
+    mlp_case_new(&mc, NB_F64, 91, 7, 3, OPT_SGD, 0.1);
     step_ctx c, inner;
-    ctx_init(&c, m, STEP_NESTED, 0);
-    ctx_init(&inner, m, STEP_PLAIN, -1);
-    c.s = s;
-    c.opt = t.mopt;
+    ctx_init(&c, mc.m, STEP_NESTED, 0);
+    ctx_init(&inner, mc.m, STEP_PLAIN, -1);
+    c.s = mc.s;
+    c.opt = mc.t.mopt;
     c.inner = &inner;
-    CHECK_OK(nb_mirrored_step(s, t.mopt, 4, t.mv, ctx_step, &c, 2, in, NB_REDUCE_MEAN, NULL));
+    CHECK_OK(mlp_case_step(&mc, &c, NULL));
     CHECK(atomic_load(&c.calls[0]) == 1);
     CHECKF(c.nested[0][0] == NB_ERR_INVALID_ARGUMENT, "nested nb_mirrored_step: %s", nb_status_name(c.nested[0][0]));
     CHECK(c.nested_named[0]);
@@ -1563,15 +1581,11 @@ static void test_calls_from_replicas(void)
     CHECKF(c.nested[0][2] == NB_ERR_INVALID_ARGUMENT, "nb_variable_assign in a replica: %s",
            nb_status_name(c.nested[0][2]));
     CHECK(atomic_load(&inner.started) == 0);
-    twin_ref_step(&t, &m, in);
+    twin_ref_step(&mc.t, &mc.m, mc.in);
     /* The strategy was not freed and the assignment did nothing. */
-    ctx_init(&c, m, STEP_PLAIN, -1);
-    CHECK_OK(nb_mirrored_step(s, t.mopt, 4, t.mv, ctx_step, &c, 2, in, NB_REDUCE_MEAN, NULL));
-    twin_ref_step(&t, &m, in);
-    twin_check(&t, 3, devs, 1e-12, true, "after refused calls from a replica");
-    CHECK(stats_of(s).steps == 2);
-    twin_free(&t);
-    nb_mirrored_free(s);
+    mlp_case_still_steps(&mc, 3, "after refused calls from a replica");
+    CHECK(stats_of(mc.s).steps == 2);
+    mlp_case_free(&mc);
 }
 
 /* ---- 10. reading and assigning mirrored variables ----------------------------------- */

@@ -585,14 +585,6 @@ static void test_gradient_checker(void)
 
 /* ---- placement: inputs on two devices, soft and strict placement ----------------------------- */
 
-static int placement_warnings;
-static void count_placement_warning(nb_log_level level, const char *message, void *user)
-{
-    (void)user;
-    if (level == NB_LOG_WARNING && strstr(message, "/gpu:99"))
-        placement_warnings++;
-}
-
 static void test_mixed_devices(void)
 {
     nb_tensor *a = rnd(NB_F64, NB_SHAPE(3, 4), 60), *bc = rnd(NB_F64, NB_SHAPE(3, 4), 61), *b = gpu(bc);
@@ -636,8 +628,8 @@ static void test_mixed_devices(void)
     CHECK_MATCH("y", y, nb_sum_all(nb_square(nb_mul(sa, bc))), 1e-11);
 
     /* a GPU that does not exist: soft placement means /cpu:0 and one warning */
-    nb_log_callback old = nb_set_log_callback(count_placement_warning, NULL);
-    placement_warnings = 0;
+    warning_count placement_warnings = {"/gpu:99", 0};
+    nb_log_callback old = nb_set_log_callback(count_warnings, &placement_warnings);
     nb_status st = nb_device_push("/gpu:99");
     CHECK_OK(st);
     if (st == NB_OK) {
@@ -647,7 +639,7 @@ static void test_mixed_devices(void)
         CHECK_OK(nb_device_pop());
     }
     nb_set_log_callback(old, NULL);
-    CHECK(placement_warnings == 1);
+    CHECK(placement_warnings.n == 1);
     /* strict placement: an error naming the device; an existing GPU still works */
     bool soft = nb_set_soft_placement(false);
     CHECK(soft);

@@ -541,12 +541,8 @@ static void remove_all(void)
 
 int main(void)
 {
-    const char *base = getenv("TMPDIR");
-    snprintf(tmpdir, sizeof tmpdir, "%s/nb_idx_XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
+    if (!check_scratch_dir(tmpdir, sizeof tmpdir, "nb_idx"))
         return 1;
-    }
     RUN(test_u8_plain);
     RUN(test_u8_gzip);
     RUN(test_i8_bits);

@@ -330,11 +330,8 @@ static void test_ties_share(void)
 
 static void ref_arg(bool is_max, const double *v, nb_shape s, int axis, double *out)
 {
-    int64_t outer = 1, inner = 1, n = s.dims[axis];
-    for (int i = 0; i < axis; i++)
-        outer *= s.dims[i];
-    for (int i = axis + 1; i < s.ndim; i++)
-        inner *= s.dims[i];
+    int64_t outer, n, inner;
+    axis_split(s, axis, &outer, &n, &inner);
     for (int64_t o = 0; o < outer; o++)
         for (int64_t in = 0; in < inner; in++) {
             int64_t best = 0;

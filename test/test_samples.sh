@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Checks the samples' command-line edges: usage errors, and fashion_mnist's message
+# Checks the samples' command-line edges: usage errors, --help, and fashion_mnist's message
 # when the data set is missing (exit 1; 77, a skip, in --quick mode).
 #   test_samples.sh FASHION_MNIST_EXE LINEAR_REGRESSION_EXE
 set -u
@@ -22,6 +22,11 @@ if [ $rc -ne 77 ]; then echo "fashion_mnist --quick without data: exit $rc, want
 rc=$?
 if [ $rc -ne 2 ]; then echo "linear_regression --no-such-flag: exit $rc, wanted 2"; fail=1; fi
 grep -q "usage" "$tmp/err" || { echo "no usage line"; fail=1; }
+
+"$lr" --help >"$tmp/out" 2>/dev/null
+rc=$?
+if [ $rc -ne 0 ]; then echo "linear_regression --help: exit $rc, wanted 0"; fail=1; fi
+grep -q "usage" "$tmp/out" || { echo "--help printed no usage line"; fail=1; }
 
 [ $fail -eq 0 ] && echo "samples' command lines: ok"
 exit $fail

@@ -300,12 +300,8 @@ static void test_bad_arguments(void)
 
 int main(int argc, char **argv)
 {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(tmpdir, sizeof tmpdir, "%s/nb_summary_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
+    if (!check_scratch_dir(tmpdir, sizeof tmpdir, "nb_summary"))
         return 1;
-    }
     script = argc > 1 ? argv[1] : NULL;
     build_limits();
     RUN(test_scalars_and_histograms);

@@ -393,12 +393,8 @@ static void test_skip(void)
 
 int main(int argc, char **argv)
 {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(tmpdir, sizeof tmpdir, "%s/nb_tfrecord_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(tmpdir)) {
-        perror("mkdtemp");
+    if (!check_scratch_dir(tmpdir, sizeof tmpdir, "nb_tfrecord"))
         return 1;
-    }
     fixture_path = argc > 1 ? argv[1] : NULL;
     RUN(test_crc32c);
     RUN(test_round_trip);

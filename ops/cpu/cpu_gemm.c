@@ -85,37 +85,24 @@ typedef struct gemm_arch {
         }                                                                                     \
     }
 
+/* Defines the micro-kernel NAME for elements of type T (ATTR: the target it is
+ * compiled for, or nothing) from UKR_BODY's other arguments: one body, one
+ * instruction set and element type each, as the speed needs. */
+#define UKR_DEFINE(NAME, ATTR, T, ...)                                                        \
+    ATTR static void NAME(int64_t kc, const T *restrict a, const T *restrict b, T *restrict c,  \
+                          int64_t rsc, int first) UKR_BODY(T, __VA_ARGS__)
+
 #if NB_GEMM_X86
-__attribute__((target("avx512f"))) static void ukr_f32_avx512(int64_t kc,
-                                                              const float *restrict a,
-                                                              const float *restrict b,
-                                                              float *restrict c, int64_t rsc,
-                                                              int first)
-    UKR_BODY(float, __m512, 16, 12, 2, _mm512_setzero_ps(), _mm512_load_ps, _mm512_set1_ps,
-             _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_storeu_ps)
-
-__attribute__((target("avx512f"))) static void ukr_f64_avx512(int64_t kc,
-                                                              const double *restrict a,
-                                                              const double *restrict b,
-                                                              double *restrict c, int64_t rsc,
-                                                              int first)
-    UKR_BODY(double, __m512d, 8, 12, 2, _mm512_setzero_pd(), _mm512_load_pd, _mm512_set1_pd,
-             _mm512_fmadd_pd, _mm512_loadu_pd, _mm512_storeu_pd)
-
-__attribute__((target("avx2,fma"))) static void ukr_f32_avx2(int64_t kc, const float *restrict a,
-                                                             const float *restrict b,
-                                                             float *restrict c, int64_t rsc,
-                                                             int first)
-    UKR_BODY(float, __m256, 8, 6, 2, _mm256_setzero_ps(), _mm256_load_ps, _mm256_set1_ps,
-             _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_storeu_ps)
-
-__attribute__((target("avx2,fma"))) static void ukr_f64_avx2(int64_t kc,
-                                                             const double *restrict a,
-                                                             const double *restrict b,
-                                                             double *restrict c, int64_t rsc,
-                                                             int first)
-    UKR_BODY(double, __m256d, 4, 6, 2, _mm256_setzero_pd(), _mm256_load_pd, _mm256_set1_pd,
-             _mm256_fmadd_pd, _mm256_loadu_pd, _mm256_storeu_pd)
+#define AVX512 __attribute__((target("avx512f")))
+#define AVX2 __attribute__((target("avx2,fma")))
+UKR_DEFINE(ukr_f32_avx512, AVX512, float, __m512, 16, 12, 2, _mm512_setzero_ps(), _mm512_load_ps,
+           _mm512_set1_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_storeu_ps)
+UKR_DEFINE(ukr_f64_avx512, AVX512, double, __m512d, 8, 12, 2, _mm512_setzero_pd(), _mm512_load_pd,
+           _mm512_set1_pd, _mm512_fmadd_pd, _mm512_loadu_pd, _mm512_storeu_pd)
+UKR_DEFINE(ukr_f32_avx2, AVX2, float, __m256, 8, 6, 2, _mm256_setzero_ps(), _mm256_load_ps, _mm256_set1_ps,
+           _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_storeu_ps)
+UKR_DEFINE(ukr_f64_avx2, AVX2, double, __m256d, 4, 6, 2, _mm256_setzero_pd(), _mm256_load_pd,
+           _mm256_set1_pd, _mm256_fmadd_pd, _mm256_loadu_pd, _mm256_storeu_pd)
 #endif
 
 #if defined(__GNUC__)
@@ -139,25 +126,17 @@ static inline v2df gv_load2(const double *p)
 #define GV_BCAST2(x) ((v2df){(x), (x)})
 #define GV_FMA(a, b, c) ((c) + (a) * (b))
 #define GV_STORE(p, v) memcpy((p), &(v), sizeof(v))
-static void ukr_f32_generic(int64_t kc, const float *restrict a, const float *restrict b,
-                            float *restrict c, int64_t rsc, int first)
-    UKR_BODY(float, v4sf, 4, 4, 2, ((v4sf){0, 0, 0, 0}), GV_LOAD4, GV_BCAST4, GV_FMA, GV_LOAD4,
-             GV_STORE)
-static void ukr_f64_generic(int64_t kc, const double *restrict a, const double *restrict b,
-                            double *restrict c, int64_t rsc, int first)
-    UKR_BODY(double, v2df, 2, 4, 2, ((v2df){0, 0}), GV_LOAD2, GV_BCAST2, GV_FMA, GV_LOAD2,
-             GV_STORE)
+UKR_DEFINE(ukr_f32_generic, , float, v4sf, 4, 4, 2, ((v4sf){0, 0, 0, 0}), GV_LOAD4, GV_BCAST4, GV_FMA,
+           GV_LOAD4, GV_STORE)
+UKR_DEFINE(ukr_f64_generic, , double, v2df, 2, 4, 2, ((v2df){0, 0}), GV_LOAD2, GV_BCAST2, GV_FMA, GV_LOAD2,
+           GV_STORE)
 #else
 #define SC_LOAD(p) (*(p))
 #define SC_BCAST(x) (x)
 #define SC_FMA(a, b, c) ((c) + (a) * (b))
 #define SC_STORE(p, v) (*(p) = (v))
-static void ukr_f32_generic(int64_t kc, const float *restrict a, const float *restrict b,
-                            float *restrict c, int64_t rsc, int first)
-    UKR_BODY(float, float, 1, 4, 8, 0.0f, SC_LOAD, SC_BCAST, SC_FMA, SC_LOAD, SC_STORE)
-static void ukr_f64_generic(int64_t kc, const double *restrict a, const double *restrict b,
-                            double *restrict c, int64_t rsc, int first)
-    UKR_BODY(double, double, 1, 4, 4, 0.0, SC_LOAD, SC_BCAST, SC_FMA, SC_LOAD, SC_STORE)
+UKR_DEFINE(ukr_f32_generic, , float, float, 1, 4, 8, 0.0f, SC_LOAD, SC_BCAST, SC_FMA, SC_LOAD, SC_STORE)
+UKR_DEFINE(ukr_f64_generic, , double, double, 1, 4, 4, 0.0, SC_LOAD, SC_BCAST, SC_FMA, SC_LOAD, SC_STORE)
 #endif
 
 static const gemm_arch arch_generic = {"generic", 4, 8, 128, 2048, ukr_f32_generic,
@@ -264,39 +243,41 @@ SLIVERS(f64, double)
         atomic_int failed;                                                                    \
     } gemm_##SUF;                                                                             \
                                                                                               \
-    static void pack_a_##SUF(const gemm_##SUF *g, int64_t ic, int64_t mc, T *restrict ap)     \
+    /* rows [0, len) of src (rows rs apart, k running cs apart) as slivers of     \
+     * width rows each (the last zero padded) into dst: A's rows, or B's columns   \
+     * (B^T's rows) */                                                              \
+    static void pack_##SUF(const T *src, int64_t rs, int64_t cs, int64_t len, int width, int64_t kc,  \
+                           T *restrict dst)                                                  \
     {                                                                                         \
-        const int mr = g->mr;                                                                 \
-        const int64_t kc = g->kc;                                                             \
-        for (int64_t ir = 0; ir < mc; ir += mr) {                                             \
-            const int64_t m = mc - ir < mr ? mc - ir : mr;                                    \
-            const T *src = g->A + (ic + ir) * g->rsa + g->pc * g->csa;                        \
-            switch (mr) {                                                                     \
-            case 4: sliver_##SUF##_4(src, g->rsa, g->csa, m, kc, ap + ir * kc); break;        \
-            case 6: sliver_##SUF##_6(src, g->rsa, g->csa, m, kc, ap + ir * kc); break;        \
-            default: sliver_##SUF##_12(src, g->rsa, g->csa, m, kc, ap + ir * kc); break;      \
+        for (int64_t i = 0; i < len; i += width) {                                            \
+            const int64_t r = len - i < width ? len - i : width;                              \
+            const T *from = src + i * rs;                                                     \
+            T *to = dst + i * kc;                                                             \
+            switch (width) {                                                                  \
+            case 4: sliver_##SUF##_4(from, rs, cs, r, kc, to); break;                         \
+            case 6: sliver_##SUF##_6(from, rs, cs, r, kc, to); break;                         \
+            case 8: sliver_##SUF##_8(from, rs, cs, r, kc, to); break;                         \
+            case 12: sliver_##SUF##_12(from, rs, cs, r, kc, to); break;                       \
+            case 16: sliver_##SUF##_16(from, rs, cs, r, kc, to); break;                       \
+            default: sliver_##SUF##_32(from, rs, cs, r, kc, to); break;                       \
             }                                                                                 \
         }                                                                                     \
     }                                                                                         \
                                                                                               \
-    /* slivers [s0, s1) of the current B panel (B^T's rows are B's columns) */               \
+    /* rows [ic, ic + mc) of the current slice of A */                                       \
+    static void pack_a_##SUF(const gemm_##SUF *g, int64_t ic, int64_t mc, T *restrict ap)     \
+    {                                                                                         \
+        pack_##SUF(g->A + ic * g->rsa + g->pc * g->csa, g->rsa, g->csa, mc, g->mr, g->kc, ap);  \
+    }                                                                                         \
+                                                                                              \
+    /* slivers [s0, s1) of the current B panel */                                            \
     static void pack_b_##SUF(void *ctx, int64_t s0, int64_t s1)                               \
     {                                                                                         \
         const gemm_##SUF *g = ctx;                                                            \
-        T *restrict bp = (T *)g->bp;                                                          \
-        const int nr = g->nr;                                                                 \
-        const int64_t kc = g->kc, nc = g->nc;                                                 \
-        const int64_t jr_end = s1 * nr < nc ? s1 * nr : nc;                                   \
-        for (int64_t jr = s0 * nr; jr < jr_end; jr += nr) {                                   \
-            const int64_t n = nc - jr < nr ? nc - jr : nr;                                    \
-            const T *src = g->B + g->pc * g->rsb + (g->jc + jr) * g->csb;                     \
-            switch (nr) {                                                                     \
-            case 4: sliver_##SUF##_4(src, g->csb, g->rsb, n, kc, bp + jr * kc); break;        \
-            case 8: sliver_##SUF##_8(src, g->csb, g->rsb, n, kc, bp + jr * kc); break;        \
-            case 16: sliver_##SUF##_16(src, g->csb, g->rsb, n, kc, bp + jr * kc); break;      \
-            default: sliver_##SUF##_32(src, g->csb, g->rsb, n, kc, bp + jr * kc); break;      \
-            }                                                                                 \
-        }                                                                                     \
+        const int64_t j0 = s0 * g->nr, j1 = s1 * g->nr < g->nc ? s1 * g->nr : g->nc;          \
+        if (j0 < j1)                                                                          \
+            pack_##SUF(g->B + g->pc * g->rsb + (g->jc + j0) * g->csb, g->csb, g->rsb, j1 - j0,  \
+                       g->nr, g->kc, (T *)g->bp + j0 * g->kc);                                \
     }                                                                                         \
                                                                                               \
     /* one work item: an MC block of rows times a group of NR slivers of the panel */        \

@@ -96,6 +96,46 @@ static inline int64_t nb__cpu_offset(int ndim, const int64_t *idx, const int64_t
     return off;
 }
 
+/* Starts a walk at flat position pos of the row-major dims [0, ndim) of shape:
+ * its multi-index in idx, and the byte offsets of nops operands in off. */
+static inline void nb__cpu_index_at(int ndim, const int64_t *shape, int64_t pos, int64_t *idx, int nops,
+                                    int64_t *off, const int64_t (*strides)[NB_MAX_DIMS])
+{
+    for (int d = ndim - 1; d >= 0; d--) {
+        idx[d] = pos % shape[d];
+        pos /= shape[d];
+    }
+    for (int o = 0; o < nops; o++)
+        off[o] = nb__cpu_offset(ndim, idx, strides[o]);
+}
+
+/* Appends a dim of size, stepped by s0 in one operand and s1 in another, to the
+ * *n dims of shape and st; merged into the last one where that one steps over
+ * exactly it in both, so that loops walk fewer, longer dims. */
+static inline void nb__cpu_append_dim(int *n, int64_t *shape, int64_t (*st)[NB_MAX_DIMS], int64_t size, int64_t s0,
+                                      int64_t s1)
+{
+    if (*n > 0 && st[0][*n - 1] == s0 * size && st[1][*n - 1] == s1 * size) {
+        shape[*n - 1] *= size;
+        st[0][*n - 1] = s0;
+        st[1][*n - 1] = s1;
+    } else {
+        shape[*n] = size;
+        st[0][*n] = s0;
+        st[1][(*n)++] = s1;
+    }
+}
+
+/* A walk over no dims (a 0-d result) walks one dim of size 1 instead. */
+static inline void nb__cpu_one_dim_at_least(int *n, int64_t *shape, int64_t (*st)[NB_MAX_DIMS])
+{
+    if (*n == 0) {
+        *n = 1;
+        shape[0] = 1;
+        st[0][0] = st[1][0] = 0;
+    }
+}
+
 /* Advances a row-major multi-index over dims [0, ndim) of shape, keeping the byte
  * offsets of nops operands in step. */
 static inline void nb__cpu_index_next(int ndim, const int64_t *shape, int64_t *idx, int nops,

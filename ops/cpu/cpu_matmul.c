@@ -87,20 +87,16 @@ INT_MM(mm_i64, int64_t, uint64_t)
 
 static nb_status mm_one(const mm_plan *pl, char *c, const char *a, const char *b)
 {
+#if NB_HAVE_CBLAS
+    if ((pl->dtype == NB_F32 || pl->dtype == NB_F64) && !pl->builtin && blas_one(pl, c, a, b))
+        return NB_OK; /* else the built-in kernel */
+#endif
     switch (pl->dtype) {
     case NB_F32:
-#if NB_HAVE_CBLAS
-        if (!pl->builtin && blas_one(pl, c, a, b))
-            return NB_OK;
-#endif
         return nb__cpu_gemm_f32(pl->M, pl->N, pl->K, (const float *)a, pl->rs[1], pl->cs[1],
                                 (const float *)b, pl->rs[2], pl->cs[2], (float *)c, pl->rs[0],
                                 pl->cs[0]);
     case NB_F64:
-#if NB_HAVE_CBLAS
-        if (!pl->builtin && blas_one(pl, c, a, b))
-            return NB_OK;
-#endif
         return nb__cpu_gemm_f64(pl->M, pl->N, pl->K, (const double *)a, pl->rs[1], pl->cs[1],
                                 (const double *)b, pl->rs[2], pl->cs[2], (double *)c, pl->rs[0],
                                 pl->cs[0]);
@@ -113,13 +109,8 @@ static nb_status mm_one(const mm_plan *pl, char *c, const char *a, const char *b
 static void mm_batches(void *ctx, int64_t b, int64_t e)
 {
     mm_plan *pl = ctx;
-    int64_t idx[NB_MAX_DIMS], off[3], rest = b;
-    for (int d = pl->nb - 1; d >= 0; d--) {
-        idx[d] = rest % pl->bshape[d];
-        rest /= pl->bshape[d];
-    }
-    for (int o = 0; o < 3; o++)
-        off[o] = nb__cpu_offset(pl->nb, idx, pl->bst[o]);
+    int64_t idx[NB_MAX_DIMS], off[3];
+    nb__cpu_index_at(pl->nb, pl->bshape, b, idx, 3, off, (const int64_t(*)[NB_MAX_DIMS])pl->bst);
     for (int64_t f = b; f < e; f++) {
         if (mm_one(pl, pl->data[0] + off[0], pl->data[1] + off[1], pl->data[2] + off[2]) != NB_OK)
             atomic_store(&pl->failed, 1);

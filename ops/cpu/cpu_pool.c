@@ -16,19 +16,22 @@ typedef struct pool_ctx {
     void *out;
 } pool_ctx;
 
-/* The window rows [r0, r1) of output row p inside the image, and likewise
- * columns for q. */
-static inline void window_rows(const nb_pool2d_desc *d, int64_t p, int64_t *h0, int64_t *r0, int64_t *r1)
+/* The window of output (p, q) inside the image: rows h0 + [r0, r1) and
+ * columns w0 + [s0, s1). */
+typedef struct pool_window {
+    int64_t h0, r0, r1, w0, s0, s1;
+} pool_window;
+
+static inline pool_window window_at(const nb_pool2d_desc *d, int64_t p, int64_t q)
 {
-    *h0 = p * d->sh - d->pt;
-    *r0 = *h0 < 0 ? -*h0 : 0;
-    *r1 = d->H - *h0 < d->R ? d->H - *h0 : d->R;
-}
-static inline void window_cols(const nb_pool2d_desc *d, int64_t q, int64_t *w0, int64_t *s0, int64_t *s1)
-{
-    *w0 = q * d->sw - d->pl;
-    *s0 = *w0 < 0 ? -*w0 : 0;
-    *s1 = d->W - *w0 < d->S ? d->W - *w0 : d->S;
+    pool_window w;
+    w.h0 = p * d->sh - d->pt;
+    w.r0 = w.h0 < 0 ? -w.h0 : 0;
+    w.r1 = d->H - w.h0 < d->R ? d->H - w.h0 : d->R;
+    w.w0 = q * d->sw - d->pl;
+    w.s0 = w.w0 < 0 ? -w.w0 : 0;
+    w.s1 = d->W - w.w0 < d->S ? d->W - w.w0 : d->S;
+    return w;
 }
 
 /* The first maximum (NaN winning) of the window at (p, q) of a plane whose
@@ -37,16 +40,14 @@ static inline void window_cols(const nb_pool2d_desc *d, int64_t q, int64_t *w0, 
     static inline int64_t argmax_##T(const nb_pool2d_desc *d, const T *x, int64_t cs, int64_t p,     \
                                      int64_t q)                                                     \
     {                                                                                               \
-        int64_t h0, r0, r1, w0, s0, s1;                                                             \
-        window_rows(d, p, &h0, &r0, &r1);                                                           \
-        window_cols(d, q, &w0, &s0, &s1);                                                           \
-        int64_t best = (h0 + r0) * d->W + w0 + s0;                                                  \
+        const pool_window w = window_at(d, p, q);                                                   \
+        int64_t best = (w.h0 + w.r0) * d->W + w.w0 + w.s0;                                          \
         T m = x[best * cs];                                                                         \
         if (m != m)                                                                                 \
             return best;                                                                            \
-        for (int64_t r = r0; r < r1; r++)                                                           \
-            for (int64_t s = s0; s < s1; s++) {                                                     \
-                int64_t o = (h0 + r) * d->W + w0 + s;                                               \
+        for (int64_t r = w.r0; r < w.r1; r++)                                                       \
+            for (int64_t s = w.s0; s < w.s1; s++) {                                                 \
+                int64_t o = (w.h0 + r) * d->W + w.w0 + s;                                           \
                 T v = x[o * cs];                                                                    \
                 if (v > m || v != v) {                                                              \
                     m = v;                                                                          \
@@ -80,11 +81,8 @@ static inline void window_cols(const nb_pool2d_desc *d, int64_t q, int64_t *w0, 
                 continue;                                                                           \
             }                                                                                       \
             const T *xi = x + img * plane * C;                                                      \
-            int64_t h0, r0, r1;                                                                     \
-            window_rows(d, p, &h0, &r0, &r1);                                                       \
             for (int64_t q = 0; q < d->Q; q++, o += C) {                                            \
-                int64_t w0, s0, s1;                                                                 \
-                window_cols(d, q, &w0, &s0, &s1);                                                   \
+                const pool_window w = window_at(d, p, q);                                           \
                 if (sel) {                                                                          \
                     for (int64_t ch = 0; ch < C; ch++) {                                            \
                         int64_t a = argmax_##T(d, xi + ch, C, p, q);                                \
@@ -92,10 +90,10 @@ static inline void window_cols(const nb_pool2d_desc *d, int64_t q, int64_t *w0, 
                     }                                                                               \
                     continue;                                                                       \
                 }                                                                                   \
-                memcpy(o, xi + ((h0 + r0) * d->W + w0 + s0) * C, sizeof(T) * (size_t)C);            \
-                for (int64_t r = r0; r < r1; r++)                                                   \
-                    for (int64_t s = s0; s < s1; s++) {                                             \
-                        const T *v = xi + ((h0 + r) * d->W + w0 + s) * C;                           \
+                memcpy(o, xi + ((w.h0 + w.r0) * d->W + w.w0 + w.s0) * C, sizeof(T) * (size_t)C);    \
+                for (int64_t r = w.r0; r < w.r1; r++)                                               \
+                    for (int64_t s = w.s0; s < w.s1; s++) {                                         \
+                        const T *v = xi + ((w.h0 + r) * d->W + w.w0 + s) * C;                       \
                         for (int64_t ch = 0; ch < C; ch++)                                          \
                             o[ch] = ((v[ch] > o[ch]) | (v[ch] != v[ch])) ? v[ch] : o[ch];           \
                     }                                                                               \
@@ -125,22 +123,19 @@ static inline void window_cols(const nb_pool2d_desc *d, int64_t q, int64_t *w0, 
             T m[64];                                                                                \
             int32_t at[64];                                                                         \
             for (int64_t p = 0; p < d->P; p++) {                                                    \
-                int64_t h0, r0, r1;                                                                 \
-                window_rows(d, p, &h0, &r0, &r1);                                                   \
                 for (int64_t q = 0; q < d->Q; q++) {                                                \
-                    int64_t w0, s0, s1;                                                             \
-                    window_cols(d, q, &w0, &s0, &s1);                                               \
+                    const pool_window w = window_at(d, p, q);                                       \
                     const T *gq = g + (p * d->Q + q) * C;                                           \
                     for (int64_t c0 = 0; c0 < C; c0 += 64) {                                        \
                         const int64_t nc = C - c0 < 64 ? C - c0 : 64;                               \
-                        const T *first = xi + ((h0 + r0) * d->W + w0 + s0) * C + c0;                \
+                        const T *first = xi + ((w.h0 + w.r0) * d->W + w.w0 + w.s0) * C + c0;        \
                         for (int64_t ch = 0; ch < nc; ch++) {                                       \
                             m[ch] = first[ch];                                                      \
-                            at[ch] = (int32_t)((h0 + r0) * d->W + w0 + s0);                         \
+                            at[ch] = (int32_t)((w.h0 + w.r0) * d->W + w.w0 + w.s0);                 \
                         }                                                                           \
-                        for (int64_t r = r0; r < r1; r++)                                           \
-                            for (int64_t s = s0; s < s1; s++) {                                     \
-                                const int32_t o = (int32_t)((h0 + r) * d->W + w0 + s);              \
+                        for (int64_t r = w.r0; r < w.r1; r++)                                       \
+                            for (int64_t s = w.s0; s < w.s1; s++) {                                 \
+                                const int32_t o = (int32_t)((w.h0 + r) * d->W + w.w0 + s);          \
                                 const T *v = xi + (int64_t)o * C + c0;                              \
                                 for (int64_t ch = 0; ch < nc; ch++) {                               \
                                     const T vv = v[ch], mm = m[ch];                                 \
@@ -168,20 +163,17 @@ static inline void window_cols(const nb_pool2d_desc *d, int64_t q, int64_t *w0, 
             const int64_t p = row % d->P, img = row / d->P;                                         \
             const T *xi = x + img * plane;                                                          \
             T *o = out + row * d->Q * C;                                                            \
-            int64_t h0, r0, r1;                                                                     \
-            window_rows(d, p, &h0, &r0, &r1);                                                       \
             for (int64_t q = 0; q < d->Q; q++, o += C) {                                            \
-                int64_t w0, s0, s1;                                                                 \
-                window_cols(d, q, &w0, &s0, &s1);                                                   \
+                const pool_window w = window_at(d, p, q);                                           \
                 for (int64_t ch = 0; ch < C; ch++)                                                  \
                     o[ch] = 0;                                                                      \
-                for (int64_t r = r0; r < r1; r++)                                                   \
-                    for (int64_t s = s0; s < s1; s++) {                                             \
-                        const T *v = xi + ((h0 + r) * d->W + w0 + s) * C;                           \
+                for (int64_t r = w.r0; r < w.r1; r++)                                               \
+                    for (int64_t s = w.s0; s < w.s1; s++) {                                         \
+                        const T *v = xi + ((w.h0 + r) * d->W + w.w0 + s) * C;                       \
                         for (int64_t ch = 0; ch < C; ch++)                                          \
                             o[ch] += v[ch];                                                         \
                     }                                                                               \
-                const T inv = (T)1 / (T)((r1 - r0) * (s1 - s0));                                    \
+                const T inv = (T)1 / (T)((w.r1 - w.r0) * (w.s1 - w.s0));                            \
                 for (int64_t ch = 0; ch < C; ch++)                                                  \
                     o[ch] *= inv;                                                                   \
             }                                                                                       \
@@ -200,16 +192,13 @@ static inline void window_cols(const nb_pool2d_desc *d, int64_t q, int64_t *w0, 
             memset(dx, 0, sizeof(T) * (size_t)plane);                                               \
             const T *g = dy + img * oplane;                                                         \
             for (int64_t p = 0; p < d->P; p++) {                                                    \
-                int64_t h0, r0, r1;                                                                 \
-                window_rows(d, p, &h0, &r0, &r1);                                                   \
                 for (int64_t q = 0; q < d->Q; q++) {                                                \
-                    int64_t w0, s0, s1;                                                             \
-                    window_cols(d, q, &w0, &s0, &s1);                                               \
-                    const T inv = (T)1 / (T)((r1 - r0) * (s1 - s0));                                \
+                    const pool_window w = window_at(d, p, q);                                       \
+                    const T inv = (T)1 / (T)((w.r1 - w.r0) * (w.s1 - w.s0));                        \
                     const T *gq = g + (p * d->Q + q) * C;                                           \
-                    for (int64_t r = r0; r < r1; r++)                                               \
-                        for (int64_t s = s0; s < s1; s++) {                                         \
-                            T *v = dx + ((h0 + r) * d->W + w0 + s) * C;                             \
+                    for (int64_t r = w.r0; r < w.r1; r++)                                           \
+                        for (int64_t s = w.s0; s < w.s1; s++) {                                     \
+                            T *v = dx + ((w.h0 + r) * d->W + w.w0 + s) * C;                         \
                             for (int64_t ch = 0; ch < C; ch++)                                      \
                                 v[ch] += gq[ch] * inv;                                              \
                         }                                                                           \

@@ -90,13 +90,8 @@ typedef struct red_plan {
     static void NAME##_outs(void *ctx, int64_t b, int64_t e)                                  \
     {                                                                                         \
         const red_plan *pl = ctx;                                                             \
-        int64_t idx[NB_MAX_DIMS], off[2], rest = b;                                           \
-        for (int d = pl->nk - 1; d >= 0; d--) {                                               \
-            idx[d] = rest % pl->kshape[d];                                                    \
-            rest /= pl->kshape[d];                                                            \
-        }                                                                                     \
-        off[0] = nb__cpu_offset(pl->nk, idx, pl->kst[0]);                                     \
-        off[1] = nb__cpu_offset(pl->nk, idx, pl->kst[1]);                                     \
+        int64_t idx[NB_MAX_DIMS], off[2];                                                     \
+        nb__cpu_index_at(pl->nk, pl->kshape, b, idx, 2, off, pl->kst);                         \
         for (int64_t f = b; f < e; f++) {                                                     \
             NAME##_store(pl, pl->out + off[1], NAME##_range(pl, pl->x + off[0], 0, pl->rnumel)); \
             if (f + 1 < e)                                                                    \
@@ -256,26 +251,12 @@ nb_status nb__cpu_reduce(nb_device *dev, nb_reduce_op op, const nb_view *out, co
             if (out->shape[d] != size)
                 return nb__fail(NB_ERR_SHAPE, "%s: output dim %d is %lld, input's %lld",
                                 red_names[op], d, (long long)out->shape[d], (long long)size);
-            int64_t os = out->strides[d];
             pl.knumel *= size;
-            if (pl.nk > 0 && pl.kst[0][pl.nk - 1] == xs * size &&
-                pl.kst[1][pl.nk - 1] == os * size) {
-                pl.kshape[pl.nk - 1] *= size;
-                pl.kst[0][pl.nk - 1] = xs;
-                pl.kst[1][pl.nk - 1] = os;
-            } else {
-                pl.kshape[pl.nk] = size;
-                pl.kst[0][pl.nk] = xs;
-                pl.kst[1][pl.nk++] = os;
-            }
+            nb__cpu_append_dim(&pl.nk, pl.kshape, pl.kst, size, xs, out->strides[d]);
         }
     }
     const int64_t es = nb__cpu_esize(x->dtype);
-    if (pl.nk == 0) {
-        pl.nk = 1;
-        pl.kshape[0] = 1;
-        pl.kst[0][0] = pl.kst[1][0] = 0;
-    }
+    nb__cpu_one_dim_at_least(&pl.nk, pl.kshape, pl.kst);
     if (pl.nr == 0) {
         pl.nr = 1;
         pl.rshape[0] = 1;
@@ -307,13 +288,8 @@ typedef struct arg_plan {
     static void NAME(void *ctx, int64_t b, int64_t e)                                         \
     {                                                                                         \
         const arg_plan *pl = ctx;                                                             \
-        int64_t idx[NB_MAX_DIMS], off[2], rest = b;                                           \
-        for (int d = pl->nk - 1; d >= 0; d--) {                                               \
-            idx[d] = rest % pl->kshape[d];                                                    \
-            rest /= pl->kshape[d];                                                            \
-        }                                                                                     \
-        off[0] = nb__cpu_offset(pl->nk, idx, pl->kst[0]);                                     \
-        off[1] = nb__cpu_offset(pl->nk, idx, pl->kst[1]);                                     \
+        int64_t idx[NB_MAX_DIMS], off[2];                                                     \
+        nb__cpu_index_at(pl->nk, pl->kshape, b, idx, 2, off, pl->kst);                         \
         const int64_t len = pl->len, s = pl->stride;                                          \
         for (int64_t f = b; f < e; f++) {                                                     \
             const char *p = pl->x + off[0];                                                   \
@@ -382,16 +358,10 @@ nb_status nb__cpu_arg_reduce(nb_device *dev, bool is_max, const nb_view *out, co
     for (int d = 0; d < x->ndim; d++) {
         if (d == axis || x->shape[d] == 1)
             continue;
-        pl.kshape[pl.nk] = x->shape[d];
-        pl.kst[0][pl.nk] = x->strides[d];
-        pl.kst[1][pl.nk++] = out->strides[d];
+        nb__cpu_append_dim(&pl.nk, pl.kshape, pl.kst, x->shape[d], x->strides[d], out->strides[d]);
         kn *= x->shape[d];
     }
-    if (pl.nk == 0) {
-        pl.nk = 1;
-        pl.kshape[0] = 1;
-        pl.kst[0][0] = pl.kst[1][0] = 0;
-    }
+    nb__cpu_one_dim_at_least(&pl.nk, pl.kshape, pl.kst);
     if (kn * pl.len < 2 * NB_CPU_GRAIN)
         fn(&pl, 0, kn);
     else

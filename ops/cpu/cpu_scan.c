@@ -97,13 +97,8 @@ typedef struct scan_plan {
     static void NAME##_units(void *ctx, int64_t b, int64_t e)                                 \
     {                                                                                         \
         const scan_plan *pl = ctx;                                                            \
-        int64_t idx[NB_MAX_DIMS], off[2], k = b / pl->tiles, t = b % pl->tiles;               \
-        for (int d = pl->nk - 1; d >= 0; d--) {                                               \
-            idx[d] = k % pl->kshape[d];                                                       \
-            k /= pl->kshape[d];                                                               \
-        }                                                                                     \
-        off[0] = nb__cpu_offset(pl->nk, idx, pl->kst[0]);                                     \
-        off[1] = nb__cpu_offset(pl->nk, idx, pl->kst[1]);                                     \
+        int64_t idx[NB_MAX_DIMS], off[2], t = b % pl->tiles;                                  \
+        nb__cpu_index_at(pl->nk, pl->kshape, b / pl->tiles, idx, 2, off, pl->kst);             \
         for (int64_t u = b; u < e; u++) {                                                     \
             const int64_t w0 = t * SCAN_TILE;                                                 \
             const int64_t w = pl->width - w0 < SCAN_TILE ? pl->width - w0 : SCAN_TILE;        \
@@ -159,15 +154,7 @@ nb_status nb__cpu_cumsum(nb_device *dev, const nb_view *out, const nb_view *x, i
         if (d == axis || size == 1)
             continue;
         rows *= size;
-        if (pl.nk > 0 && pl.kst[0][pl.nk - 1] == xs * size && pl.kst[1][pl.nk - 1] == os * size) {
-            pl.kshape[pl.nk - 1] *= size;
-            pl.kst[0][pl.nk - 1] = xs;
-            pl.kst[1][pl.nk - 1] = os;
-        } else {
-            pl.kshape[pl.nk] = size;
-            pl.kst[0][pl.nk] = xs;
-            pl.kst[1][pl.nk++] = os;
-        }
+        nb__cpu_append_dim(&pl.nk, pl.kshape, pl.kst, size, xs, os);
     }
     const int64_t es = nb__cpu_esize(x->dtype);
     /* Tile out's unit-stride dim when it is a kept one (the innermost), else

@@ -70,13 +70,8 @@ typedef struct sm_plan {
     static void NAME(void *ctx, int64_t b, int64_t e)                                         \
     {                                                                                         \
         const sm_plan *pl = ctx;                                                              \
-        int64_t idx[NB_MAX_DIMS], off[2], rest = b;                                           \
-        for (int d = pl->nd - 1; d >= 0; d--) {                                               \
-            idx[d] = rest % pl->shape[d];                                                     \
-            rest /= pl->shape[d];                                                             \
-        }                                                                                     \
-        off[0] = nb__cpu_offset(pl->nd, idx, pl->st[0]);                                      \
-        off[1] = nb__cpu_offset(pl->nd, idx, pl->st[1]);                                      \
+        int64_t idx[NB_MAX_DIMS], off[2];                                                     \
+        nb__cpu_index_at(pl->nd, pl->shape, b, idx, 2, off, pl->st);                          \
         for (int64_t r = b; r < e; r++) {                                                     \
             NAME##_row(pl, pl->out + off[0], pl->x + off[1]);                                 \
             if (r + 1 < e)                                                                    \
@@ -116,17 +111,11 @@ nb_status nb__cpu_softmax(nb_device *dev, bool log, const nb_view *out, const nb
         for (int d = 0; d < x->ndim - 1; d++) {
             if (x->shape[d] == 1)
                 continue;
-            pl.shape[pl.nd] = x->shape[d];
-            pl.st[0][pl.nd] = out->strides[d];
-            pl.st[1][pl.nd++] = x->strides[d];
+            nb__cpu_append_dim(&pl.nd, pl.shape, pl.st, x->shape[d], out->strides[d], x->strides[d]);
             rows *= x->shape[d];
         }
     }
-    if (pl.nd == 0) {
-        pl.nd = 1;
-        pl.shape[0] = 1;
-        pl.st[0][0] = pl.st[1][0] = 0;
-    }
+    nb__cpu_one_dim_at_least(&pl.nd, pl.shape, pl.st);
     if (x->numel < 2 * NB_CPU_GRAIN_HEAVY)
         fn(&pl, 0, rows);
     else
