@@ -132,6 +132,8 @@ typedef struct nb_mirrored_stats {
     const char *algorithm;   /* "nccl" or "copies" (reduce-scatter + all-gather) */
     const char *world_algorithm; /* across processes: "nccl" (a GPU per process) or "mpi"
                                     (a ring through host memory); NULL in one process */
+    int64_t world_sums;      /* all-reduces across processes so far (each of every bucket) */
+    double world_seconds;    /* the time they took in all, handshakes and staging included */
 } nb_mirrored_stats;
 
 /* Writes the counters to *out. NB_ERR_INVALID_ARGUMENT for NULL. */

@@ -12,6 +12,8 @@
 #include "distribute_impl.h"
 #include "world.h"
 
+#include <time.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -408,7 +410,12 @@ static bool all_reduce_world(nb_replica_state *rs, int n_buckets, nb_tensor *con
     nb_mirrored *s = rs->s;
     bool ok = true;
     if (rs->index == 0) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         nb_status st = world_sum_buckets(rs, n_buckets, dst);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        s->world_ns += (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
+        s->world_sums++;
         ok = st == NB_OK || nb__replica_failed(rs, st, "the all-reduce across processes failed");
     }
     if (!nb__mirrored_barrier(s, ok, NULL, NULL))

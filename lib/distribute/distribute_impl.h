@@ -131,6 +131,7 @@ struct nb_mirrored {
     void *world_comm;
     void *host;          /* staging for buckets that are not in host memory */
     size_t host_bytes;
+    int64_t world_ns, world_sums; /* time in the sums across processes, and their count */
 };
 
 /* ---- mirrored.c ------------------------------------------------------------ */

@@ -541,7 +541,9 @@ nb_status nb_mirrored_get_stats(const nb_mirrored *s, nb_mirrored_stats *out)
                                .last_buckets = s->last_buckets,
                                .bucket_bytes = s->bucket_bytes,
                                .algorithm = s->comm ? s->collective->name : "copies",
-                               .world_algorithm = !s->world ? NULL : s->world_comm ? s->world_collective->name : "mpi"};
+                               .world_algorithm = !s->world ? NULL : s->world_comm ? s->world_collective->name : "mpi",
+                               .world_sums = s->world_sums,
+                               .world_seconds = (double)s->world_ns * 1e-9};
     return NB_OK;
 }
 
