@@ -252,6 +252,30 @@ static nb_status batch_norm_grad(const nb_node *n, nb_tensor *const *g, nb_tenso
 
 static const nb_op_def batch_norm_def = {"batch_norm_train", batch_norm_grad};
 
+/* Records batch norm of in (x, gamma, beta) with outputs out[0..n_out), out[0]
+ * being y, and hands the batch statistics bm and bv to the caller's pointers.
+ * Returns y, or NULL when y or an asked-for statistic is missing or the
+ * recording fails (error recorded). The statistics are the caller's moving
+ * averages' inputs: they are not outputs, so no gradient flows through them. */
+static nb_tensor *batch_norm_finish(const nb_tensor *const in[3], int ca, double epsilon, int n_out,
+                                    nb_tensor **out, nb_tensor *bm, nb_tensor *bv, nb_tensor **batch_mean,
+                                    nb_tensor **batch_var)
+{
+    nb_tensor *y = out[0];
+    if (!y || (batch_mean && !bm) || (batch_var && !bv))
+        return NULL;
+    nb_op_attrs attrs = {0};
+    attrs.i[0] = ca;
+    attrs.d[0] = epsilon;
+    if (nb__record(&batch_norm_def, 3, in, n_out, out, &attrs))
+        return NULL;
+    if (batch_mean)
+        *batch_mean = bm;
+    if (batch_var)
+        *batch_var = bv;
+    return y;
+}
+
 /* The fused forward: the channel sums, the sums of squared deviations, then
  * y = x scale + shift. Recorded with the mean and rstd as two more outputs
  * (nobody else sees them), which the fused gradient reads back. */
@@ -286,20 +310,9 @@ static nb_tensor *batch_norm_fused(const nb_tensor *x, const nb_tensor *gamma, c
             bv = to_dtype(nb_mul_scalar(dev, 1.0 / (m - 1)), dt);
     }
     nb__tapes_resume(token);
-    if (!y || (batch_mean && !bm) || (batch_var && !bv))
-        return NULL;
-    nb_op_attrs attrs = {0};
-    attrs.i[0] = ca;
-    attrs.d[0] = epsilon;
     const nb_tensor *in[3] = {x, gamma, beta};
     nb_tensor *out[3] = {y, mean, rstd};
-    if (nb__record(&batch_norm_def, 3, in, 3, out, &attrs))
-        return NULL;
-    if (batch_mean)
-        *batch_mean = bm;
-    if (batch_var)
-        *batch_var = bv;
-    return y;
+    return batch_norm_finish(in, ca, epsilon, 3, out, bm, bv, batch_mean, batch_var);
 }
 
 nb_tensor *nb_batch_norm_train(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta, double epsilon,
@@ -340,21 +353,8 @@ nb_tensor *nb_batch_norm_train(const nb_tensor *x, const nb_tensor *gamma, const
     if (y && batch_var)
         bv = nb_reshape(nb_mul_scalar(var, (double)m / (double)(m - 1)), cs);
     nb__tapes_resume(token);
-    if (!y || (batch_mean && !bm) || (batch_var && !bv))
-        return NULL;
-    nb_op_attrs attrs = {0};
-    attrs.i[0] = ca;
-    attrs.d[0] = epsilon;
     const nb_tensor *in[3] = {x, gamma, beta};
-    if (nb__record(&batch_norm_def, 3, in, 1, &y, &attrs))
-        return NULL;
-    /* The statistics are the caller's moving averages' inputs: no gradient
-     * flows through them. */
-    if (batch_mean)
-        *batch_mean = bm;
-    if (batch_var)
-        *batch_var = bv;
-    return y;
+    return batch_norm_finish(in, ca, epsilon, 1, &y, bm, bv, batch_mean, batch_var);
 }
 
 /* ---- inference: one pass over x ---- */
