@@ -149,11 +149,13 @@ static void producer_done(void *ctx)
     free(ctx);
 }
 
-/* A heap copy of who, for the storage to tell later. Returns NULL when out
- * of host memory, having told the producer at once (its tensor is let go
- * either way). */
+/* A heap copy of who_made_it, for the storage to tell later. Returns NULL
+ * (error recorded) when its tensor is NULL, or when out of host memory, having
+ * then told the producer at once (its tensor is let go either way). */
 static producer *producer_new(const char *who, producer who_made_it)
 {
+    if (!who_made_it.versioned && !who_made_it.unversioned)
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: the tensor is NULL", who);
     producer *p = malloc(sizeof *p);
     if (!p) {
         producer_tell(&who_made_it);
@@ -284,8 +286,6 @@ done:
 nb_tensor *nb_from_dlpack(DLManagedTensorVersioned *m)
 {
     const char *who = "nb_from_dlpack";
-    if (!m)
-        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: the tensor is NULL", who);
     producer *p = producer_new(who, (producer){.versioned = m});
     if (!p)
         return NULL;
@@ -300,8 +300,6 @@ nb_tensor *nb_from_dlpack(DLManagedTensorVersioned *m)
 nb_tensor *nb_from_dlpack_unversioned(DLManagedTensor *m)
 {
     const char *who = "nb_from_dlpack_unversioned";
-    if (!m)
-        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: the tensor is NULL", who);
     producer *p = producer_new(who, (producer){.unversioned = m});
     if (!p)
         return NULL;
