@@ -86,6 +86,24 @@ static bool check_param(const char *op, const char *what, const nb_tensor *p, co
     return true;
 }
 
+/* The checks every form of batch norm makes first: x, its layout, and the
+ * optional gamma and beta. Returns x's channel axis, or -1 (error recorded). */
+static int check_bn_args(const char *op, const nb_tensor *x, nb_data_format format, const nb_tensor *gamma,
+                         const nb_tensor *beta)
+{
+    if (!x) {
+        nb__null_input(op, 0);
+        return -1;
+    }
+    if (!check_bn_input(op, x, format))
+        return -1;
+    int ca = channel_axis(x, format);
+    int64_t C = x->shape[ca];
+    if (!check_param(op, "gamma", gamma, x, C, true) || !check_param(op, "beta", beta, x, C, true))
+        return -1;
+    return ca;
+}
+
 /* y = x * scale + shift with per-channel scale = gamma rsqrt(var + eps) and
  * shift = beta - mean scale (keepdims shapes): two passes over x. */
 static nb_tensor *bn_apply(const nb_tensor *x, const nb_tensor *gamma_b, const nb_tensor *beta_b,
@@ -323,14 +341,10 @@ nb_tensor *nb_batch_norm_train(const nb_tensor *x, const nb_tensor *gamma, const
         *batch_mean = NULL;
     if (batch_var)
         *batch_var = NULL;
-    if (!x)
-        return nb__null_input(op, 0);
-    if (!check_bn_input(op, x, format))
+    int ca = check_bn_args(op, x, format, gamma, beta);
+    if (ca < 0)
         return NULL;
-    int ca = channel_axis(x, format);
     int64_t C = x->shape[ca];
-    if (!check_param(op, "gamma", gamma, x, C, true) || !check_param(op, "beta", beta, x, C, true))
-        return NULL;
     if (!(epsilon >= 0))
         return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: epsilon %g must be at least 0", op, epsilon);
     int64_t m = C ? x->numel / C : 0;
@@ -402,14 +416,11 @@ nb_tensor *nb_batch_norm_infer(const nb_tensor *x, const nb_tensor *gamma, const
                                const nb_tensor *mean, const nb_tensor *var, double epsilon, nb_data_format format)
 {
     const char *op = "batch_norm_infer";
-    if (!x)
-        return nb__null_input(op, 0);
-    if (!check_bn_input(op, x, format))
+    int ca = check_bn_args(op, x, format, gamma, beta);
+    if (ca < 0)
         return NULL;
-    int ca = channel_axis(x, format);
     int64_t C = x->shape[ca];
-    if (!check_param(op, "gamma", gamma, x, C, true) || !check_param(op, "beta", beta, x, C, true) ||
-        !check_param(op, "mean", mean, x, C, false) || !check_param(op, "var", var, x, C, false))
+    if (!check_param(op, "mean", mean, x, C, false) || !check_param(op, "var", var, x, C, false))
         return NULL;
     if (!(epsilon >= 0))
         return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: epsilon %g must be at least 0", op, epsilon);
