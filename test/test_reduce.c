@@ -3,19 +3,6 @@
  * plain C references, gradients by the checker, tie sharing, and the errors. */
 #include "check.h"
 
-
-
-/* The bit mask of dims an axes set names (the test's own normalisation). */
-static int axes_mask(nb_axes axes, int ndim)
-{
-    if (axes.n == 0)
-        return (1 << ndim) - 1;
-    int m = 0;
-    for (int i = 0; i < axes.n; i++)
-        m |= 1 << (axes.axes[i] < 0 ? axes.axes[i] + ndim : axes.axes[i]);
-    return m;
-}
-
 static nb_shape reduced_shape(nb_shape s, int mask, bool keepdims)
 {
     nb_shape o = {0, {0}};
