@@ -93,19 +93,22 @@ nb_status nb_tape_pause(nb_tape *tape) { return set_paused("nb_tape_pause", tape
 
 nb_status nb_tape_resume(nb_tape *tape) { return set_paused("nb_tape_resume", tape, false); }
 
+void nb__tape_node_release(nb_node *n)
+{
+    for (int k = 0; k < n->n_in; k++) {
+        nb__release(n->in[k]);
+        n->in[k] = NULL;
+    }
+    for (int k = 0; k < n->n_out; k++) {
+        nb__release(n->out[k]);
+        n->out[k] = NULL;
+    }
+}
+
 void nb__tape_clear_nodes(nb_tape *tape)
 {
-    for (size_t i = 0; i < tape->n_nodes; i++) {
-        nb_node *n = &tape->nodes[i];
-        for (int k = 0; k < n->n_in; k++) {
-            nb__release(n->in[k]);
-            n->in[k] = NULL;
-        }
-        for (int k = 0; k < n->n_out; k++) {
-            nb__release(n->out[k]);
-            n->out[k] = NULL;
-        }
-    }
+    for (size_t i = 0; i < tape->n_nodes; i++)
+        nb__tape_node_release(&tape->nodes[i]);
     tape->n_nodes = 0;
     for (nb_arena_chunk *c = tape->arena; c; c = c->next)
         c->used = 0;
