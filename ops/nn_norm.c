@@ -86,6 +86,24 @@ static bool check_param(const char *op, const char *what, const nb_tensor *p, co
     return true;
 }
 
+/* The checks every form of batch norm makes first: x, its layout, and the
+ * optional gamma and beta. Returns x's channel axis, or -1 (error recorded). */
+static int check_bn_args(const char *op, const nb_tensor *x, nb_data_format format, const nb_tensor *gamma,
+                         const nb_tensor *beta)
+{
+    if (!x) {
+        nb__null_input(op, 0);
+        return -1;
+    }
+    if (!check_bn_input(op, x, format))
+        return -1;
+    int ca = channel_axis(x, format);
+    int64_t C = x->shape[ca];
+    if (!check_param(op, "gamma", gamma, x, C, true) || !check_param(op, "beta", beta, x, C, true))
+        return -1;
+    return ca;
+}
+
 /* y = x * scale + shift with per-channel scale = gamma rsqrt(var + eps) and
  * shift = beta - mean scale (keepdims shapes): two passes over x. */
 static nb_tensor *bn_apply(const nb_tensor *x, const nb_tensor *gamma_b, const nb_tensor *beta_b,
@@ -252,6 +270,30 @@ static nb_status batch_norm_grad(const nb_node *n, nb_tensor *const *g, nb_tenso
 
 static const nb_op_def batch_norm_def = {"batch_norm_train", batch_norm_grad};
 
+/* Records batch norm of in (x, gamma, beta) with outputs out[0..n_out), out[0]
+ * being y, and hands the batch statistics bm and bv to the caller's pointers.
+ * Returns y, or NULL when y or an asked-for statistic is missing or the
+ * recording fails (error recorded). The statistics are the caller's moving
+ * averages' inputs: they are not outputs, so no gradient flows through them. */
+static nb_tensor *batch_norm_finish(const nb_tensor *const in[3], int ca, double epsilon, int n_out,
+                                    nb_tensor **out, nb_tensor *bm, nb_tensor *bv, nb_tensor **batch_mean,
+                                    nb_tensor **batch_var)
+{
+    nb_tensor *y = out[0];
+    if (!y || (batch_mean && !bm) || (batch_var && !bv))
+        return NULL;
+    nb_op_attrs attrs = {0};
+    attrs.i[0] = ca;
+    attrs.d[0] = epsilon;
+    if (nb__record(&batch_norm_def, 3, in, n_out, out, &attrs))
+        return NULL;
+    if (batch_mean)
+        *batch_mean = bm;
+    if (batch_var)
+        *batch_var = bv;
+    return y;
+}
+
 /* The fused forward: the channel sums, the sums of squared deviations, then
  * y = x scale + shift. Recorded with the mean and rstd as two more outputs
  * (nobody else sees them), which the fused gradient reads back. */
@@ -286,20 +328,9 @@ static nb_tensor *batch_norm_fused(const nb_tensor *x, const nb_tensor *gamma, c
             bv = to_dtype(nb_mul_scalar(dev, 1.0 / (m - 1)), dt);
     }
     nb__tapes_resume(token);
-    if (!y || (batch_mean && !bm) || (batch_var && !bv))
-        return NULL;
-    nb_op_attrs attrs = {0};
-    attrs.i[0] = ca;
-    attrs.d[0] = epsilon;
     const nb_tensor *in[3] = {x, gamma, beta};
     nb_tensor *out[3] = {y, mean, rstd};
-    if (nb__record(&batch_norm_def, 3, in, 3, out, &attrs))
-        return NULL;
-    if (batch_mean)
-        *batch_mean = bm;
-    if (batch_var)
-        *batch_var = bv;
-    return y;
+    return batch_norm_finish(in, ca, epsilon, 3, out, bm, bv, batch_mean, batch_var);
 }
 
 nb_tensor *nb_batch_norm_train(const nb_tensor *x, const nb_tensor *gamma, const nb_tensor *beta, double epsilon,
@@ -310,14 +341,10 @@ nb_tensor *nb_batch_norm_train(const nb_tensor *x, const nb_tensor *gamma, const
         *batch_mean = NULL;
     if (batch_var)
         *batch_var = NULL;
-    if (!x)
-        return nb__null_input(op, 0);
-    if (!check_bn_input(op, x, format))
+    int ca = check_bn_args(op, x, format, gamma, beta);
+    if (ca < 0)
         return NULL;
-    int ca = channel_axis(x, format);
     int64_t C = x->shape[ca];
-    if (!check_param(op, "gamma", gamma, x, C, true) || !check_param(op, "beta", beta, x, C, true))
-        return NULL;
     if (!(epsilon >= 0))
         return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: epsilon %g must be at least 0", op, epsilon);
     int64_t m = C ? x->numel / C : 0;
@@ -340,21 +367,8 @@ nb_tensor *nb_batch_norm_train(const nb_tensor *x, const nb_tensor *gamma, const
     if (y && batch_var)
         bv = nb_reshape(nb_mul_scalar(var, (double)m / (double)(m - 1)), cs);
     nb__tapes_resume(token);
-    if (!y || (batch_mean && !bm) || (batch_var && !bv))
-        return NULL;
-    nb_op_attrs attrs = {0};
-    attrs.i[0] = ca;
-    attrs.d[0] = epsilon;
     const nb_tensor *in[3] = {x, gamma, beta};
-    if (nb__record(&batch_norm_def, 3, in, 1, &y, &attrs))
-        return NULL;
-    /* The statistics are the caller's moving averages' inputs: no gradient
-     * flows through them. */
-    if (batch_mean)
-        *batch_mean = bm;
-    if (batch_var)
-        *batch_var = bv;
-    return y;
+    return batch_norm_finish(in, ca, epsilon, 1, &y, bm, bv, batch_mean, batch_var);
 }
 
 /* ---- inference: one pass over x ---- */
@@ -402,14 +416,11 @@ nb_tensor *nb_batch_norm_infer(const nb_tensor *x, const nb_tensor *gamma, const
                                const nb_tensor *mean, const nb_tensor *var, double epsilon, nb_data_format format)
 {
     const char *op = "batch_norm_infer";
-    if (!x)
-        return nb__null_input(op, 0);
-    if (!check_bn_input(op, x, format))
+    int ca = check_bn_args(op, x, format, gamma, beta);
+    if (ca < 0)
         return NULL;
-    int ca = channel_axis(x, format);
     int64_t C = x->shape[ca];
-    if (!check_param(op, "gamma", gamma, x, C, true) || !check_param(op, "beta", beta, x, C, true) ||
-        !check_param(op, "mean", mean, x, C, false) || !check_param(op, "var", var, x, C, false))
+    if (!check_param(op, "mean", mean, x, C, false) || !check_param(op, "var", var, x, C, false))
         return NULL;
     if (!(epsilon >= 0))
         return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: epsilon %g must be at least 0", op, epsilon);

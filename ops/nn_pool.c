@@ -276,26 +276,26 @@ static nb_tensor *avg_pool_grad(const nb_tensor *dy, const nb_pool2d_desc *d)
     return run_pool(&avg_pool2d_grad_def, K_AVG_GRAD, 1, dy, NULL, d);
 }
 
+/* The forward pooling of x by def (K_MAX or K_AVG). Returns the new tensor,
+ * or NULL (error recorded) when x or opts is refused or the kernel fails. */
+static nb_tensor *pool_forward(const nb_op_def *def, pool_kind kind, const nb_tensor *x, const nb_pool2d_opts *opts)
+{
+    if (!x)
+        return nb__null_input(def->name, 0);
+    nb_pool2d_desc d;
+    if (!pool_desc(def->name, x, opts, &d))
+        return NULL;
+    return run_pool(def, kind, 1, x, NULL, &d);
+}
+
 nb_tensor *nb_max_pool2d(const nb_tensor *x, const nb_pool2d_opts *opts)
 {
-    const char *op = max_pool2d_def.name;
-    if (!x)
-        return nb__null_input(op, 0);
-    nb_pool2d_desc d;
-    if (!pool_desc(op, x, opts, &d))
-        return NULL;
-    return run_pool(&max_pool2d_def, K_MAX, 1, x, NULL, &d);
+    return pool_forward(&max_pool2d_def, K_MAX, x, opts);
 }
 
 nb_tensor *nb_avg_pool2d(const nb_tensor *x, const nb_pool2d_opts *opts)
 {
-    const char *op = avg_pool2d_def.name;
-    if (!x)
-        return nb__null_input(op, 0);
-    nb_pool2d_desc d;
-    if (!pool_desc(op, x, opts, &d))
-        return NULL;
-    return run_pool(&avg_pool2d_def, K_AVG, 1, x, NULL, &d);
+    return pool_forward(&avg_pool2d_def, K_AVG, x, opts);
 }
 
 nb_tensor *nb_global_avg_pool2d(const nb_tensor *x, nb_data_format format)

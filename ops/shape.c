@@ -40,6 +40,15 @@ static const nb_tensor *place1(const char *op, const nb_tensor *x, const nb_tens
     return nb__op_place(op, 1, in) ? in[0] : NULL;
 }
 
+/* place1 for an op whose output has the given shape: first checks that such
+ * an output fits in memory. Returns NULL (error recorded) when it does not. */
+static const nb_tensor *place1_as(const char *op, const nb_tensor *x, nb_shape shape, const nb_tensor **in)
+{
+    if (!nb__shape_fits(op, false, x->dtype, shape.ndim, shape.dims))
+        return NULL;
+    return place1(op, x, in);
+}
+
 /* ---- reshape ------------------------------------------------------------------ */
 
 static nb_status reshape_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
@@ -90,10 +99,8 @@ nb_tensor *nb_reshape(const nb_tensor *x, nb_shape shape)
         return nb__fail_null(NB_ERR_SHAPE, "%s: cannot reshape %s (%lld elements) into %s (%lld elements)", op,
                              nb__shape_str(SHAPE_OF(x), sx, sizeof sx), (long long)x->numel,
                              nb__shape_str(shape.ndim, shape.dims, ss, sizeof ss), (long long)known);
-    if (!nb__shape_fits(op, false, x->dtype, shape.ndim, shape.dims))
-        return NULL;
     const nb_tensor *in[1];
-    const nb_tensor *src = place1(op, x, in);
+    const nb_tensor *src = place1_as(op, x, shape, in);
     if (!src)
         return NULL;
     nb_tensor *out;
@@ -352,10 +359,8 @@ nb_tensor *nb_broadcast_to(const nb_tensor *x, nb_shape shape)
                                  nb__shape_str(shape.ndim, shape.dims, ss, sizeof ss), i, (long long)have,
                                  (long long)want);
     }
-    if (!nb__shape_fits(op, false, x->dtype, shape.ndim, shape.dims))
-        return NULL;
     const nb_tensor *in[1];
-    const nb_tensor *src = place1(op, x, in);
+    const nb_tensor *src = place1_as(op, x, shape, in);
     if (!src)
         return NULL;
     int64_t strides[NB_MAX_DIMS];

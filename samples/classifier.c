@@ -36,13 +36,10 @@ int main(int argc, char **argv)
 {
     nb_set_error_handler(nb_error_handler_exit, NULL);
 
-    const char *device = nb_device_count(NB_DEVICE_GPU) > 0 ? "/gpu:0" : "/cpu:0";
     int steps = 1000;
-    OPTIONS_READ(argc, argv, "usage: %s [--device NAME] [--steps N] [--quick]\n", OPTION_TEXT("--device", &device),
-                 OPTION_NUMBER("--steps", &steps), OPTION_SETS("--quick", &steps, 300));
+    steps_options_read(argc, argv, &steps, 300);
 
     nb_scope *outer = nb_scope_begin();
-    nb_device_push(device);
     printf("binary classifier 5 -> 10 -> 1 on %s, %d steps\n", nb_device_current(), steps);
 
     nb_tensor *x, *y, *x_test, *y_test;

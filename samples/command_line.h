@@ -11,6 +11,8 @@
 #ifndef NB_SAMPLES_COMMAND_LINE_H
 #define NB_SAMPLES_COMMAND_LINE_H
 
+#include <nabla/nabla.h>
+
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,5 +78,17 @@ static inline void options_read(int argc, char **argv, const char *usage, int n,
         const sample_option table_[] = {__VA_ARGS__};                                         \
         options_read((argc), (argv), (usage), (int)(sizeof table_ / sizeof *table_), table_); \
     } while (0)
+
+/* The command line of the samples that train for a number of steps: --device
+ * NAME (by default the first GPU, else the CPU), --steps N, and --quick (sets
+ * quick_steps). Reads argv into *steps and pushes the device, which the
+ * caller pops. */
+static inline void steps_options_read(int argc, char **argv, int *steps, int quick_steps)
+{
+    const char *device = nb_device_count(NB_DEVICE_GPU) > 0 ? "/gpu:0" : "/cpu:0";
+    OPTIONS_READ(argc, argv, "usage: %s [--device NAME] [--steps N] [--quick]\n", OPTION_TEXT("--device", &device),
+                 OPTION_NUMBER("--steps", steps), OPTION_SETS("--quick", steps, quick_steps));
+    nb_device_push(device);
+}
 
 #endif

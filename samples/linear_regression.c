@@ -12,13 +12,10 @@ int main(int argc, char **argv)
 {
     nb_set_error_handler(nb_error_handler_exit, NULL); /* print and exit on any error */
 
-    const char *device = nb_device_count(NB_DEVICE_GPU) > 0 ? "/gpu:0" : "/cpu:0";
     int steps = 200;
-    OPTIONS_READ(argc, argv, "usage: %s [--device NAME] [--steps N] [--quick]\n", OPTION_TEXT("--device", &device),
-                 OPTION_NUMBER("--steps", &steps), OPTION_SETS("--quick", &steps, 100));
+    steps_options_read(argc, argv, &steps, 100);
 
     nb_scope *outer = nb_scope_begin();
-    nb_device_push(device);
     printf("linear regression on %s, %d steps\n", nb_device_current(), steps);
 
     /* 1000 examples of 3 features; s = x·w_true + b_true + noise. */

@@ -129,18 +129,9 @@ nb_status nb__tape_gradient_ids(nb_tape *tape, const nb_tensor *target, const nb
         st = g ? accumulate(&grads, target->id, g) : nb_error();
         for (size_t i = tape->n_nodes; i-- > 0 && !st;) {
             st = backward_node(tape, &tape->nodes[i], &grads);
-            if (!tape->persistent) {
-                /* A one-shot tape lets go of what it saved as soon as it can. */
-                nb_node *node = &tape->nodes[i];
-                for (int k = 0; k < node->n_in; k++) {
-                    nb__release(node->in[k]);
-                    node->in[k] = NULL;
-                }
-                for (int k = 0; k < node->n_out; k++) {
-                    nb__release(node->out[k]);
-                    node->out[k] = NULL;
-                }
-            }
+            /* A one-shot tape lets go of what it saved as soon as it can. */
+            if (!tape->persistent)
+                nb__tape_node_release(&tape->nodes[i]);
         }
     }
     for (int i = 0; i < n && !st; i++) {

@@ -78,37 +78,37 @@ nb_status nb_tape_stop(nb_tape *tape)
     return NB_OK;
 }
 
-nb_status nb_tape_pause(nb_tape *tape)
+/* Pauses or resumes tape for who (the public function, for the message).
+ * Returns NB_OK, or NB_ERR_INVALID_ARGUMENT when tape is NULL. */
+static nb_status set_paused(const char *who, nb_tape *tape, bool paused)
 {
     if (!tape)
-        return nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_tape_pause: tape is NULL");
-    tape->paused = true;
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: tape is NULL", who);
+    tape->paused = paused;
     recount_active();
     return NB_OK;
 }
 
-nb_status nb_tape_resume(nb_tape *tape)
+nb_status nb_tape_pause(nb_tape *tape) { return set_paused("nb_tape_pause", tape, true); }
+
+nb_status nb_tape_resume(nb_tape *tape) { return set_paused("nb_tape_resume", tape, false); }
+
+void nb__tape_node_release(nb_node *n)
 {
-    if (!tape)
-        return nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_tape_resume: tape is NULL");
-    tape->paused = false;
-    recount_active();
-    return NB_OK;
+    for (int k = 0; k < n->n_in; k++) {
+        nb__release(n->in[k]);
+        n->in[k] = NULL;
+    }
+    for (int k = 0; k < n->n_out; k++) {
+        nb__release(n->out[k]);
+        n->out[k] = NULL;
+    }
 }
 
 void nb__tape_clear_nodes(nb_tape *tape)
 {
-    for (size_t i = 0; i < tape->n_nodes; i++) {
-        nb_node *n = &tape->nodes[i];
-        for (int k = 0; k < n->n_in; k++) {
-            nb__release(n->in[k]);
-            n->in[k] = NULL;
-        }
-        for (int k = 0; k < n->n_out; k++) {
-            nb__release(n->out[k]);
-            n->out[k] = NULL;
-        }
-    }
+    for (size_t i = 0; i < tape->n_nodes; i++)
+        nb__tape_node_release(&tape->nodes[i]);
     tape->n_nodes = 0;
     for (nb_arena_chunk *c = tape->arena; c; c = c->next)
         c->used = 0;

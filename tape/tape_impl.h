@@ -33,6 +33,8 @@ struct nb_tape {
     size_t n_reads, cap_reads;
 };
 
+/* Releases the tensors one node holds (its inputs and outputs), leaving NULLs. */
+void nb__tape_node_release(nb_node *n);
 /* Releases every tensor the nodes hold and empties the record. */
 void nb__tape_clear_nodes(nb_tape *tape);
 /* Takes the tape off the thread's stack if it is there. */

@@ -179,6 +179,28 @@ static inline void axis_split(nb_shape s, int axis, int64_t *outer, int64_t *n, 
         *inner *= s.dims[i];
 }
 
+/* CHECK_GRADIENT(fn, user, NB_TENSORS(...)): the gradient checker passes fn
+ * at the inputs with the shared step and tolerance, and reports an error it
+ * measured, at most GC_TOL. */
+#define CHECK_GRADIENT(fn, user, ...)                                                        \
+    do {                                                                                     \
+        double gc_err_ = -1;                                                                 \
+        CHECK_OK(nb_gradient_check((fn), (user), __VA_ARGS__, GC_EPS, GC_TOL, &gc_err_));    \
+        CHECK(gc_err_ >= 0 && gc_err_ <= GC_TOL);                                            \
+    } while (0)
+
+/* The bit mask of the dims an axes set names, normalised by the tests
+ * themselves (no axes: all of them). */
+static inline int axes_mask(nb_axes axes, int ndim)
+{
+    if (axes.n == 0)
+        return (1 << ndim) - 1;
+    int m = 0;
+    for (int i = 0; i < axes.n; i++)
+        m |= 1 << (axes.axes[i] < 0 ? axes.axes[i] + ndim : axes.axes[i]);
+    return m;
+}
+
 /* For second-order checks: g[0..n) gets an inner tape's gradients of
  * sum(y * y), y = fn(n, in, user), with every input watched (NULL for an input y
  * does not reach); the checker then differentiates what the caller makes of

@@ -67,36 +67,18 @@ static inline bool conv_ref_tap(const conv_geo *g, int64_t p, int64_t q, int64_t
     return *h >= 0 && *h < g->H && *w >= 0 && *w < g->W;
 }
 
-/* y = x (*) w. */
-static inline double *conv_ref_fwd(const conv_geo *g, const double *x, const double *w)
+/* One product of the convolution: the flat indices of the x, w and y
+ * elements it joins. */
+typedef void conv_ref_term(void *ctx, int64_t xi, int64_t wi, int64_t yi);
+
+/* Calls f on every product the convolution forms, in the order n, p, q, k
+ * (the output), r, t (the tap, skipped on the padding), c (k's group's
+ * channels). Each reference below sums its products into its own array in
+ * this order, so every element's terms come in the order its own loops
+ * would take them. */
+static inline void conv_ref_each_term(const conv_geo *g, conv_ref_term *f, void *ctx)
 {
     int64_t Cg = g->C / g->G, Kg = g->K / g->G;
-    double *y = malloc(sizeof(double) * (size_t)(g->N * g->P * g->Q * g->K));
-    for (int64_t n = 0; n < g->N; n++)
-        for (int64_t p = 0; p < g->P; p++)
-            for (int64_t q = 0; q < g->Q; q++)
-                for (int64_t k = 0; k < g->K; k++) {
-                    long double s = 0;
-                    int64_t gr = k / Kg;
-                    for (int64_t r = 0; r < g->R; r++)
-                        for (int64_t t = 0; t < g->S; t++) {
-                            int64_t h, ww;
-                            if (!conv_ref_tap(g, p, q, r, t, &h, &ww))
-                                continue;
-                            for (int64_t c = 0; c < Cg; c++)
-                                s += (long double)x[((n * g->H + h) * g->W + ww) * g->C + gr * Cg + c] *
-                                     w[((r * g->S + t) * Cg + c) * g->K + k];
-                        }
-                    y[((n * g->P + p) * g->Q + q) * g->K + k] = (double)s;
-                }
-    return y;
-}
-
-/* dx: the transpose of the convolution applied to dy (its gradient for x). */
-static inline double *conv_ref_data(const conv_geo *g, const double *dy, const double *w)
-{
-    int64_t Cg = g->C / g->G, Kg = g->K / g->G, nx = g->N * g->H * g->W * g->C;
-    long double *acc = calloc((size_t)(nx > 0 ? nx : 1), sizeof(long double));
     for (int64_t n = 0; n < g->N; n++)
         for (int64_t p = 0; p < g->P; p++)
             for (int64_t q = 0; q < g->Q; q++)
@@ -107,39 +89,66 @@ static inline double *conv_ref_data(const conv_geo *g, const double *dy, const d
                             if (!conv_ref_tap(g, p, q, r, t, &h, &ww))
                                 continue;
                             for (int64_t c = 0; c < Cg; c++)
-                                acc[((n * g->H + h) * g->W + ww) * g->C + (k / Kg) * Cg + c] +=
-                                    (long double)dy[((n * g->P + p) * g->Q + q) * g->K + k] *
-                                    w[((r * g->S + t) * Cg + c) * g->K + k];
+                                f(ctx, ((n * g->H + h) * g->W + ww) * g->C + (k / Kg) * Cg + c,
+                                  ((r * g->S + t) * Cg + c) * g->K + k, ((n * g->P + p) * g->Q + q) * g->K + k);
                         }
-    double *dx = malloc(sizeof(double) * (size_t)(nx > 0 ? nx : 1));
-    for (int64_t i = 0; i < nx; i++)
-        dx[i] = (double)acc[i];
-    free(acc);
-    return dx;
+}
+
+/* The two arrays a reference multiplies and the long double sums it keeps. */
+typedef struct conv_ref_sums {
+    const double *a, *b;
+    long double *acc;
+} conv_ref_sums;
+
+static inline void conv_ref_fwd_term(void *ctx, int64_t xi, int64_t wi, int64_t yi)
+{
+    conv_ref_sums *s = ctx;
+    s->acc[yi] += (long double)s->a[xi] * s->b[wi];
+}
+
+static inline void conv_ref_data_term(void *ctx, int64_t xi, int64_t wi, int64_t yi)
+{
+    conv_ref_sums *s = ctx;
+    s->acc[xi] += (long double)s->a[yi] * s->b[wi];
+}
+
+static inline void conv_ref_filter_term(void *ctx, int64_t xi, int64_t wi, int64_t yi)
+{
+    conv_ref_sums *s = ctx;
+    s->acc[wi] += (long double)s->a[xi] * s->b[yi];
+}
+
+/* Sums the products of a and b into n elements through term; returns them
+ * rounded to double in a malloc'd array. */
+static inline double *conv_ref_sum(const conv_geo *g, conv_ref_term *term, const double *a, const double *b,
+                                   int64_t n)
+{
+    size_t len = (size_t)(n > 0 ? n : 1);
+    conv_ref_sums s = {a, b, calloc(len, sizeof(long double))};
+    conv_ref_each_term(g, term, &s);
+    double *out = malloc(sizeof(double) * len);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = (double)s.acc[i];
+    free(s.acc);
+    return out;
+}
+
+/* y = x (*) w. */
+static inline double *conv_ref_fwd(const conv_geo *g, const double *x, const double *w)
+{
+    return conv_ref_sum(g, conv_ref_fwd_term, x, w, g->N * g->P * g->Q * g->K);
+}
+
+/* dx: the transpose of the convolution applied to dy (its gradient for x). */
+static inline double *conv_ref_data(const conv_geo *g, const double *dy, const double *w)
+{
+    return conv_ref_sum(g, conv_ref_data_term, dy, w, g->N * g->H * g->W * g->C);
 }
 
 /* dw: the filter gradient from x and dy, summed over the batch. */
 static inline double *conv_ref_filter(const conv_geo *g, const double *x, const double *dy)
 {
-    int64_t Cg = g->C / g->G, Kg = g->K / g->G, nw = g->R * g->S * Cg * g->K;
-    double *dw = malloc(sizeof(double) * (size_t)nw);
-    for (int64_t r = 0; r < g->R; r++)
-        for (int64_t t = 0; t < g->S; t++)
-            for (int64_t c = 0; c < Cg; c++)
-                for (int64_t k = 0; k < g->K; k++) {
-                    long double s = 0;
-                    for (int64_t n = 0; n < g->N; n++)
-                        for (int64_t p = 0; p < g->P; p++)
-                            for (int64_t q = 0; q < g->Q; q++) {
-                                int64_t h, ww;
-                                if (!conv_ref_tap(g, p, q, r, t, &h, &ww))
-                                    continue;
-                                s += (long double)x[((n * g->H + h) * g->W + ww) * g->C + (k / Kg) * Cg + c] *
-                                     dy[((n * g->P + p) * g->Q + q) * g->K + k];
-                            }
-                    dw[((r * g->S + t) * Cg + c) * g->K + k] = (double)s;
-                }
-    return dw;
+    return conv_ref_sum(g, conv_ref_filter_term, x, dy, g->R * g->S * (g->C / g->G) * g->K);
 }
 
 /* ---- pooling ----------------------------------------------------------------------- */

@@ -91,15 +91,13 @@ static nb_shape read_shape(void)
     return s;
 }
 
+/* Axes are written as a shape is: a count, then the values. */
 static nb_axes read_axes(void)
 {
-    nb_axes a = {0, {0}};
-    long long n = read_int();
-    for (long long i = 0; i < n; i++) {
-        long long x = read_int();
-        if (i < NB_MAX_DIMS)
-            a.axes[a.n++] = (int)x;
-    }
+    nb_shape s = read_shape();
+    nb_axes a = {s.ndim, {0}};
+    for (int i = 0; i < s.ndim; i++)
+        a.axes[i] = (int)s.dims[i];
     return a;
 }
 

@@ -35,6 +35,7 @@
  * NB_BACKEND_OPS_DEVICES=/cpu:0,/cpu:1 names the devices instead (a second
  * logical CPU runs the device-against-CPU comparisons without a GPU). */
 #include "check.h"
+#include "splitmix.h"
 
 #include "lib/core/formulas.h"
 #include "ops/op.h"
@@ -112,16 +113,6 @@ static void case_end(void)
 }
 
 /* ---- numbers ------------------------------------------------------------------------------ */
-
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint64_t rng_u64(void)
-{
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double rng_unit(void) { return (double)(rng_u64() >> 11) * 0x1.0p-53; }
 
 /* f16 and bf16 from and to double (round to nearest even). */
 static double f16_decode(uint16_t h)
@@ -1189,16 +1180,6 @@ static nb_tensor *apply_reduce(int n, nb_tensor *const *in, const void *ctx)
     (void)n;
     const reduce_ctx *c = ctx;
     return c->e->pub(in[0], c->axes, c->keepdims);
-}
-
-static int axes_mask(nb_axes axes, int ndim)
-{
-    if (axes.n == 0)
-        return (1 << ndim) - 1;
-    int m = 0;
-    for (int i = 0; i < axes.n; i++)
-        m |= 1 << (axes.axes[i] < 0 ? axes.axes[i] + ndim : axes.axes[i]);
-    return m;
 }
 
 /* For each output element of a reduction over mask, the reduced values in order. */
@@ -3278,7 +3259,7 @@ int main(int argc, char **argv)
     for (int d = 0; d < n_devices; d++) {
         cur = &devices[d];
         reference_mode = strcmp(cur->name, CPU) == 0;
-        rng_state = 0x9E3779B97F4A7C15ull; /* the same inputs on every device */
+        rng_state = RNG_SEED; /* the same inputs on every device */
         for (int k = 0; k < NB_K_COUNT; k++) {
             CHECKF(kernels[k].run != NULL && strcmp(kernels[k].name, nb__kernel_name((nb_kernel)k)) == 0,
                    "kernel %d (%s) has no cases", k, nb__kernel_name((nb_kernel)k));

@@ -10,6 +10,7 @@
 #include "lib/core/backend.h"
 #include "lib/core/formulas.h"
 #include "ops/cpu/cpu_internal.h"
+#include "splitmix.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -64,15 +65,6 @@ static nb_device *const DEV = NULL; /* kernels take the device only for messages
 
 /* ---- random numbers ------------------------------------------------------------------------ */
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint64_t rng_u64(void)
-{
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static double rng_unit(void) { return (double)(rng_u64() >> 11) * 0x1.0p-53; }
 /* Never zero: +-[lo, hi). */
 static double rng_nonzero(double lo, double hi)
 {

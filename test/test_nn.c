@@ -41,6 +41,13 @@ static nb_shape in_shape(const pool_case *c)
     return c->o.format == NB_NCHW ? NB_SHAPE(c->N, c->C, c->H, c->W) : NB_SHAPE(c->N, c->H, c->W, c->C);
 }
 
+/* The pooled output's shape, in the case's layout. */
+static nb_shape out_shape(const pool_case *c)
+{
+    pool_geo g = pool_geo_of(c);
+    return c->o.format == NB_NCHW ? NB_SHAPE(c->N, c->C, g.P, g.Q) : NB_SHAPE(c->N, g.P, g.Q, c->C);
+}
+
 static const pool_case pool_cases[] = {
     {1, 5, 7, 3, {{2, 2}, {0, 0}, NB_PAD_VALID, {0}, NB_NHWC}},
     {2, 7, 5, 3, {{3, 3}, {2, 2}, NB_PAD_SAME, {0}, NB_NHWC}},
@@ -78,8 +85,7 @@ static void pool_values(void)
                 nb_tensor *y = pool(is_max, tensor_of(dt, s, v), &c->o);
                 pool_ref(c, is_max, v, want, NULL);
                 CHECKF(y && nb_tensor_dtype(y) == dt, "case %d", k);
-                nb_shape ws = c->o.format == NB_NCHW ? NB_SHAPE(c->N, c->C, g.P, g.Q) : NB_SHAPE(c->N, g.P, g.Q, c->C);
-                CHECKF(has_shape(y, ws), "case %d %s shape", k, is_max ? "max" : "avg");
+                CHECKF(has_shape(y, out_shape(c)), "case %d %s shape", k, is_max ? "max" : "avg");
                 CHECKF(check_max_error(y, want, m) <= (dt == NB_F32 ? 1e-6 : 1e-14), "case %d %s %s", k,
                        is_max ? "max" : "avg", nb_dtype_name(dt));
             }
@@ -139,9 +145,7 @@ static void pool_gradient_values(void)
 {
     for (int k = 0; k < N_POOL_CASES; k++) {
         const pool_case *c = &pool_cases[k];
-        pool_geo g = pool_geo_of(c);
-        nb_shape s = in_shape(c);
-        nb_shape os = c->o.format == NB_NCHW ? NB_SHAPE(c->N, c->C, g.P, g.Q) : NB_SHAPE(c->N, g.P, g.Q, c->C);
+        nb_shape s = in_shape(c), os = out_shape(c);
         int64_t n = numel_of(s), m = numel_of(os);
         double *v = random_values(n, -2, 2), *w = random_values(m, 0.5, 1.5);
         for (int64_t i = 0; i < n; i++)
@@ -203,9 +207,7 @@ static void pool_gradient_check(void)
 {
     for (int k = 0; k < N_POOL_CASES; k++) {
         const pool_case *c = &pool_cases[k];
-        pool_geo g = pool_geo_of(c);
-        nb_shape s = in_shape(c);
-        nb_shape os = c->o.format == NB_NCHW ? NB_SHAPE(c->N, c->C, g.P, g.Q) : NB_SHAPE(c->N, g.P, g.Q, c->C);
+        nb_shape s = in_shape(c), os = out_shape(c);
         int64_t n = numel_of(s);
         if (n > 600)
             continue;

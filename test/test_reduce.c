@@ -3,19 +3,6 @@
  * plain C references, gradients by the checker, tie sharing, and the errors. */
 #include "check.h"
 
-
-
-/* The bit mask of dims an axes set names (the test's own normalisation). */
-static int axes_mask(nb_axes axes, int ndim)
-{
-    if (axes.n == 0)
-        return (1 << ndim) - 1;
-    int m = 0;
-    for (int i = 0; i < axes.n; i++)
-        m |= 1 << (axes.axes[i] < 0 ? axes.axes[i] + ndim : axes.axes[i]);
-    return m;
-}
-
 static nb_shape reduced_shape(nb_shape s, int mask, bool keepdims)
 {
     nb_shape o = {0, {0}};
@@ -202,6 +189,19 @@ static void test_sum_mean_all(void)
     free(v);
 }
 
+/* The largest of row[0..n); *sum gets the sum of exp(row[i] - that largest),
+ * the stable parts of the row's logsumexp and softmax. */
+static double max_and_exp_sum(const double *row, int n, double *sum)
+{
+    double m = -INFINITY, s = 0;
+    for (int c = 0; c < n; c++)
+        m = fmax(m, row[c]);
+    for (int c = 0; c < n; c++)
+        s += exp(row[c] - m);
+    *sum = s;
+    return m;
+}
+
 static void test_logsumexp_stable(void)
 {
     const nb_dtype dts[2] = {NB_F32, NB_F64};
@@ -213,11 +213,7 @@ static void test_logsumexp_stable(void)
             x = nb_cast(x, NB_F32);
         double ref[3];
         for (int r = 0; r < 3; r++) {
-            double m = -INFINITY, s = 0;
-            for (int c = 0; c < 4; c++)
-                m = fmax(m, v[r * 4 + c]);
-            for (int c = 0; c < 4; c++)
-                s += exp(v[r * 4 + c] - m);
+            double s, m = max_and_exp_sum(v + r * 4, 4, &s);
             ref[r] = m + log(s);
         }
         nb_tensor *y = nb_logsumexp(x, NB_AXES(-1), false);
@@ -239,11 +235,7 @@ static void test_logsumexp_stable(void)
     CHECK_OK(nb_tape_gradient(tape, y, NB_TENSORS(x), &g));
     double ref[8];
     for (int r = 0; r < 2; r++) {
-        double m = -INFINITY, s = 0;
-        for (int c = 0; c < 4; c++)
-            m = fmax(m, v[r * 4 + c]);
-        for (int c = 0; c < 4; c++)
-            s += exp(v[r * 4 + c] - m);
+        double s, m = max_and_exp_sum(v + r * 4, 4, &s);
         for (int c = 0; c < 4; c++)
             ref[r * 4 + c] = exp(v[r * 4 + c] - m) / s;
     }

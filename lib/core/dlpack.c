@@ -134,14 +134,35 @@ typedef struct producer {
     DLManagedTensor *unversioned;
 } producer;
 
-static void producer_done(void *ctx)
+/* Calls the producer's deleter, if it gave one. */
+static void producer_tell(const producer *p)
 {
-    producer *p = ctx;
     if (p->versioned && p->versioned->deleter)
         p->versioned->deleter(p->versioned);
     if (p->unversioned && p->unversioned->deleter)
         p->unversioned->deleter(p->unversioned);
-    free(p);
+}
+
+static void producer_done(void *ctx)
+{
+    producer_tell(ctx);
+    free(ctx);
+}
+
+/* A heap copy of who_made_it, for the storage to tell later. Returns NULL
+ * (error recorded) when its tensor is NULL, or when out of host memory, having
+ * then told the producer at once (its tensor is let go either way). */
+static producer *producer_new(const char *who, producer who_made_it)
+{
+    if (!who_made_it.versioned && !who_made_it.unversioned)
+        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: the tensor is NULL", who);
+    producer *p = malloc(sizeof *p);
+    if (!p) {
+        producer_tell(&who_made_it);
+        return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+    }
+    *p = who_made_it;
+    return p;
 }
 
 /* The bytes from data to one past the last element (0 when empty); false when
@@ -265,15 +286,9 @@ done:
 nb_tensor *nb_from_dlpack(DLManagedTensorVersioned *m)
 {
     const char *who = "nb_from_dlpack";
-    if (!m)
-        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: the tensor is NULL", who);
-    producer *p = malloc(sizeof *p);
-    if (!p) {
-        if (m->deleter)
-            m->deleter(m);
-        return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
-    }
-    *p = (producer){.versioned = m};
+    producer *p = producer_new(who, (producer){.versioned = m});
+    if (!p)
+        return NULL;
     if (m->version.major != 1) {
         unsigned major = m->version.major, minor = m->version.minor;
         producer_done(p);
@@ -285,14 +300,8 @@ nb_tensor *nb_from_dlpack(DLManagedTensorVersioned *m)
 nb_tensor *nb_from_dlpack_unversioned(DLManagedTensor *m)
 {
     const char *who = "nb_from_dlpack_unversioned";
-    if (!m)
-        return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: the tensor is NULL", who);
-    producer *p = malloc(sizeof *p);
-    if (!p) {
-        if (m->deleter)
-            m->deleter(m);
-        return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
-    }
-    *p = (producer){.unversioned = m};
+    producer *p = producer_new(who, (producer){.unversioned = m});
+    if (!p)
+        return NULL;
     return take_in(who, &m->dl_tensor, false, p);
 }

@@ -13,33 +13,11 @@
 static _Thread_local nb_storage *tl_pool;
 static _Thread_local int tl_pool_n;
 
-nb_storage *nb__storage_new(nb_device *dev, size_t nbytes)
-{
-    nb_storage *s = tl_pool;
-    if (s) {
-        tl_pool = s->next_free;
-        tl_pool_n--;
-    } else {
-        s = malloc(sizeof *s);
-        if (!s)
-            return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "storage: out of host memory");
-    }
-    s->data = dev->backend->alloc(dev, nbytes);
-    if (!s->data) {
-        free(s);
-        return NULL; /* the allocator recorded the error */
-    }
-    atomic_init(&s->refs, 1);
-    s->nbytes = nbytes;
-    s->device = dev;
-    s->next_free = NULL;
-    s->external = false;
-    s->release = NULL;
-    s->release_ctx = NULL;
-    return s;
-}
-
-nb_storage *nb__storage_wrap(nb_device *dev, void *data, size_t nbytes, void (*release)(void *ctx), void *ctx)
+/* A header from this thread's pool, or from malloc when the pool is empty,
+ * with one reference and every field set. Returns NULL (error recorded) when
+ * out of host memory; the caller owns the header. */
+static nb_storage *header_take(nb_device *dev, void *data, size_t nbytes, bool external,
+                               void (*release)(void *ctx), void *ctx)
 {
     nb_storage *s = tl_pool;
     if (s) {
@@ -53,10 +31,28 @@ nb_storage *nb__storage_wrap(nb_device *dev, void *data, size_t nbytes, void (*r
     s->nbytes = nbytes;
     s->device = dev;
     s->next_free = NULL;
-    s->external = true;
+    s->external = external;
     s->release = release;
     s->release_ctx = ctx;
     return s;
+}
+
+nb_storage *nb__storage_new(nb_device *dev, size_t nbytes)
+{
+    nb_storage *s = header_take(dev, NULL, nbytes, false, NULL, NULL);
+    if (!s)
+        return NULL;
+    s->data = dev->backend->alloc(dev, nbytes);
+    if (!s->data) {
+        free(s);
+        return NULL; /* the allocator recorded the error */
+    }
+    return s;
+}
+
+nb_storage *nb__storage_wrap(nb_device *dev, void *data, size_t nbytes, void (*release)(void *ctx), void *ctx)
+{
+    return header_take(dev, data, nbytes, true, release, ctx);
 }
 
 void nb__storage_pool_drain(void)

@@ -11,6 +11,7 @@
 #include "../core/core.h"
 #include "pb_decode.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,38 +55,49 @@ static nb_status map_entry(parse *ps, pb_reader r)
     return NB_OK;
 }
 
-static nb_status scan(parse *ps, pb_reader r)
+/* The next field 1 of r's message that holds bytes (Example's Features,
+ * Features' map entries), skipping every other field: *out gets its bytes, or
+ * out->p NULL at the message's end. Returns NB_OK, or malformed's error on a
+ * bad tag or a truncated field; msg names r's message and field the one
+ * sought, for those errors. */
+static nb_status next_field1(const parse *ps, pb_reader *r, const char *msg, const char *field, pb_reader *out)
 {
-    while (!pb_done(&r)) { /* Example */
+    char what[64];
+    *out = (pb_reader){NULL, NULL};
+    while (!pb_done(r)) {
         uint32_t f;
         int w;
-        if (!pb_read_tag(&r, &f, &w))
-            return malformed(ps, &r, "a bad tag in Example");
-        if (f != 1 || w != PB_BYTES) {
-            if (!pb_skip(&r, f, w))
-                return malformed(ps, &r, "a truncated unknown field in Example");
-            continue;
+        if (!pb_read_tag(r, &f, &w)) {
+            snprintf(what, sizeof what, "a bad tag in %s", msg);
+            return malformed(ps, r, what);
         }
-        pb_reader features;
-        if (!pb_read_bytes(&r, &features))
-            return malformed(ps, &r, "a truncated Features");
-        while (!pb_done(&features)) { /* Features */
-            if (!pb_read_tag(&features, &f, &w))
-                return malformed(ps, &features, "a bad tag in Features");
-            if (f != 1 || w != PB_BYTES) {
-                if (!pb_skip(&features, f, w))
-                    return malformed(ps, &features, "a truncated unknown field in Features");
-                continue;
-            }
-            pb_reader entry;
-            if (!pb_read_bytes(&features, &entry))
-                return malformed(ps, &features, "a truncated feature map entry");
-            nb_status st = map_entry(ps, entry);
-            if (st)
-                return st;
+        if (f == 1 && w == PB_BYTES) {
+            if (pb_read_bytes(r, out))
+                return NB_OK;
+            snprintf(what, sizeof what, "a truncated %s", field);
+            return malformed(ps, r, what);
+        }
+        if (!pb_skip(r, f, w)) {
+            snprintf(what, sizeof what, "a truncated unknown field in %s", msg);
+            return malformed(ps, r, what);
         }
     }
     return NB_OK;
+}
+
+static nb_status scan(parse *ps, pb_reader r)
+{
+    pb_reader features, entry;
+    nb_status st;
+    while (!(st = next_field1(ps, &r, "Example", "Features", &features)) && features.p) {
+        while (!(st = next_field1(ps, &features, "Features", "feature map entry", &entry)) && entry.p) {
+            if ((st = map_entry(ps, entry)))
+                return st;
+        }
+        if (st)
+            return st;
+    }
+    return st;
 }
 
 static const char *kind_name(uint32_t field)

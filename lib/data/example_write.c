@@ -9,6 +9,19 @@
 
 #define WHO "nb_example_write"
 
+/* t's n values cast to dt and read to the host. Returns a malloc'd array of
+ * elem-byte values (NULL when out of memory) that the caller frees, whatever
+ * *st says: NB_OK, or the error of the allocation, the cast or the read. */
+static void *read_as(const char *name, const nb_tensor *t, int64_t n, nb_dtype dt, size_t elem, nb_status *st)
+{
+    void *v = malloc(n > 0 ? (size_t)n * elem : 1);
+    const nb_tensor *c = nb_cast(t, dt);
+    *st = !v ? nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory for '%s'", WHO, name)
+          : !c ? nb_error()
+               : nb_tensor_read(c, v, (size_t)n * elem);
+    return v;
+}
+
 /* The Feature message for t: its values read to the host and put in the list
  * its dtype calls for. */
 static nb_status feature(const char *name, const nb_tensor *t, nb_pb *f)
@@ -30,22 +43,14 @@ static nb_status feature(const char *name, const nb_tensor *t, nb_pb *f)
         }
         free(bytes);
     } else if (dt == NB_F32 || dt == NB_F64) { /* float_list, packed */
-        float *v = malloc(n > 0 ? (size_t)n * sizeof *v : 1);
-        const nb_tensor *c = nb_cast(t, NB_F32);
-        st = !v ? nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory for '%s'", WHO, name)
-             : !c ? nb_error()
-                  : nb_tensor_read(c, v, (size_t)n * sizeof *v);
+        float *v = read_as(name, t, n, NB_F32, sizeof *v, &st);
         if (st == NB_OK) {
             nb__pb_packed_floats(&list, 1, v, (size_t)n);
             nb__pb_message(f, 2, &list);
         }
         free(v);
     } else if (dt == NB_I32 || dt == NB_I64 || dt == NB_BOOL) { /* int64_list, packed */
-        int64_t *v = malloc(n > 0 ? (size_t)n * sizeof *v : 1);
-        const nb_tensor *c = nb_cast(t, NB_I64);
-        st = !v ? nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory for '%s'", WHO, name)
-             : !c ? nb_error()
-                  : nb_tensor_read(c, v, (size_t)n * sizeof *v);
+        int64_t *v = read_as(name, t, n, NB_I64, sizeof *v, &st);
         if (st == NB_OK) {
             nb__pb_packed_varints(&list, 1, v, (size_t)n);
             nb__pb_message(f, 3, &list);

@@ -111,15 +111,23 @@ void nb__pb_message(nb_pb *b, uint32_t field, const nb_pb *sub)
     nb__pb_bytes(b, field, sub->data, sub->size);
 }
 
-void nb__pb_packed_doubles(nb_pb *b, uint32_t field, const double *v, size_t n)
+/* The head of a packed field of n fixed-width values: its tag and length, with
+ * room reserved for the values. Returns false, b marked failed, when the
+ * length passes SIZE_MAX or the room cannot be had. */
+static bool packed_fixed_head(nb_pb *b, uint32_t field, size_t n, size_t width)
 {
-    if (n > SIZE_MAX / 8) {
+    if (n > SIZE_MAX / width) {
         b->failed = true;
-        return;
+        return false;
     }
     tag(b, field, WIRE_LEN);
-    raw_varint(b, (uint64_t)n * 8);
-    if (!reserve(b, n * 8))
+    raw_varint(b, (uint64_t)(n * width));
+    return reserve(b, n * width);
+}
+
+void nb__pb_packed_doubles(nb_pb *b, uint32_t field, const double *v, size_t n)
+{
+    if (!packed_fixed_head(b, field, n, 8))
         return;
     for (size_t i = 0; i < n; i++)
         raw_le(b, double_bits(v[i]), 8);
@@ -127,13 +135,7 @@ void nb__pb_packed_doubles(nb_pb *b, uint32_t field, const double *v, size_t n)
 
 void nb__pb_packed_floats(nb_pb *b, uint32_t field, const float *v, size_t n)
 {
-    if (n > SIZE_MAX / 4) {
-        b->failed = true;
-        return;
-    }
-    tag(b, field, WIRE_LEN);
-    raw_varint(b, (uint64_t)n * 4);
-    if (!reserve(b, n * 4))
+    if (!packed_fixed_head(b, field, n, 4))
         return;
     for (size_t i = 0; i < n; i++) {
         uint32_t u;

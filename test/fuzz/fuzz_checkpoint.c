@@ -113,7 +113,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     nb_variable_free(b);
     nb_variable_free(w_was);
     nb_variable_free(b_was);
-    REQUIRE(nb_error() == NB_OK, "pending error: %s", nb_error_message());
-    REQUIRE(nb_live_tensors() == live, "%lld tensors leaked", (long long)(nb_live_tensors() - live));
+    REQUIRE_CLEAN(live);
     return 0;
 }

@@ -184,7 +184,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
 
     nb_scope_end(scope);
-    REQUIRE(nb_error() == NB_OK, "pending error: %s", nb_error_message());
-    REQUIRE(nb_live_tensors() == live, "%lld tensors leaked", (long long)(nb_live_tensors() - live));
+    REQUIRE_CLEAN(live);
     return 0;
 }

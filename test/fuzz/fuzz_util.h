@@ -2,7 +2,9 @@
  *
  * REQUIRE(cond, fmt, ...): a broken promise is a finding: prints the target,
  * the place, the condition and the message, and aborts so libFuzzer keeps the
- * input. fuzz_temp_file makes an empty temporary file (under $TMPDIR, else
+ * input. REQUIRE_CLEAN(live): the run left no pending error and, of the
+ * tensors (nabla's own count), as many live as live (the count at its start);
+ * it needs <nabla/nabla.h>. fuzz_temp_file makes an empty temporary file (under $TMPDIR, else
  * /tmp) for targets whose reader takes a path; the caller removes it at exit. */
 #ifndef NB_FUZZ_UTIL_H
 #define NB_FUZZ_UTIL_H
@@ -19,6 +21,12 @@
             fprintf(stderr, "\n");                                                           \
             abort();                                                                         \
         }                                                                                    \
+    } while (0)
+
+#define REQUIRE_CLEAN(live)                                                                               \
+    do {                                                                                                  \
+        REQUIRE(nb_error() == NB_OK, "pending error: %s", nb_error_message());                            \
+        REQUIRE(nb_live_tensors() == (live), "%lld tensors leaked", (long long)(nb_live_tensors() - (live))); \
     } while (0)
 
 /* Writes the new file's path ("<tmp>/nb_fuzz_<tag>_XXXXXX" made unique) to p;
