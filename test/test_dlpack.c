@@ -124,9 +124,15 @@ static void test_deleter_elsewhere(void)
     DLManagedTensorVersioned *m = nb_to_dlpack(nb_ones(NB_F64, NB_SHAPE(1000)));
     nb_scope_end(s);
     CHECK(m && nb_live_tensors() == live + 1); /* the scope's tensor lives on in m */
+    if (!m)
+        return;
     pthread_t th;
-    CHECK(m && pthread_create(&th, NULL, delete_on_thread, m) == 0);
-    pthread_join(th, NULL);
+    int rc = pthread_create(&th, NULL, delete_on_thread, m);
+    CHECK(rc == 0);
+    if (rc == 0)
+        pthread_join(th, NULL);
+    else
+        m->deleter(m);
     CHECK(nb_live_tensors() == live);
 }
 
