@@ -199,13 +199,12 @@ static nb_tensor *take_in(const char *who, const DLTensor *dl, bool read_only, p
                  dl->ndim > 0 && !dl->shape ? " and no shape" : "", NB_MAX_DIMS);
         goto done;
     }
+    nb__shape_str(dl->ndim, dl->shape, dims, sizeof dims);
     for (int i = 0; i < dl->ndim; i++)
         if (dl->shape[i] < 0) {
-            nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: shape %s has a negative dim", who,
-                     nb__shape_str(dl->ndim, dl->shape, dims, sizeof dims));
+            nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: shape %s has a negative dim", who, dims);
             goto done;
         }
-    nb__shape_str(dl->ndim, dl->shape, dims, sizeof dims);
     nb_dtype dtype;
     if (dl->dtype.lanes != 1) {
         nb__fail(NB_ERR_UNSUPPORTED, "%s: %d lanes per element (vector types are not taken)", who,

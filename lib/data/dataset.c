@@ -338,7 +338,7 @@ nb_dataset *nb_dataset_shard(nb_dataset *ds, int64_t count, int64_t index)
                        (long long)index, (long long)count);
     /* An IDX source not yet read takes the shard as its share: the other rows
      * are never kept. */
-    if (ds->kind == DS_TENSORS && ds->idx_paths[0] && !ds->loaded && ds->share_count <= INT64_MAX / count) {
+    if (ds->kind == DS_TENSORS && ds->idx_paths[0] && ds->share_count <= INT64_MAX / count) {
         pthread_mutex_lock(&ds->load_mu);
         bool fold = !ds->loaded;
         if (fold) {

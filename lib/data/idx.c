@@ -201,8 +201,8 @@ typedef struct idx_rows {
     bool header_only;
 } idx_rows;
 
-static nb_status read_share(idx_source *src, int64_t nbytes, int64_t rows, int64_t row_bytes, idx_rows sel,
-                            uint8_t **out, const char *shape_str);
+static nb_status read_rows(idx_source *src, int64_t nbytes, int64_t rows, int64_t row_bytes, idx_rows sel,
+                           uint8_t **out, const char *what);
 
 /* Reads one IDX image from src: the rows sel picks into a new tensor owned by
  * the current scope, written to *out (left NULL with sel.header_only, when
@@ -291,81 +291,22 @@ static nb_status idx_parse(idx_source *src, idx_rows sel, nb_tensor **out, nb_id
     }
     if (sel.header_only)
         return NB_OK;
-    if (sel.count > 1) {
-        char s[NB_SHAPE_STR_MAX];
-        nb__shape_str(ndim, shape, s, sizeof s);
-        const int64_t rows = shape[0], row_bytes = rows ? nbytes / rows : 0;
-        nb_status st = read_share(src, nbytes, rows, row_bytes, sel, &buf, s);
-        if (st)
-            goto done;
-        shape[0] = rows > sel.index ? (rows - sel.index + sel.count - 1) / sel.count : 0;
-        const int64_t kept = shape[0] * row_bytes;
-        if (elem > 1 && host_is_little_endian())
-            swap_bytes(buf, kept / (int64_t)elem, elem);
-        nb_device *cpu = nb__device_cpu0();
-        nb_tensor *t = cpu ? nb__tensor_new(who, cpu, dtype, ndim, shape) : NULL;
-        if (t && kept > 0)
-            memcpy(nb__data(t), buf, (size_t)kept);
-        if (t)
-            *out = nb__own(t);
+    char what[NB_SHAPE_STR_MAX + 16]; /* "[2, 3] of u8", for messages */
+    char dims[NB_SHAPE_STR_MAX];
+    snprintf(what, sizeof what, "%s of %s", nb__shape_str(ndim, shape, dims, sizeof dims), nb_dtype_name(dtype));
+    const int64_t rows = shape[0], row_bytes = rows ? nbytes / rows : 0;
+    if (read_rows(src, nbytes, rows, row_bytes, sel, &buf, what))
         goto done;
-    }
-
-    /* Read the data into a buffer that grows only as far as the source goes,
-     * plus one byte to find trailing data. */
-    int64_t cap = nbytes + 1 < (INT64_C(1) << 24) ? nbytes + 1 : (INT64_C(1) << 24);
-    buf = malloc((size_t)cap);
-    if (!buf) {
-        nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: %s: out of host memory", who, where);
-        goto done;
-    }
-    int64_t have = 0;
-    for (;;) {
-        int64_t r = src->read(src, buf + have, cap - have);
-        if (r < 0) {
-            char s[NB_SHAPE_STR_MAX];
-            nb__fail(NB_ERR_IO, "%s: %s: truncated or corrupt data after %lld of %lld bytes for shape %s: %s", who,
-                     where, (long long)have, (long long)nbytes, nb__shape_str(ndim, shape, s, sizeof s),
-                     src->problem(src));
-            goto done;
-        }
-        have += r;
-        if (have < cap || cap == nbytes + 1)
-            break;
-        int64_t ncap = cap * 2 < nbytes + 1 ? cap * 2 : nbytes + 1;
-        uint8_t *nbuf = realloc(buf, (size_t)ncap);
-        if (!nbuf) {
-            nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: %s: out of host memory", who, where);
-            goto done;
-        }
-        buf = nbuf;
-        cap = ncap;
-    }
-    if (have < nbytes) {
-        char s[NB_SHAPE_STR_MAX];
-        nb__fail(NB_ERR_IO, "%s: %s: truncated data: %lld of %lld bytes for shape %s of %s", who, where,
-                 (long long)have, (long long)nbytes, nb__shape_str(ndim, shape, s, sizeof s), nb_dtype_name(dtype));
-        goto done;
-    }
-    if (have > nbytes) {
-        char s[NB_SHAPE_STR_MAX];
-        nb__fail(NB_ERR_IO, "%s: %s: trailing data after the %lld bytes of shape %s of %s", who, where,
-                 (long long)nbytes, nb__shape_str(ndim, shape, s, sizeof s), nb_dtype_name(dtype));
-        goto done;
-    }
-
+    shape[0] = rows > sel.index ? (rows - sel.index + sel.count - 1) / sel.count : 0;
+    const int64_t kept = shape[0] * row_bytes;
     if (elem > 1 && host_is_little_endian())
-        swap_bytes(buf, nbytes / (int64_t)elem, elem);
-
+        swap_bytes(buf, kept / (int64_t)elem, elem);
     nb_device *cpu = nb__device_cpu0();
-    if (!cpu)
-        goto done;
-    nb_tensor *t = nb__tensor_new(who, cpu, dtype, ndim, shape);
-    if (!t)
-        goto done;
-    if (nbytes > 0)
-        memcpy(nb__data(t), buf, (size_t)nbytes);
-    *out = nb__own(t);
+    nb_tensor *t = cpu ? nb__tensor_new(who, cpu, dtype, ndim, shape) : NULL;
+    if (t && kept > 0)
+        memcpy(nb__data(t), buf, (size_t)kept);
+    if (t)
+        *out = nb__own(t);
 
 done:
     free(buf);
@@ -388,40 +329,41 @@ static bool grow_to(uint8_t **buf, int64_t *cap, int64_t need, int64_t limit)
     return true;
 }
 
-/* Streams the nbytes of data through a window, keeping the bytes of the rows
- * sel picks in a buffer that grows only as far as the source goes; then reads
- * one more byte to find trailing data. *out gets the buffer (the caller frees
- * it) on success. */
-static nb_status read_share(idx_source *src, int64_t nbytes, int64_t rows, int64_t row_bytes, idx_rows sel,
-                            uint8_t **out, const char *shape_str)
+/* Reads the nbytes of data, keeping the bytes of the rows sel picks in a
+ * buffer that grows only as far as the source goes (never trusting the
+ * header's size up front): all of them read straight into it, a share
+ * streamed through a window. Then reads one more byte to find trailing data.
+ * *out gets the buffer (the caller frees it) on success; what names the shape
+ * and dtype in messages. */
+static nb_status read_rows(idx_source *src, int64_t nbytes, int64_t rows, int64_t row_bytes, idx_rows sel,
+                           uint8_t **out, const char *what)
 {
     const char *who = src->who, *where = src->label;
     enum { WINDOW = 1 << 20 };
-    uint8_t *window = malloc(WINDOW), *kept = NULL;
+    const bool all = sel.count == 1;
+    uint8_t *window = all ? NULL : malloc(WINDOW), *kept = NULL;
     int64_t kept_cap = 0, pos = 0;
     const int64_t k = rows > sel.index ? (rows - sel.index + sel.count - 1) / sel.count : 0;
     nb_status st = NB_OK;
-    if (!window) {
-        st = nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: %s: out of host memory", who, where);
-        goto done;
-    }
+    if (!all && !window)
+        goto out_of_memory;
     while (pos < nbytes) {
         int64_t want = nbytes - pos < WINDOW ? nbytes - pos : WINDOW;
-        int64_t got = src->read(src, window, want);
+        if (all && !grow_to(&kept, &kept_cap, pos + want, nbytes))
+            goto out_of_memory;
+        int64_t got = src->read(src, all ? kept + pos : window, want);
         if (got < 0) {
             st = nb__fail(NB_ERR_IO, "%s: %s: truncated or corrupt data after %lld of %lld bytes for shape %s: %s",
-                          who, where, (long long)pos, (long long)nbytes, shape_str, src->problem(src));
+                          who, where, (long long)pos, (long long)nbytes, what, src->problem(src));
             goto done;
         }
-        for (int64_t off = 0; off < got;) { /* the window's pieces of one row each */
+        for (int64_t off = 0; !all && off < got;) { /* the window's pieces of one row each */
             int64_t at = pos + off, r = at / row_bytes, in_row = at - r * row_bytes;
             int64_t piece = row_bytes - in_row < got - off ? row_bytes - in_row : got - off;
             if (r % sel.count == sel.index) {
                 int64_t dst = (r / sel.count) * row_bytes + in_row;
-                if (!grow_to(&kept, &kept_cap, dst + piece, k * row_bytes)) {
-                    st = nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: %s: out of host memory", who, where);
-                    goto done;
-                }
+                if (!grow_to(&kept, &kept_cap, dst + piece, k * row_bytes))
+                    goto out_of_memory;
                 memcpy(kept + dst, window + off, (size_t)piece);
             }
             off += piece;
@@ -429,7 +371,7 @@ static nb_status read_share(idx_source *src, int64_t nbytes, int64_t rows, int64
         pos += got;
         if (got < want) {
             st = nb__fail(NB_ERR_IO, "%s: %s: truncated data: %lld of %lld bytes for shape %s", who, where,
-                          (long long)pos, (long long)nbytes, shape_str);
+                          (long long)pos, (long long)nbytes, what);
             goto done;
         }
     }
@@ -438,11 +380,14 @@ static nb_status read_share(idx_source *src, int64_t nbytes, int64_t rows, int64
     if (more != 0) {
         st = more < 0 ? nb__fail(NB_ERR_IO, "%s: %s: cannot read past the data: %s", who, where, src->problem(src))
                       : nb__fail(NB_ERR_IO, "%s: %s: trailing data after the %lld bytes of shape %s", who, where,
-                                 (long long)nbytes, shape_str);
+                                 (long long)nbytes, what);
         goto done;
     }
     *out = kept;
     kept = NULL;
+    goto done;
+out_of_memory:
+    st = nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: %s: out of host memory", who, where);
 done:
     free(window);
     free(kept);

@@ -7,7 +7,6 @@
 
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 #define SCALE_MIN 0x1p-64
 #define SCALE_MAX 0x1p64
@@ -58,8 +57,8 @@ static nb_status unscale(nb_loss_scaler *ls, int n, nb_tensor *const *grads, nb_
         if (!(out[i] = nb_mul_scalar(grads[i], 1.0 / ls->scale)))
             return nb_error();
         nb_tensor *z = nb_cast(nb_sum_all(nb_mul_scalar(out[i], 0.0)), NB_F64);
-        if (z && bad && strcmp(nb_tensor_device(z), nb_tensor_device(bad)) != 0)
-            z = nb_to_device(z, nb_tensor_device(bad));
+        if (z && bad)
+            z = nb_to_device(z, nb_tensor_device(bad)); /* itself when already there */
         bad = !z ? NULL : bad ? nb_add(bad, z) : z;
         if (!bad)
             return nb_error();
