@@ -5,7 +5,8 @@
 # the build has no MPI, or the build runs under ThreadSanitizer (which cannot
 # see into OpenMPI's threads). Every mpirun runs under timeout, so a hang fails.
 #
-#   test/mpi_run.sh TEST_MPI SCENARIO      SCENARIO: train, mismatch, silent, kill, resume
+#   test/mpi_run.sh TEST_MPI SCENARIO      SCENARIO: train, mismatch, silent, kill, resume (test_mpi),
+#                                          async-train, async-kill-worker, async-kill-server (test_mpi_async)
 set -uo pipefail
 exe="${1:?usage: mpi_run.sh TEST_MPI SCENARIO}"
 scenario="${2:?usage: mpi_run.sh TEST_MPI SCENARIO}"
@@ -53,6 +54,11 @@ case "$scenario" in
   silent) run 2 -- silent; expect silent ;;
   # without --enable-recovery mpirun itself would end every rank when one is killed
   kill) run 2 --enable-recovery -- kill; expect kill ;;
+  async-train) run 4 -- async-train; ok $?; expect async-train ;;
+  async-kill-worker) run 3 --enable-recovery -- async-kill-worker; expect async-kill-worker ;;
+  async-kill-server)
+    run 3 --enable-recovery -- async-kill-server
+    [ "$(grep -c 'test_mpi: async-kill-server OK' "$log")" -eq 2 ] || { echo "mpi_run.sh: not every worker failed naming the server"; exit 1; } ;;
   resume)
     run 2 -- resume-write "$tmp"; ok $?; expect resume-write
     for np in 1 3; do run "$np" -- resume-read "$tmp"; ok $?; expect resume; done ;;

@@ -235,6 +235,9 @@ void nb__replica_leave(void);
 int nb__replica_of(uint64_t strategy);
 /* The id of the strategy the calling thread runs a replica of; 0 when none. */
 uint64_t nb__replica_strategy(void);
+/* A new strategy id (1, 2, ...), unique for the process's life: the mirrored
+ * strategy and the asynchronous trainer draw from the one counter. */
+uint64_t nb__replica_owner_new(void);
 
 /* ---- threads ---------------------------------------------------------------- */
 

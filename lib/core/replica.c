@@ -24,3 +24,7 @@ void nb__replica_leave(void)
 int nb__replica_of(uint64_t strategy) { return strategy && strategy == tl_strategy ? tl_index : -1; }
 
 uint64_t nb__replica_strategy(void) { return tl_strategy; }
+
+static atomic_uint_fast64_t g_next_owner = 1;
+
+uint64_t nb__replica_owner_new(void) { return atomic_fetch_add_explicit(&g_next_owner, 1, memory_order_relaxed); }

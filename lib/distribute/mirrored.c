@@ -25,8 +25,6 @@
 
 #define DEFAULT_BUCKET_BYTES ((size_t)25 << 20)
 
-static atomic_uint_fast64_t g_next_id = 1;
-
 /* p grown to n elements of size bytes (n >= 1); NULL, with p freed, when memory runs out. */
 static void *realloc_array(void *p, size_t n, size_t size)
 {
@@ -380,7 +378,7 @@ nb_mirrored *nb_mirrored_new(int n, const char *const *devices)
         free(reps);
         return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
     }
-    s->id = atomic_fetch_add_explicit(&g_next_id, 1, memory_order_relaxed);
+    s->id = nb__replica_owner_new();
     s->n = n;
     s->reps = reps;
     s->bucket_bytes = DEFAULT_BUCKET_BYTES;

@@ -446,6 +446,124 @@ nb_status nb__world_broadcast(const char *who, void *buf, size_t bytes)
     return st;
 }
 
+/* ---- messages between two ranks (the asynchronous trainer's) ------------------------ */
+
+/* Several threads of a process send and receive at once (the trainer's
+ * workers), while MPI runs MPI_THREAD_SERIALIZED: one of them in MPI at a time. */
+static pthread_mutex_t g_p2p = PTHREAD_MUTEX_INITIALIZER;
+
+/* Polls one request until it completes or the deadline passes, holding the
+ * lock only inside MPI. */
+static bool wait_request(MPI_Request *req, double deadline)
+{
+    const double patient = now_s() + 1.0;
+    for (int spins = 0;; spins++) {
+        int flag = 0;
+        pthread_mutex_lock(&g_p2p);
+        if (MPI_Test(req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            flag = 0;
+        pthread_mutex_unlock(&g_p2p);
+        if (flag)
+            return true;
+        if ((spins & 15) == 0) {
+            double t = now_s();
+            if (t > deadline)
+                return false;
+            if (t > patient) {
+                nanosleep(&(struct timespec){0, 200000}, NULL);
+                continue;
+            }
+        }
+        sched_yield();
+    }
+}
+
+nb_status nb__world_send(const char *who, int dest, int tag, const void *buf, size_t bytes)
+{
+    if (W.broken)
+        return already_broken(who);
+    if (bytes > (size_t)INT32_MAX)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: a message of %zu bytes to rank %d is over MPI's 2 GiB", who,
+                        bytes, dest);
+    MPI_Request req;
+    pthread_mutex_lock(&g_p2p);
+    int rc = MPI_Isend((void *)buf, (int)bytes, MPI_BYTE, dest, tag, MPI_COMM_WORLD, &req);
+    pthread_mutex_unlock(&g_p2p);
+    if (rc != MPI_SUCCESS)
+        return world_fail(NB_ERR_BACKEND, "%s: MPI could not send to rank %d", who, dest);
+    double t = nb__world_timeout();
+    if (!wait_request(&req, now_s() + t)) {
+        W.stuck = true;
+        return nb__fail(NB_ERR_TIMEOUT, "%s: rank %d did not take a message within %g s: it died or stopped answering "
+                        "(this is rank %d)", who, dest, t, W.rank);
+    }
+    return NB_OK;
+}
+
+nb_status nb__world_recv(const char *who, int src, int tag, void *buf, size_t bytes, size_t *got)
+{
+    if (W.broken)
+        return already_broken(who);
+    if (bytes > (size_t)INT32_MAX)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: a message of %zu bytes from rank %d is over MPI's 2 GiB", who,
+                        bytes, src);
+    MPI_Request req;
+    MPI_Status status;
+    pthread_mutex_lock(&g_p2p);
+    int rc = MPI_Irecv(buf, (int)bytes, MPI_BYTE, src, tag, MPI_COMM_WORLD, &req);
+    pthread_mutex_unlock(&g_p2p);
+    if (rc != MPI_SUCCESS)
+        return world_fail(NB_ERR_BACKEND, "%s: MPI could not receive from rank %d", who, src);
+    double t = nb__world_timeout();
+    const double deadline = now_s() + t, patient = now_s() + 1.0;
+    for (int spins = 0;; spins++) {
+        int flag = 0;
+        pthread_mutex_lock(&g_p2p);
+        if (MPI_Test(&req, &flag, &status) != MPI_SUCCESS)
+            flag = 0;
+        pthread_mutex_unlock(&g_p2p);
+        if (flag)
+            break;
+        if ((spins & 15) == 0) {
+            double now = now_s();
+            if (now > deadline)
+                return world_fail(NB_ERR_TIMEOUT, "%s: rank %d did not answer within %g s: it died or stopped "
+                                  "answering (this is rank %d)", who, src, t, W.rank);
+            if (now > patient) {
+                nanosleep(&(struct timespec){0, 200000}, NULL);
+                continue;
+            }
+        }
+        sched_yield();
+    }
+    int count = 0;
+    MPI_Get_count(&status, MPI_BYTE, &count);
+    if (got)
+        *got = (size_t)count;
+    return NB_OK;
+}
+
+void nb__world_lost(void) { W.stuck = true; }
+
+bool nb__world_probe(int tag, int *src, size_t *bytes)
+{
+    if (W.broken || W.size <= 1)
+        return false;
+    int flag = 0, count = 0;
+    MPI_Status status;
+    pthread_mutex_lock(&g_p2p);
+    if (MPI_Iprobe(MPI_ANY_SOURCE, tag, MPI_COMM_WORLD, &flag, &status) != MPI_SUCCESS)
+        flag = 0;
+    if (flag)
+        MPI_Get_count(&status, MPI_BYTE, &count);
+    pthread_mutex_unlock(&g_p2p);
+    if (flag) {
+        *src = status.MPI_SOURCE;
+        *bytes = (size_t)count;
+    }
+    return flag != 0;
+}
+
 #else /* no MPI: one process */
 
 nb_status nb__world_join(const char *who)
@@ -476,6 +594,26 @@ nb_status nb__world_broadcast(const char *who, void *buf, size_t bytes)
 {
     (void)who, (void)buf, (void)bytes;
     return NB_OK;
+}
+
+nb_status nb__world_send(const char *who, int dest, int tag, const void *buf, size_t bytes)
+{
+    (void)tag, (void)buf, (void)bytes;
+    return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: there is no rank %d: this build has no MPI", who, dest);
+}
+
+nb_status nb__world_recv(const char *who, int src, int tag, void *buf, size_t bytes, size_t *got)
+{
+    (void)tag, (void)buf, (void)bytes, (void)got;
+    return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: there is no rank %d: this build has no MPI", who, src);
+}
+
+void nb__world_lost(void) {}
+
+bool nb__world_probe(int tag, int *src, size_t *bytes)
+{
+    (void)tag, (void)src, (void)bytes;
+    return false;
 }
 
 #endif

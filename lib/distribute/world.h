@@ -48,4 +48,26 @@ nb_status nb__world_sum(const char *who, void *buf, int64_t count, nb_dtype dtyp
 /* In place: rank 0's bytes to every rank. Host memory. */
 nb_status nb__world_broadcast(const char *who, void *buf, size_t bytes);
 
+/* ---- messages between two ranks ----------------------------------------------
+ * Unlike the calls above these are not collective, and any thread may make
+ * them (they take turns inside MPI). Each waits against the deadline. */
+
+/* Sends bytes to rank dest with tag and waits until MPI has taken them.
+ * NB_ERR_TIMEOUT naming dest when it does not within the deadline (the world
+ * is not broken by it: the caller decides whether that rank is dead). */
+nb_status nb__world_send(const char *who, int dest, int tag, const void *buf, size_t bytes);
+
+/* Receives one message from rank src with tag into buf (at most bytes; the
+ * size to *got). NB_ERR_TIMEOUT naming src after the deadline, which breaks
+ * the world. */
+nb_status nb__world_recv(const char *who, int src, int tag, void *buf, size_t bytes, size_t *got);
+
+/* Says that some rank died while the others went on: MPI_Finalize would wait
+ * for it, so it is not called at exit. */
+void nb__world_lost(void);
+
+/* Whether a message with tag waits from any rank: its rank and size to *src
+ * and *bytes. Does not wait. */
+bool nb__world_probe(int tag, int *src, size_t *bytes);
+
 #endif
