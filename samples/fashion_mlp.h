@@ -10,20 +10,26 @@
 
 #define MLP_PARAMS 6
 
-/* He-initialised weights and zero biases on the current device; with a
- * strategy s, mirrored variables, one copy on each of its replicas. */
-static inline void mlp_init(nb_variable *p[MLP_PARAMS], nb_mirrored *s)
+/* Variable i of the MLP (0 .. MLP_PARAMS - 1): its name to name, and its
+ * initial value on the current device: He-initialised weights, zero biases. */
+static inline nb_tensor *mlp_initial(int i, char name[32])
 {
     const int64_t sizes[4] = {784, 256, 128, 10};
-    for (int l = 0; l < 3; l++) {
+    int l = i / 2;
+    snprintf(name, 32, "dense%d/%s", l + 1, i % 2 ? "b" : "w");
+    if (i % 2)
+        return nb_zeros(NB_F32, NB_SHAPE(sizes[l + 1]));
+    return nb_truncated_normal(NB_F32, NB_SHAPE(sizes[l], sizes[l + 1]), 0, sqrt(2.0 / (double)sizes[l]), 100 + l);
+}
+
+/* The MLP's variables on the current device; with a strategy s, mirrored
+ * variables, one copy on each of its replicas. */
+static inline void mlp_init(nb_variable *p[MLP_PARAMS], nb_mirrored *s)
+{
+    for (int i = 0; i < MLP_PARAMS; i++) {
         char name[32];
-        snprintf(name, sizeof name, "dense%d/w", l + 1);
-        nb_tensor *w = nb_truncated_normal(NB_F32, NB_SHAPE(sizes[l], sizes[l + 1]), 0,
-                                           sqrt(2.0 / (double)sizes[l]), 100 + l);
-        p[2 * l] = s ? nb_mirrored_variable_new(s, name, w) : nb_variable_new(name, w);
-        snprintf(name, sizeof name, "dense%d/b", l + 1);
-        nb_tensor *b = nb_zeros(NB_F32, NB_SHAPE(sizes[l + 1]));
-        p[2 * l + 1] = s ? nb_mirrored_variable_new(s, name, b) : nb_variable_new(name, b);
+        nb_tensor *t = mlp_initial(i, name);
+        p[i] = s ? nb_mirrored_variable_new(s, name, t) : nb_variable_new(name, t);
     }
 }
 

@@ -454,7 +454,11 @@ static bool batch_of(nb_async_worker *ws, int64_t start, int64_t rows, nb_tensor
         size.dims[0] = rows;
         for (int d = 1; d < x->ndim; d++)
             size.dims[d] = -1;
+        /* cut where the input is (under the worker's device the whole input
+         * would be copied first), then move the rows alone */
+        nb_device_push(x->device->name);
         nb_tensor *t = nb_slice(x, begin, size);
+        nb_device_pop();
         if (t && t->device != ws->dev)
             t = nb_to_device(t, ws->dev->name);
         if (!t)

@@ -649,7 +649,11 @@ static bool make_shares(nb_replica_state *rs, int n, nb_tensor *const *inputs, n
         size.dims[0] = rs->ctx.rows;
         for (int d = 1; d < x->ndim; d++)
             size.dims[d] = -1;
+        /* cut where the input is (under the replica's device the whole input
+         * would be copied first), then move the share alone */
+        nb_device_push(x->device->name);
         nb_tensor *t = nb_slice(x, begin, size);
+        nb_device_pop();
         if (t && t->device != rs->dev)
             t = nb_to_device(t, rs->dev->name);
         if (!t)
