@@ -20,6 +20,7 @@
 #include <nabla/graph.h>
 #include <nabla/dlpack.h>
 #include <nabla/distribute.h>
+#include <nabla/pipeline.h>
 
 #define NB_VERSION_MAJOR 0
 #define NB_VERSION_MINOR 1
