@@ -465,8 +465,18 @@ static void test_bad_configurations(void)
     CHECK(nb_pipeline_set_stage(NULL, 0, identity, NULL, 0, NULL) == NB_ERR_INVALID_ARGUMENT);
     CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "pipeline is NULL");
     CHECK_OK(nb_pipeline_set_stage(p, 0, identity, NULL, NB_VARS(v0)));
-    CHECK(nb_pipeline_set_stage(p, 1, identity, NULL, NB_VARS(v0)) != NB_OK); /* another stage's */
+    nb_variable *v1 = nb_variable_new("v1", random_on("/cpu:1", NB_SHAPE(3), 6));
+    CHECK_OK(nb_pipeline_set_stage(p, 1, identity, NULL, NB_VARS(v1)));
+    CHECK(nb_pipeline_set_stage(p, 0, identity, NULL, NB_VARS(v1)) == NB_ERR_DEVICE);
     nb_error_clear();
+    nb_variable *v0b = nb_variable_new("v0b", random_on("/cpu:0", NB_SHAPE(3), 6));
+    nb_pipeline *q = nb_pipeline_new(2, (const char *const[]){"/cpu:0", "/cpu:0"});
+    CHECK_OK(nb_pipeline_set_stage(q, 0, identity, NULL, NB_VARS(v0b)));
+    CHECK(nb_pipeline_set_stage(q, 1, identity, NULL, NB_VARS(v0, v0b)) == NB_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "'v0b' already belongs to stage 0");
+    nb_pipeline_free(q);
+    nb_variable_free(v0b);
+    nb_variable_free(v1);
     CHECK(nb_pipeline_set_schedule(p, (nb_pipeline_schedule)7) == NB_ERR_INVALID_ARGUMENT);
     CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "unknown schedule");
 

@@ -653,18 +653,23 @@ nb_status nb_pipeline_set_stage(nb_pipeline *p, int stage, nb_stage_fn fn, void 
         for (int j = 0; j < i; j++)
             if (vars[j] == v)
                 return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: stage %d is given variable '%s' twice", who, stage, name);
-        for (int s = 0; s < p->n; s++)
-            for (int j = 0; j < p->stages[s].n_vars && s != stage; j++)
-                if (p->stages[s].vars[j] == v)
-                    return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: variable '%s' already belongs to stage %d", who,
-                                    name, s);
     }
     nb_variable **copy = malloc(sizeof *copy * (size_t)(n_vars ? n_vars : 1));
     if (!copy)
         return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
     if (n_vars)
         memcpy(copy, vars, sizeof *copy * (size_t)n_vars);
+    /* The other stages' variables are read under the lock that guards them. */
     pthread_mutex_lock(&p->call_lock);
+    for (int i = 0; i < n_vars; i++)
+        for (int s = 0; s < p->n; s++)
+            for (int j = 0; j < p->stages[s].n_vars && s != stage; j++)
+                if (p->stages[s].vars[j] == vars[i]) {
+                    pthread_mutex_unlock(&p->call_lock);
+                    free(copy);
+                    return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: variable '%s' already belongs to stage %d", who,
+                                    nb_variable_name(vars[i]), s);
+                }
     stage_state *ss = &p->stages[stage];
     free(ss->vars);
     ss->vars = copy;
