@@ -112,10 +112,11 @@ int nb_stage_micro_batches(const nb_stage *st); /* M */
 int64_t nb_stage_rows(const nb_stage *st);      /* rows of this micro-batch */
 const char *nb_stage_device(const nb_stage *st);/* a static string */
 
-/* The micro-batch's rows of step input k, on this stage's device (copied once
- * per stage and micro-batch; later calls return the same tensor), owned by the
- * pipeline until the call ends: for the last stage's labels. NULL and
- * NB_ERR_INVALID_ARGUMENT for NULL or k out of range. */
+/* From a stage function: the micro-batch's rows of step input k, on this
+ * stage's device (copied once per stage and micro-batch; later calls return
+ * the same tensor), owned by the pipeline and valid until the function
+ * returns (ops and tapes keep what they need of it): for the last stage's
+ * labels. NULL and NB_ERR_INVALID_ARGUMENT for NULL or k out of range. */
 nb_tensor *nb_stage_input(nb_stage *st, int k);
 
 /* ---- training ------------------------------------------------------------------ */
