@@ -6,9 +6,11 @@
  * returned, an error left pending) on a given micro-batch, with nothing
  * updated and the next call fine; bad configurations; stages that really run
  * at once; 1F1B holding fewer micro-batches than GPipe; and the seeded
- * gradient of variables (nb_tape_gradient_vars_ex). */
+ * gradient of variables (nb_tape_gradient_vars_ex), a loss that sends no
+ * gradient back, and freeing a pipeline while another thread calls it. */
 #include "check.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -592,6 +594,84 @@ static void test_in_flight(void)
     model_free(&pm);
 }
 
+/* A last stage whose loss ignores its input sends nothing back: stage 0's
+ * variable then gets no gradient (NULL), and the loss is still right. */
+static nb_status scaled_by_v(nb_stage *st, nb_tensor *x, nb_tensor **y, void *v)
+{
+    (void)st;
+    *y = nb_mul(x, nb_read(v));
+    return *y ? NB_OK : nb_error();
+}
+
+static nb_status ignores_input(nb_stage *st, nb_tensor *x, nb_tensor **y, void *user)
+{
+    (void)x, (void)user;
+    *y = nb_mean_all(nb_stage_input(st, 0));
+    return *y ? NB_OK : nb_error();
+}
+
+static void test_nothing_flows_back(void)
+{
+    nb_variable *v = nb_variable_new("v", random_on("/cpu:0", NB_SHAPE(3), 13));
+    nb_tensor *x = random_on("/cpu:0", NB_SHAPE(6, 3), 14);
+    nb_pipeline *p = nb_pipeline_new(2, (const char *const[]){"/cpu:0", "/cpu:1"});
+    CHECK_OK(nb_pipeline_set_stage(p, 0, scaled_by_v, v, NB_VARS(v)));
+    CHECK_OK(nb_pipeline_set_stage(p, 1, ignores_input, NULL, 0, NULL));
+    for (int sched = 0; sched < 2; sched++) {
+        CHECK_OK(nb_pipeline_set_schedule(p, sched ? NB_PIPELINE_1F1B : NB_PIPELINE_GPIPE));
+        nb_tensor *loss = NULL, *g[1] = {(nb_tensor *)1};
+        CHECK_OK(nb_pipeline_gradients(p, 4, NB_TENSORS(x), NB_REDUCE_MEAN, &loss, g));
+        CHECK(g[0] == NULL);
+        CHECK(close_to(loss, nb_mean_all(x), 1e-12));
+    }
+    nb_pipeline_free(p);
+    nb_variable_free(v);
+}
+
+/* nb_pipeline_free on one thread waits for a call running on another. */
+typedef struct free_race {
+    nb_pipeline *p;
+    nb_tensor *x;
+    atomic_int started;
+    nb_status st;
+} free_race;
+
+static nb_status slow_mean(nb_stage *st, nb_tensor *x, nb_tensor **y, void *race)
+{
+    (void)st;
+    atomic_store(&((free_race *)race)->started, 1);
+    struct timespec ts = {0, 50 * 1000000L};
+    nanosleep(&ts, NULL);
+    *y = nb_mean_all(x);
+    return *y ? NB_OK : nb_error();
+}
+
+static void *call_in_thread(void *arg)
+{
+    free_race *r = arg;
+    nb_scope *s = nb_scope_begin();
+    r->st = nb_pipeline_gradients(r->p, 2, NB_TENSORS(r->x), NB_REDUCE_MEAN, NULL, NULL);
+    nb_scope_end(s);
+    return NULL;
+}
+
+static void test_free_during_call(void)
+{
+    free_race r = {.x = random_on("/cpu:0", NB_SHAPE(4, 2), 15), .st = NB_ERR_INTERNAL};
+    r.p = nb_pipeline_new(2, (const char *const[]){"/cpu:0", "/cpu:1"});
+    CHECK_OK(nb_pipeline_set_stage(r.p, 0, identity, NULL, 0, NULL));
+    CHECK_OK(nb_pipeline_set_stage(r.p, 1, slow_mean, &r, 0, NULL));
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, call_in_thread, &r) == 0);
+    while (!atomic_load(&r.started)) {
+        struct timespec ts = {0, 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    nb_pipeline_free(r.p); /* waits for the call */
+    pthread_join(t, NULL);
+    CHECK(r.st == NB_OK);
+}
+
 /* The seeded gradient with respect to variables: d(seed . f) / d v. */
 static void test_gradient_vars_ex(void)
 {
@@ -647,6 +727,8 @@ int main(void)
     RUN_T(test_bad_configurations);
     RUN_T(test_stages_overlap);
     RUN_T(test_in_flight);
+    RUN_T(test_nothing_flows_back);
+    RUN_T(test_free_during_call);
     RUN_T(test_gradient_vars_ex);
     return check_finish();
 }
