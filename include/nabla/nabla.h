@@ -21,6 +21,7 @@
 #include <nabla/dlpack.h>
 #include <nabla/distribute.h>
 #include <nabla/async.h>
+#include <nabla/pipeline.h>
 
 #define NB_VERSION_MAJOR 0
 #define NB_VERSION_MINOR 1

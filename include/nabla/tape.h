@@ -64,6 +64,15 @@ nb_status nb_tape_gradient(nb_tape *tape, const nb_tensor *target, int n,
 nb_status nb_tape_gradient_vars(nb_tape *tape, const nb_tensor *target, int n,
                                 nb_variable *const *vars, nb_tensor **grads);
 
+/* nb_tape_gradient_vars in the general form of nb_tape_gradient_ex: seeded
+ * with output_gradient (NULL means ones; else the target's shape and dtype,
+ * NB_ERR_SHAPE otherwise), unconnected variables NULL or zeros. For a piece of
+ * a model whose output's gradient comes from elsewhere (a pipeline stage).
+ * Gradients owned by the current scope; on failure every grads[i] is NULL. */
+nb_status nb_tape_gradient_vars_ex(nb_tape *tape, const nb_tensor *target, const nb_tensor *output_gradient,
+                                   int n, nb_variable *const *vars, nb_tensor **grads,
+                                   nb_unconnected unconnected);
+
 /* The general form: output_gradient (NULL means ones) seeds the target and must
  * match its shape and dtype; unconnected chooses NULL or zeros. */
 nb_status nb_tape_gradient_ex(nb_tape *tape, const nb_tensor *target,

@@ -21,8 +21,8 @@ nb_status nb_tape_watch_variable(nb_tape *tape, nb_variable *v)
     return nb__tape_note_read(tape, v, t);
 }
 
-nb_status nb_tape_gradient_vars(nb_tape *tape, const nb_tensor *target, int n, nb_variable *const *vars,
-                                nb_tensor **grads)
+nb_status nb_tape_gradient_vars_ex(nb_tape *tape, const nb_tensor *target, const nb_tensor *output_gradient,
+                                   int n, nb_variable *const *vars, nb_tensor **grads, nb_unconnected unconnected)
 {
     uint64_t small[16] = {0};
     nb_tensor *like_small[16] = {0};
@@ -33,7 +33,7 @@ nb_status nb_tape_gradient_vars(nb_tape *tape, const nb_tensor *target, int n, n
             free(ids);
         if (like != like_small)
             free(like);
-        return nb__fail(NB_ERR_OUT_OF_MEMORY, "nb_tape_gradient_vars: out of host memory");
+        return nb__fail(NB_ERR_OUT_OF_MEMORY, "nb_tape_gradient_vars_ex: out of host memory");
     }
     for (int i = 0; i < n; i++) {
         ids[i] = 0;
@@ -46,10 +46,16 @@ nb_status nb_tape_gradient_vars(nb_tape *tape, const nb_tensor *target, int n, n
         if (!ids[i] && like[i])
             ids[i] = like[i]->id;
     }
-    nb_status st = nb__tape_gradient_ids(tape, target, NULL, n, ids, like, grads, NB_UNCONNECTED_NULL);
+    nb_status st = nb__tape_gradient_ids(tape, target, output_gradient, n, ids, like, grads, unconnected);
     if (ids != small)
         free(ids);
     if (like != like_small)
         free(like);
     return st;
+}
+
+nb_status nb_tape_gradient_vars(nb_tape *tape, const nb_tensor *target, int n, nb_variable *const *vars,
+                                nb_tensor **grads)
+{
+    return nb_tape_gradient_vars_ex(tape, target, NULL, n, vars, grads, NB_UNCONNECTED_NULL);
 }
