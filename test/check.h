@@ -108,6 +108,33 @@ static inline void check_error_(const char *file, int line, nb_status code, cons
         }                                                                                    \
     } while (0)
 
+/* ---- a watchdog for tests that could hang (threads, processes) -------------- */
+
+#include <signal.h>
+#include <unistd.h>
+
+/* Ends the test, naming the case that did not finish in time. */
+static inline void check_on_alarm(int sig)
+{
+    (void)sig;
+    static const char msg[] = "timed out (a hang?) in ";
+    ssize_t w = write(2, msg, sizeof msg - 1);
+    w = write(2, check_current, strlen(check_current));
+    w = write(2, "\n", 1);
+    (void)w;
+    _exit(1);
+}
+
+/* RUN under a deadline of `seconds`: a hang fails the test, naming the case,
+ * instead of stalling it. */
+#define RUN_WITHIN(fn, seconds)                                                              \
+    do {                                                                                     \
+        signal(SIGALRM, check_on_alarm);                                                     \
+        alarm(seconds);                                                                      \
+        RUN(fn);                                                                             \
+        alarm(0);                                                                            \
+    } while (0)
+
 static inline int check_finish(void)
 {
     if (nb_live_tensors() != 0) {

@@ -481,29 +481,12 @@ static void test_bad_arguments(void)
     nb_async_free(NULL);
 }
 
-static void on_alarm(int sig)
-{
-    (void)sig;
-    static const char msg[] = "timed out (a hang?) in ";
-    ssize_t w = write(2, msg, sizeof msg - 1);
-    w = write(2, check_current, strlen(check_current));
-    w = write(2, "\n", 1);
-    (void)w;
-    _exit(1);
-}
-
-#define RUN_T(fn)                                                                            \
-    do {                                                                                     \
-        alarm(120);                                                                          \
-        RUN(fn);                                                                             \
-        alarm(0);                                                                            \
-    } while (0)
+#define RUN_T(fn) RUN_WITHIN(fn, 120)
 
 int main(void)
 {
     if (nb_set_logical_cpu_devices(NDEV) != NB_OK)
         return 1;
-    signal(SIGALRM, on_alarm);
     RUN_T(test_regression_async);
     RUN_T(test_regression_bounded);
     RUN_T(test_regression_synchronous);

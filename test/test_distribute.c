@@ -1761,30 +1761,12 @@ static void test_caller_state_kept(void)
 
 /* ---- main -------------------------------------------------------------------------- */
 
-static void on_alarm(int sig)
-{
-    (void)sig;
-    static const char msg[] = "timed out (a hang?) in ";
-    ssize_t w = write(2, msg, sizeof msg - 1);
-    w = write(2, check_current, strlen(check_current));
-    w = write(2, "\n", 1);
-    (void)w;
-    _exit(1);
-}
-
-/* Each case under a 60 s watchdog, so a hang fails naming the case. */
-#define RUN_T(fn)                                                                            \
-    do {                                                                                     \
-        alarm(60);                                                                           \
-        RUN(fn);                                                                             \
-        alarm(0);                                                                            \
-    } while (0)
+#define RUN_T(fn) RUN_WITHIN(fn, 60)
 
 int main(void)
 {
     if (nb_set_logical_cpu_devices(NDEV) != NB_OK)
         return 1;
-    signal(SIGALRM, on_alarm);
     RUN_T(test_equivalence_f64_sgd);
     RUN_T(test_equivalence_f32_and_adam);
     RUN_T(test_sum_and_mean);

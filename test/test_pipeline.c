@@ -696,30 +696,12 @@ static void test_gradient_vars_ex(void)
 
 /* ---- main ---------------------------------------------------------------------------------- */
 
-static void on_alarm(int sig)
-{
-    (void)sig;
-    static const char msg[] = "timed out (a hang?) in ";
-    ssize_t w = write(2, msg, sizeof msg - 1);
-    w = write(2, check_current, strlen(check_current));
-    w = write(2, "\n", 1);
-    (void)w;
-    _exit(1);
-}
-
-/* Each case under a deadline: a hang fails the test instead of stalling it. */
-#define RUN_T(fn)                                                                            \
-    do {                                                                                     \
-        alarm(120);                                                                          \
-        RUN(fn);                                                                             \
-        alarm(0);                                                                            \
-    } while (0)
+#define RUN_T(fn) RUN_WITHIN(fn, 120)
 
 int main(void)
 {
     if (nb_set_logical_cpu_devices(NDEV) != NB_OK)
         return 1;
-    signal(SIGALRM, on_alarm);
     RUN_T(test_model_parallel);
     RUN_T(test_pipelined_gradients);
     RUN_T(test_step_sgd);

@@ -79,7 +79,8 @@ nb_async *nb_async_new(int n, const char *const *devices, const char *master_dev
  * (servers >= processes); NB_ERR_BACKEND when MPI cannot start. */
 nb_async *nb_async_new_world(int n, const char *const *devices, const char *master_device, int servers);
 
-/* Frees the trainer. Its variables stay valid (each keeps its copies, reads
+/* Waits for a call running on another thread to finish, then frees the
+ * trainer. Its variables stay valid (each keeps its copies, reads
  * outside a worker give the master copy) but can no longer be trained. NULL
  * is ignored; NB_ERR_INVALID_ARGUMENT (nothing freed) from inside a worker. */
 void nb_async_free(nb_async *a);

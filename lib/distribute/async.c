@@ -157,6 +157,11 @@ void nb_async_free(nb_async *a)
         nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_async_free: called from one of the trainer's own workers");
         return;
     }
+    /* a call on another thread finishes first */
+    pthread_mutex_lock(&a->lock);
+    while (a->training)
+        pthread_cond_wait(&a->cv, &a->lock);
+    pthread_mutex_unlock(&a->lock);
     if (a->world)
         nb__async_world_free(a);
     pthread_mutex_destroy(&a->lock);
@@ -447,24 +452,9 @@ static bool wait_turn(nb_async *a, nb_async_worker *ws, int64_t clock)
 static bool batch_of(nb_async_worker *ws, int64_t start, int64_t rows, nb_tensor **out)
 {
     nb_async *a = ws->a;
-    for (int i = 0; i < a->n_inputs; i++) {
-        const nb_tensor *x = a->inputs[i];
-        nb_shape begin = {x->ndim, {0}}, size = {x->ndim, {0}};
-        begin.dims[0] = start;
-        size.dims[0] = rows;
-        for (int d = 1; d < x->ndim; d++)
-            size.dims[d] = -1;
-        /* cut where the input is (under the worker's device the whole input
-         * would be copied first), then move the rows alone */
-        nb_device_push(x->device->name);
-        nb_tensor *t = nb_slice(x, begin, size);
-        nb_device_pop();
-        if (t && t->device != ws->dev)
-            t = nb_to_device(t, ws->dev->name);
-        if (!t)
+    for (int i = 0; i < a->n_inputs; i++)
+        if (!(out[i] = nb__batch_rows(a->inputs[i], start, rows, ws->dev)))
             return worker_failed(ws, NB_ERR_INTERNAL, "cutting input %d", i);
-        out[i] = t;
-    }
     return true;
 }
 
@@ -615,19 +605,8 @@ static nb_status check_call(nb_async *a, nb_optimizer *opt, int n_vars, nb_varia
                         (long long)batch_rows);
     if (n_inputs < 1 || !inputs)
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: training needs at least one input to cut into batches", who);
-    for (int i = 0; i < n_inputs; i++) {
-        const nb_tensor *x = inputs[i];
-        if (!x)
-            return nb_error() ? nb_error() : nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: input %d is NULL", who, i);
-        char sh[NB_SHAPE_STR_MAX], s0[NB_SHAPE_STR_MAX];
-        if (x->ndim < 1)
-            return nb__fail(NB_ERR_SHAPE, "%s: input %d is a scalar; inputs are cut along their first dim", who, i);
-        if (x->shape[0] != inputs[0]->shape[0])
-            return nb__fail(NB_ERR_SHAPE, "%s: input %d has shape %s but input 0 has %s: the first dims must agree",
-                            who, i, nb__shape_str(x->ndim, x->shape, sh, sizeof sh),
-                            nb__shape_str(inputs[0]->ndim, inputs[0]->shape, s0, sizeof s0));
-    }
-    return NB_OK;
+    int64_t rows = 0;
+    return nb__batch_check(who, n_inputs, inputs, &rows);
 }
 
 /* Per-variable arrays of the call: the masters and every worker's gradients. */
@@ -743,6 +722,7 @@ nb_status nb_async_train(nb_async *a, nb_optimizer *opt, int n_vars, nb_variable
     pthread_mutex_lock(&a->lock);
     a->ns += now_ns() - t0;
     a->training = false;
+    pthread_cond_broadcast(&a->cv);
     pthread_mutex_unlock(&a->lock);
     return st;
 }

@@ -146,6 +146,17 @@ bool nb__mirrored_barrier(nb_mirrored *s, bool ok, bool (*last)(nb_mirrored *s, 
 bool nb__replica_failed(nb_replica_state *rs, nb_status code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* ---- batch.c ---------------------------------------------------------------- */
+
+/* Checks inputs to be split by rows (none NULL, each with a dim, one first dim
+ * for all): NB_OK with their rows in *rows (0 for none), else the error
+ * naming who and the input. */
+nb_status nb__batch_check(const char *who, int n_inputs, nb_tensor *const *inputs, int64_t *rows);
+
+/* Rows [start, start + rows) of x on dev (x itself cut where it lies, then the
+ * rows copied), owned by the current scope; NULL with the error recorded. */
+nb_tensor *nb__batch_rows(const nb_tensor *x, int64_t start, int64_t rows, nb_device *dev);
+
 /* ---- allreduce.c ------------------------------------------------------------ */
 
 /* Lays the gradients of n variables (dtypes and element counts) into buckets of

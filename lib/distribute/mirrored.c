@@ -611,22 +611,10 @@ int64_t nb_replica_global_rows(const nb_replica *r) { return r ? r->global_rows 
  * gives every replica its rows; global rows to *rows. */
 static nb_status split_batch(nb_mirrored *s, const char *who, int n_inputs, nb_tensor *const *inputs, int64_t *rows)
 {
-    if (n_inputs < 0 || (n_inputs > 0 && !inputs))
-        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: %s", who, n_inputs < 0 ? "n_inputs is negative" : "inputs is NULL");
     int64_t b = 0;
-    for (int i = 0; i < n_inputs; i++) {
-        const nb_tensor *x = inputs[i];
-        if (!x)
-            return nb_error() ? nb_error() : nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: input %d is NULL", who, i);
-        char sh[NB_SHAPE_STR_MAX], s0[NB_SHAPE_STR_MAX];
-        if (x->ndim < 1)
-            return nb__fail(NB_ERR_SHAPE, "%s: input %d is a scalar; inputs are split along their first dim", who, i);
-        if (i > 0 && x->shape[0] != b)
-            return nb__fail(NB_ERR_SHAPE, "%s: input %d has shape %s but input 0 has %s: the first dims must agree",
-                            who, i, nb__shape_str(x->ndim, x->shape, sh, sizeof sh),
-                            nb__shape_str(inputs[0]->ndim, inputs[0]->shape, s0, sizeof s0));
-        b = x->shape[0];
-    }
+    nb_status st = nb__batch_check(who, n_inputs, inputs, &b);
+    if (st)
+        return st;
     int64_t start = 0;
     for (int r = 0; r < s->n; r++) {
         struct nb_replica *c = &s->reps[r].ctx;
@@ -642,24 +630,9 @@ static nb_status split_batch(nb_mirrored *s, const char *who, int n_inputs, nb_t
 /* The replica's share of each input, on its device, owned by its scope. */
 static bool make_shares(nb_replica_state *rs, int n, nb_tensor *const *inputs, nb_tensor **shares)
 {
-    for (int i = 0; i < n; i++) {
-        const nb_tensor *x = inputs[i];
-        nb_shape begin = {x->ndim, {0}}, size = {x->ndim, {0}};
-        begin.dims[0] = rs->ctx.start;
-        size.dims[0] = rs->ctx.rows;
-        for (int d = 1; d < x->ndim; d++)
-            size.dims[d] = -1;
-        /* cut where the input is (under the replica's device the whole input
-         * would be copied first), then move the share alone */
-        nb_device_push(x->device->name);
-        nb_tensor *t = nb_slice(x, begin, size);
-        nb_device_pop();
-        if (t && t->device != rs->dev)
-            t = nb_to_device(t, rs->dev->name);
-        if (!t)
+    for (int i = 0; i < n; i++)
+        if (!(shares[i] = nb__batch_rows(inputs[i], rs->ctx.start, rs->ctx.rows, rs->dev)))
             return nb__replica_failed(rs, NB_ERR_INTERNAL, "splitting input %d", i);
-        shares[i] = t;
-    }
     return true;
 }
 

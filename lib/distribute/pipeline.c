@@ -13,8 +13,8 @@
  * micro-batch, so a post never waits: capacity M bounds them. A failure sets
  * the abort flag and wakes every waiter, so each stage stops where it is: the
  * call never hangs and the caller sees the failing stage's error. */
+#include "distribute_impl.h"
 #include "lib/core/capture.h"
-#include "lib/core/core.h"
 #include "lib/variable/variable_impl.h"
 #include "tape/sources.h"
 
@@ -191,19 +191,11 @@ nb_tensor *nb_stage_input(nb_stage *st, int k)
         return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: input %d is outside [0, %d)", who, k, p->n_inputs);
     if (ss->in_cache[k])
         return ss->in_cache[k];
-    const nb_tensor *x = p->inputs[k];
-    nb_shape begin = {x->ndim, {0}}, size = {x->ndim, {0}};
-    begin.dims[0] = p->mb_start[st->micro_batch];
-    size.dims[0] = st->rows;
-    for (int d = 1; d < x->ndim; d++)
-        size.dims[d] = -1;
     /* The pipeline keeps it, whatever scope the stage function has open. */
     nb_scope *scope = nb_scope_begin();
     if (!scope)
         return NULL;
-    nb_tensor *t = nb_slice(x, begin, size);
-    if (t && t->device != ss->dev)
-        t = nb_to_device(t, ss->dev->name);
+    nb_tensor *t = nb__batch_rows(p->inputs[k], p->mb_start[st->micro_batch], st->rows, ss->dev);
     nb__retain(t);
     nb_scope_end(scope);
     ss->in_cache[k] = t;
@@ -720,19 +712,9 @@ static nb_status split(nb_pipeline *p, const char *who, int m, int n_inputs, nb_
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: %s", who,
                         n_inputs < 1 ? "a call needs at least one input to split" : "inputs is NULL");
     int64_t b = 0;
-    for (int i = 0; i < n_inputs; i++) {
-        const nb_tensor *x = inputs[i];
-        if (!x)
-            return nb_error() ? nb_error() : nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: input %d is NULL", who, i);
-        char sh[NB_SHAPE_STR_MAX], s0[NB_SHAPE_STR_MAX];
-        if (x->ndim < 1)
-            return nb__fail(NB_ERR_SHAPE, "%s: input %d is a scalar; inputs are split along their first dim", who, i);
-        if (i > 0 && x->shape[0] != b)
-            return nb__fail(NB_ERR_SHAPE, "%s: input %d has shape %s but input 0 has %s: the first dims must agree",
-                            who, i, nb__shape_str(x->ndim, x->shape, sh, sizeof sh),
-                            nb__shape_str(inputs[0]->ndim, inputs[0]->shape, s0, sizeof s0));
-        b = x->shape[0];
-    }
+    nb_status st = nb__batch_check(who, n_inputs, inputs, &b);
+    if (st)
+        return st;
     if (m < 1 || m > b)
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: %d micro-batches of a batch of %lld rows (each needs a row)",
                         who, m, (long long)b);
