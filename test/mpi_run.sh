@@ -6,7 +6,7 @@
 # see into OpenMPI's threads). Every mpirun runs under timeout, so a hang fails.
 #
 #   test/mpi_run.sh TEST_MPI SCENARIO      SCENARIO: train, mismatch, silent, kill, resume (test_mpi),
-#                                          async-train, async-kill-worker, async-kill-server (test_mpi_async)
+#                                          async-train, async-kill-worker, async-slow, async-kill-server (test_mpi_async)
 set -uo pipefail
 exe="${1:?usage: mpi_run.sh TEST_MPI SCENARIO}"
 scenario="${2:?usage: mpi_run.sh TEST_MPI SCENARIO}"
@@ -56,6 +56,9 @@ case "$scenario" in
   kill) run 2 --enable-recovery -- kill; expect kill ;;
   async-train) run 4 -- async-train; ok $?; expect async-train ;;
   async-kill-worker) run 3 --enable-recovery -- async-kill-worker; expect async-kill-worker ;;
+  async-slow)
+    run 3 -- async-slow; ok $?
+    [ "$(grep -c 'test_mpi: async-slow OK' "$log")" -eq 3 ] || { echo "mpi_run.sh: not every rank waited for the slow worker"; exit 1; } ;;
   async-kill-server)
     run 3 --enable-recovery -- async-kill-server
     [ "$(grep -c 'test_mpi: async-kill-server OK' "$log")" -eq 2 ] || { echo "mpi_run.sh: not every worker failed naming the server"; exit 1; } ;;

@@ -11,6 +11,12 @@
  *   test_mpi_async kill-worker   3 processes: worker process 2 is killed in
  *                                its step; worker process 1 finishes and gets
  *                                the trained values, the server ends
+ *   test_mpi_async slow          3 processes, a 2 s deadline: worker process 2
+ *                                takes 4 s (0.25 s a step); with bound 1
+ *                                process 1 keeps pace (staleness within the
+ *                                bound's), with none it finishes at once and
+ *                                waits past the deadline for the end, and
+ *                                must not take the server for dead
  *   test_mpi_async kill-server   3 processes: the server is killed after a few
  *                                updates; each worker fails with
  *                                NB_ERR_TIMEOUT naming rank 0 within the
@@ -199,6 +205,62 @@ static int scenario_kill_worker(void)
     return failures;
 }
 
+static nb_status slow_step(nb_replica *r, int n_inputs, nb_tensor *const *inputs, int n_vars,
+                           nb_variable *const *vars, nb_tensor **loss, nb_tensor **grads, void *user)
+{
+    if (*(const bool *)user)
+        nanosleep(&(struct timespec){0, 250000000}, NULL);
+    return regression_step(r, n_inputs, inputs, n_vars, vars, loss, grads, NULL);
+}
+
+static int scenario_slow(void)
+{
+    setenv("NB_WORLD_TIMEOUT", "2", 1);
+    nb_async *a = nb_async_new_world(2, NULL, NULL, 1);
+    CHECK(a != NULL);
+    if (!a)
+        return check_finish();
+    bool server = nb_async_is_server(a);
+    const char *env = getenv("OMPI_COMM_WORLD_RANK");
+    bool slow = env && atoi(env) == 2;
+    double took[2] = {0, 0};
+    /* bound 1, then none: without a bound process 1 finishes at once and
+     * waits for the end for as long as process 2 trains */
+    for (int pass = 0; pass < 2; pass++) {
+        CHECK_OK(nb_async_set_staleness_bound(a, pass == 0 ? 1 : -1));
+        nb_scope *sc = nb_scope_begin();
+        nb_variable *w = nb_async_variable_new(a, "w", nb_zeros(NB_F64, NB_SHAPE(IN, 1)));
+        nb_variable *b = nb_async_variable_new(a, "b", nb_zeros(NB_F64, NB_SHAPE(1)));
+        nb_tensor *x, *y;
+        make_data(0, &x, &y);
+        nb_optimizer *opt = nb_sgd_new(0.05);
+        nb_async_stats before, after;
+        nb_async_get_stats(a, &before);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        nb_status st = nb_async_train(a, opt, NB_VARS(w, b), slow_step, &slow, NB_TENSORS(x, y), 16);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        took[pass] = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        CHECKF(st == NB_OK, "pass %d: %s: %s", pass, nb_status_name(st), nb_error_message());
+        CHECKF(took[pass] > 3, "pass %d took %.1f s: the slow worker cannot have been waited for", pass, took[pass]);
+        nb_async_get_stats(a, &after);
+        if (server) {
+            CHECK(after.gradients - before.gradients == 2 * ROWS / 16);
+            /* 4 workers, bound 1: (4 - 1)(2 + 1) */
+            CHECKF(pass == 1 || after.max_staleness <= 9, "largest staleness %lld", (long long)after.max_staleness);
+        }
+        nb_optimizer_free(opt);
+        nb_variable_free(w);
+        nb_variable_free(b);
+        nb_scope_end(sc);
+    }
+    nb_async_free(a);
+    int failures = check_finish();
+    if (!failures)
+        printf("test_mpi: async-slow OK (%s, %.1f s and %.1f s)\n", server ? "server" : "worker", took[0], took[1]);
+    return failures;
+}
+
 /* The server dies after 20 updates: every worker fails, naming rank 0. */
 static int g_updates;
 
@@ -256,7 +318,7 @@ int main(int argc, char **argv)
     if (argc > 1 && !strcmp(argv[1], "--probe"))
         return 0;
     if (argc < 2) {
-        fprintf(stderr, "usage: test_mpi_async async-train|async-kill-worker|async-kill-server\n");
+        fprintf(stderr, "usage: test_mpi_async async-train|async-kill-worker|async-slow|async-kill-server\n");
         return 2;
     }
     nb_set_logical_cpu_devices(2);
@@ -265,6 +327,8 @@ int main(int argc, char **argv)
         return scenario_train();
     if (!strcmp(sc, "async-kill-worker"))
         return scenario_kill_worker();
+    if (!strcmp(sc, "async-slow"))
+        return scenario_slow();
     if (!strcmp(sc, "async-kill-server"))
         return scenario_kill_server();
     fprintf(stderr, "test_mpi_async: unknown scenario %s\n", sc);

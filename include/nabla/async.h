@@ -72,9 +72,12 @@ nb_async *nb_async_new(int n, const char *const *devices, const char *master_dev
  * server serves until every worker has finished (its inputs and step function
  * are not used), and each worker process trains on its own inputs. A worker
  * process that dies does not stop the others: the servers stop waiting for it
- * after the deadline (nb_mirrored_set_timeout's, NB_WORLD_TIMEOUT). A server
- * that dies or stops answering is NB_ERR_TIMEOUT on every worker, naming its
- * rank, within the deadline. Without mpirun (or MPI) it is nb_async_new.
+ * after the deadline (nb_mirrored_set_timeout's, NB_WORLD_TIMEOUT): a worker
+ * process silent that long (no step may take longer) is taken for dead. A
+ * server that dies or stops answering is NB_ERR_TIMEOUT on every worker,
+ * naming its rank, within the deadline; a server holding a worker back (the
+ * bound, or the end of training while others still train) tells it to keep
+ * waiting, so that wait may be longer. Without mpirun (or MPI) it is nb_async_new.
  * NB_ERR_INVALID_ARGUMENT for servers < 1 or no worker rank left
  * (servers >= processes); NB_ERR_BACKEND when MPI cannot start. */
 nb_async *nb_async_new_world(int n, const char *const *devices, const char *master_device, int servers);

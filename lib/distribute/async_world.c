@@ -46,6 +46,9 @@ typedef struct reply {
     int64_t version;   /* PULL/FINAL: updates the values had seen */
     int64_t staleness; /* PUSH */
     int64_t lost;      /* FINAL: worker processes the server gave up on */
+    int64_t wait;      /* 1: no answer yet, keep waiting (sent while a PULL
+                          or FINAL is held back, so the worker's deadline
+                          measures the server's silence, not the others') */
 } reply;
 
 /* What a server knows of one worker. */
@@ -248,7 +251,12 @@ static nb_status take_reply(nb_async *a, int s, int tag, reply *r, char *buf, si
     char *msgbuf = malloc(sizeof *r + bytes);
     if (!msgbuf)
         return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
-    nb_status st = nb__world_recv(who, s, tag, msgbuf, sizeof *r + bytes, &got);
+    nb_status st;
+    do {
+        st = nb__world_recv(who, s, tag, msgbuf, sizeof *r + bytes, &got);
+        if (!st && got >= sizeof *r)
+            memcpy(r, msgbuf, sizeof *r);
+    } while (!st && got == sizeof *r && r->wait);
     if (!st && got != sizeof *r + bytes)
         st = nb__fail(NB_ERR_INTERNAL, "%s: server %d answered %zu bytes where %zu were due", who, s, got,
                       sizeof *r + bytes);
@@ -273,11 +281,12 @@ static nb_status unpack_share(nb_async *a, int s, const char *buf, int copy, con
         nb_variable *v = nb__variable_copy(a->vars[i], copy);
         nb_tensor *cur = nb__variable_value(v);
         nb_shape shape = nb_variable_shape(v);
+        nb_scope *scope = nb_scope_begin(); /* the staging tensor goes at once */
         nb_device_push(cur->device->name);
         nb_tensor *t = nb_from_buffer(cur->dtype, shape, buf + off);
         nb_device_pop();
-        st = t ? nb_variable_assign(v, t) : nb_error();
-        nb_release(t);
+        st = !scope ? NB_ERR_OUT_OF_MEMORY : t ? nb_variable_assign(v, t) : nb_error();
+        nb_scope_end(scope);
         off += var_bytes(a->vars[i]);
     }
     (void)who;
@@ -552,7 +561,7 @@ static nb_status release_pulls(nb_async *a, const char *who)
         remote *x = &w->remotes[g];
         if (x->pull_waiting && may_start(a, g, x->pull_clock)) {
             x->pull_waiting = false;
-            st = send_reply(a, worker_rank(w, g), TAG_REPLY + g % w->per_rank, (reply){a->version, 0, 0}, true, who);
+            st = send_reply(a, worker_rank(w, g), TAG_REPLY + g % w->per_rank, (reply){a->version, 0, 0, 0}, true, who);
         }
     }
     return st;
@@ -578,7 +587,7 @@ static nb_status handle(nb_async *a, int src, const char *buf, size_t got, const
     switch (m.kind) {
     case MSG_PULL:
         if (may_start(a, g, m.clock))
-            return send_reply(a, src, tag, (reply){a->version, 0, 0}, true, who);
+            return send_reply(a, src, tag, (reply){a->version, 0, 0, 0}, true, who);
         x->pull_waiting = true;
         x->pull_clock = m.clock;
         return NB_OK;
@@ -617,7 +626,7 @@ static nb_status handle(nb_async *a, int src, const char *buf, size_t got, const
         nb_scope_end(scope);
         x->clock = m.clock + 1;
         if (!st)
-            st = send_reply(a, src, tag, (reply){a->version, staleness, 0}, false, who);
+            st = send_reply(a, src, tag, (reply){a->version, staleness, 0, 0}, false, who);
         if (!st && a->bound == 0)
             st = try_round(a, who);
         return st ? st : release_pulls(a, who);
@@ -670,16 +679,37 @@ static nb_status check_silent(nb_async *a, const char *who)
     return st ? st : release_pulls(a, who);
 }
 
+/* Tells every worker whose PULL or FINAL is held back to keep waiting. */
+static nb_status keep_waiting(nb_async *a, const char *who)
+{
+    struct nb_async_world *w = a->w;
+    const reply r = {a->version, 0, 0, 1};
+    nb_status st = NB_OK;
+    for (int g = 0; g < w->total && !st; g++)
+        if (w->remotes[g].pull_waiting && !w->dead[worker_rank(w, g)])
+            st = send_reply(a, worker_rank(w, g), TAG_REPLY + g % w->per_rank, r, false, who);
+    for (int rank = w->servers; rank < w->size && !st; rank++)
+        if (w->final_wanted[rank] && !w->dead[rank])
+            st = send_reply(a, rank, TAG_REPLY + NB_ASYNC_MAX, r, false, who);
+    return st;
+}
+
 nb_status nb__async_world_serve(nb_async *a, const char *who)
 {
     struct nb_async_world *w = a->w;
     nb_status st = NB_OK;
     char *buf = NULL;
     size_t cap = 0;
-    double last_check = now_s();
+    double last_check = now_s(), last_keepalive = now_s();
     while (!st && !all_finished(a)) {
         int src = -1;
         size_t bytes = 0;
+        if (now_s() - last_keepalive > nb__world_timeout() / 4) {
+            st = keep_waiting(a, who);
+            last_keepalive = now_s();
+            if (st)
+                break;
+        }
         if (!nb__world_probe(TAG_REQUEST, &src, &bytes)) {
             if (now_s() - last_check > 0.05) {
                 st = check_silent(a, who);
@@ -710,7 +740,7 @@ nb_status nb__async_world_serve(nb_async *a, const char *who)
         lost += w->dead[r];
     for (int r = w->servers; r < w->size && !st; r++)
         if (!w->dead[r])
-            st = send_reply(a, r, TAG_REPLY + NB_ASYNC_MAX, (reply){a->version, 0, lost}, true, who);
+            st = send_reply(a, r, TAG_REPLY + NB_ASYNC_MAX, (reply){a->version, 0, lost, 0}, true, who);
     free(buf);
     return st;
 }
