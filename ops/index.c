@@ -152,6 +152,8 @@ nb_tensor *nb_one_hot(const nb_tensor *indices, int64_t depth, nb_dtype dtype)
     nb_device *dev = nb__op_place_kernel(op, 1, in, NB_K_ONE_HOT, 0, indices->dtype);
     if (!dev)
         return NULL;
+    if (!nb__supports(dev, NB_K_ONE_HOT, 0, dtype)) /* the CPU holds f16 and bf16, computes in neither */
+        return nb__fail_null(NB_ERR_DTYPE, "%s: dtype %s is not supported on %s", op, nb_dtype_name(dtype), dev->name);
     int64_t shape[NB_MAX_DIMS];
     memcpy(shape, indices->shape, sizeof(int64_t) * (size_t)indices->ndim);
     shape[indices->ndim] = depth;

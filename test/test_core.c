@@ -324,14 +324,30 @@ static void test_errors_name_the_op(void)
     CHECK_ERROR(NB_ERR_OUT_OF_MEMORY, "add: ", "4611686018427387904 bytes");
     CHECK(nb_empty(NB_U8, NB_SHAPE((int64_t)1 << 62)) == NULL);
     CHECK_ERROR(NB_ERR_OUT_OF_MEMORY, "nb_empty: ", "4611686018427387904 bytes");
-    /* half floats are GPU-only: refused by the op before it allocates */
+    /* the CPU holds f16 and bf16 (made, filled, converted, read) but computes
+     * in neither: each op refuses them, naming itself, the dtype and the device */
     nb_tensor *x = nb_ones(NB_F32, NB_SHAPE(3));
-    CHECK(nb_cast(x, NB_BF16) == NULL);
-    CHECK_ERROR(NB_ERR_DTYPE, "cast: ", "bf16", "/cpu:0");
-    CHECK(nb_zeros(NB_F16, NB_SHAPE(2)) == NULL);
-    CHECK_ERROR(NB_ERR_DTYPE, "nb_zeros: ", "f16", "/cpu:0");
+    nb_tensor *xb = nb_cast(x, NB_BF16), *z = nb_zeros(NB_F16, NB_SHAPE(2));
+    CHECK(xb && nb_tensor_get(xb, 2) == 1 && z && nb_tensor_get(z, 1) == 0);
+    CHECK(nb_full(NB_BF16, NB_SHAPE(2), 1.00390625) && nb_tensor_get(nb_full(NB_BF16, NB_SHAPE(1), 1.00390625), 0) == 1);
     CHECK(nb_random_uniform(NB_BF16, NB_SHAPE(2), 0, 1, 7) == NULL);
-    CHECK_ERROR(NB_ERR_DTYPE, "nb_random_uniform");
+    CHECK_ERROR(NB_ERR_DTYPE, "nb_random_uniform", "bf16", "/cpu:0", "nb_cast");
+    CHECK(nb_arange(NB_F16, 0, 4, 1) == NULL);
+    CHECK_ERROR(NB_ERR_DTYPE, "nb_arange", "f16");
+    CHECK(nb_one_hot(nb_zeros(NB_I32, NB_SHAPE(2)), 3, NB_F16) == NULL);
+    CHECK_ERROR(NB_ERR_DTYPE, "one_hot", "f16", "/cpu:0");
+    CHECK(nb_mul(xb, xb) == NULL);
+    CHECK_ERROR(NB_ERR_UNSUPPORTED, "mul", "bf16", "/cpu:0");
+    CHECK(nb_matmul(nb_reshape(xb, NB_SHAPE(1, 3)), nb_reshape(xb, NB_SHAPE(3, 1))) == NULL);
+    CHECK_ERROR(NB_ERR_UNSUPPORTED, "matmul", "bf16");
+    CHECK(nb_sum_all(z) == NULL);
+    CHECK_ERROR(NB_ERR_UNSUPPORTED, "sum", "f16");
+    nb_variable *hv = nb_variable_new("half", z);
+    nb_optimizer *sgd = nb_sgd_new(0.1);
+    CHECK(hv && nb_optimizer_apply(sgd, 1, &hv, (nb_tensor *[]){z}) == NB_ERR_DTYPE);
+    CHECK_ERROR(NB_ERR_DTYPE, "sgd_update", "f16", "/cpu:0");
+    nb_optimizer_free(sgd);
+    nb_variable_free(hv);
     /* the context ends with the allocation: a later error is not prefixed */
     CHECK(nb_add(x, nb_ones(NB_F32, NB_SHAPE(2))) == NULL);
     CHECK(strncmp(nb_error_message(), "add: ", 5) == 0);

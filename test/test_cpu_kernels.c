@@ -1269,12 +1269,16 @@ static void test_unsupported(void)
     arr bf = arr_c(NB_BF16, 2, shape), f = arr_c(NB_F32, 2, shape), u = arr_c(NB_U8, 2, shape);
     arr bo = arr_c(NB_BOOL, 2, shape), ix = arr_c(NB_I32, 2, shape);
     memset(ix.mem, 0, 16);
-    EXPECT_ERROR(B->fill(DEV, &h.v, 1), NB_ERR_DTYPE, "fill: dtype f16 is not supported on /cpu:0");
+    /* f16 and bf16: filled and converted, nothing else */
+    EXPECT_OK(B->fill(DEV, &h.v, 1));
+    EXPECT(((uint16_t *)h.mem)[3] == 0x3C00, "f16 fill gave %#x", ((uint16_t *)h.mem)[3]);
+    EXPECT_OK(B->copy(DEV, &f.v, &h.v));
+    EXPECT(((float *)f.mem)[2] == 1.0f, "f16 to f32 gave %g", ((float *)f.mem)[2]);
+    EXPECT_OK(B->copy(DEV, &bf.v, &f.v));
+    EXPECT(((uint16_t *)bf.mem)[1] == 0x3F80, "f32 to bf16 gave %#x", ((uint16_t *)bf.mem)[1]);
     EXPECT_ERROR(B->arange(DEV, &bf.v, 0, 1), NB_ERR_DTYPE, "arange: dtype bf16 is not supported on /cpu:0");
     EXPECT_ERROR(B->random(DEV, &h.v, NB_RAND_NORMAL, 0, 1, 1), NB_ERR_DTYPE, "random: dtype f16");
     EXPECT_ERROR(B->random(DEV, &ix.v, NB_RAND_UNIFORM, 0, 1, 1), NB_ERR_DTYPE, "random: dtype i32");
-    EXPECT_ERROR(B->copy(DEV, &f.v, &h.v), NB_ERR_DTYPE, "copy: dtype f16 is not supported");
-    EXPECT_ERROR(B->copy(DEV, &bf.v, &f.v), NB_ERR_DTYPE, "copy: dtype bf16 is not supported");
     EXPECT_ERROR(B->unary(DEV, NB_UN_EXP, &h2.v, &h.v, 0), NB_ERR_DTYPE,
                  "exp: dtype f16 is not supported on /cpu:0");
     EXPECT_ERROR(B->unary(DEV, NB_UN_EXP, &ix.v, &ix.v, 0), NB_ERR_DTYPE, "exp: dtype i32");

@@ -244,9 +244,19 @@ static void test_refusals(void)
     describe(&o, data, 2, 4, NULL, 0);
     o.m.dl_tensor.device = (DLDevice){kDLMetal, 0};
     refuse(&o, NB_ERR_DEVICE, "kDLMetal 0");
-    describe(&o, data, 2, 4, NULL, 0);
-    o.m.dl_tensor.dtype = (DLDataType){kDLFloat, 16, 1}; /* f16: not on the CPU */
-    refuse(&o, NB_ERR_DTYPE, "f16 is not supported on /cpu:0");
+    /* f16 and bf16: the CPU holds them (and converts them), computes in neither */
+    uint16_t halves[4] = {0x3C00, 0xC000, 0x7C00, 0x0001}; /* 1, -2, inf, 2^-24 */
+    describe(&o, (double *)(void *)halves, 2, 2, NULL, 0);
+    o.m.dl_tensor.dtype = (DLDataType){kDLFloat, 16, 1};
+    nb_scope *hs = nb_scope_begin();
+    nb_tensor *h = nb_from_dlpack(&o.m);
+    CHECK(h && nb_tensor_dtype(h) == NB_F16 && nb_tensor_get(h, 0) == 1 && nb_tensor_get(h, 1) == -2);
+    nb_tensor *hf = h ? nb_cast(h, NB_F32) : NULL;
+    CHECK(hf && isinf(nb_tensor_get(hf, 2)) && nb_tensor_get(hf, 3) == 0x1p-24);
+    CHECK(h && nb_add(h, h) == NULL);
+    CHECK_ERROR(NB_ERR_UNSUPPORTED, "add", "f16", "/cpu:0");
+    nb_scope_end(hs);
+    CHECK(o.deleted == 1);
     /* an empty tensor needs no data */
     describe(&o, NULL, 0, 4, NULL, 0);
     nb_scope *s = nb_scope_begin();

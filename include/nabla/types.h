@@ -17,8 +17,8 @@ extern "C" {
 typedef enum nb_dtype {
     NB_F32 = 0, /* the default */
     NB_F64,     /* gradient checks */
-    NB_F16,     /* GPU only */
-    NB_BF16,    /* GPU only */
+    NB_F16,     /* computed on a GPU; a CPU stores and converts it */
+    NB_BF16,    /* computed on a GPU; a CPU stores and converts it */
     NB_I32,
     NB_I64,     /* labels, indices */
     NB_BOOL,    /* masks, one byte per element, 0 or 1 */

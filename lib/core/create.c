@@ -84,6 +84,17 @@ nb_tensor *nb_ones_like(const nb_tensor *t)
     return nb__full_on("nb_ones_like", t->device, t->dtype, t->ndim, t->shape, 1.0);
 }
 
+/* Whether dev computes kernel k in dtype (the CPU holds f16 and bf16 but makes
+ * and computes in neither); false with NB_ERR_DTYPE naming who otherwise. */
+static bool device_makes(const char *who, nb_device *dev, nb_kernel k, nb_dtype dtype)
+{
+    if (!dev->backend->supports || dev->backend->supports(dev, k, 0, dtype))
+        return true;
+    nb__fail(NB_ERR_DTYPE, "%s: dtype %s is not supported on %s (it can hold it: make the tensor in another dtype "
+             "and nb_cast it)", who, nb_dtype_name(dtype), dev->name);
+    return false;
+}
+
 nb_tensor *nb_arange(nb_dtype dtype, double start, double stop, double step)
 {
     if (!check_dtype("nb_arange", dtype))
@@ -97,6 +108,8 @@ nb_tensor *nb_arange(nb_dtype dtype, double start, double stop, double step)
                              "to count", start, stop, step, count);
     int64_t n = count > 0 ? (int64_t)count : 0;
     nb_device *dev = nb__device_default();
+    if (!device_makes("nb_arange", dev, NB_K_ARANGE, dtype))
+        return NULL;
     nb_tensor *t = nb__tensor_new("nb_arange", dev, dtype, 1, &n);
     if (!t)
         return NULL;
@@ -140,6 +153,8 @@ static nb_tensor *random_tensor(const char *who, nb_dtype dtype, nb_shape shape,
     if (!isfinite(a) || !isfinite(b) || (dist != NB_RAND_UNIFORM && b < 0) || (dist == NB_RAND_UNIFORM && b < a))
         return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: bad parameters %g, %g", who, a, b);
     nb_device *dev = nb__device_default();
+    if (!device_makes(who, dev, NB_K_RANDOM, dtype))
+        return NULL;
     nb_tensor *t = nb__tensor_new(who, dev, dtype, shape.ndim, shape.dims);
     if (!t)
         return NULL;

@@ -35,6 +35,9 @@ static bool cpu_supports(const nb_device *dev, nb_kernel k, int variant, nb_dtyp
     (void)dev;
     if (!nb__list_defines(k, variant, dtype) || !(nb__cpu_backend.dtypes & NB_MASK(dtype)))
         return false;
+    /* f16 and bf16 are stored and converted, never computed in */
+    if (dtype == NB_F16 || dtype == NB_BF16)
+        return k == NB_K_COPY || k == NB_K_FILL;
     switch (k) {
     case NB_K_CONV2D:
     case NB_K_CONV2D_BACKWARD_DATA:
@@ -58,7 +61,7 @@ const nb_backend nb__cpu_backend = {
     .physical_count = cpu_physical_count,
     .unavailable = NULL,
     .supports = cpu_supports,
-    .dtypes = ((1u << NB_DTYPE_COUNT) - 1) & ~((1u << NB_F16) | (1u << NB_BF16)),
+    .dtypes = (1u << NB_DTYPE_COUNT) - 1, /* f16 and bf16: storage and conversion (cpu_supports) */
     .alloc = nb__cpu_alloc,
     .free = nb__cpu_free,
     .copy_from_host = nb__cpu_copy_from_host,

@@ -1,7 +1,9 @@
 /* Creation and conversion kernels: fill, arange, copy (with dtype conversion).
- * Dtypes: f32, f64, i32, i64, bool, u8 (f16/bf16 are NB_ERR_DTYPE on the CPU). */
+ * Dtypes: f32, f64, i32, i64, bool, u8; f16 and bf16 for fill and copy alone
+ * (the CPU stores them and converts them, computes in none of them). */
 #include "cpu_internal.h"
 #include "lib/core/formulas.h"
+#include "lib/core/half.h"
 
 #include <math.h>
 
@@ -9,6 +11,8 @@ static inline bool cpu_dtype_ok(nb_dtype d)
 {
     return d == NB_F32 || d == NB_F64 || d == NB_I32 || d == NB_I64 || d == NB_BOOL || d == NB_U8;
 }
+
+static inline bool is_half(nb_dtype d) { return d == NB_F16 || d == NB_BF16; }
 
 /* ---- fill ------------------------------------------------------------------------ */
 
@@ -27,12 +31,13 @@ static inline bool cpu_dtype_ok(nb_dtype d)
         }                                                                                    \
     }
 FILL_ROW(fill_u8, uint8_t)
+FILL_ROW(fill_u16, uint16_t)
 FILL_ROW(fill_u32, uint32_t)
 FILL_ROW(fill_u64, uint64_t)
 
 nb_status nb__cpu_fill(nb_device *dev, const nb_view *out, double value)
 {
-    union { uint8_t u8; uint32_t u32; uint64_t u64; float f; double d; int32_t i; int64_t l; } v;
+    union { uint8_t u8; uint16_t u16; uint32_t u32; uint64_t u64; float f; double d; int32_t i; int64_t l; } v;
     v.u64 = 0;
     nb_cpu_loop_fn fn;
     switch (out->dtype) {
@@ -42,6 +47,8 @@ nb_status nb__cpu_fill(nb_device *dev, const nb_view *out, double value)
     case NB_I64: v.l = nb_cast_to_i64(value); fn = fill_u64; break;
     case NB_BOOL: v.u8 = value != 0; fn = fill_u8; break;
     case NB_U8: v.u8 = nb_cast_to_u8(value); fn = fill_u8; break;
+    case NB_F16: v.u16 = nb__f16_from_double(value); fn = fill_u16; break;
+    case NB_BF16: v.u16 = nb__bf16_from_double(value); fn = fill_u16; break;
     default: return nb__cpu_unsupported(dev, "fill", out->dtype);
     }
     nb_cpu_iter it;
@@ -169,6 +176,48 @@ static const nb_cpu_loop_fn conv_table[NB_DTYPE_COUNT][NB_DTYPE_COUNT] = {
     [NB_BOOL] = CONV_TABLE_ROW(b8), [NB_U8] = CONV_TABLE_ROW(u8),
 };
 
+/* f16 and bf16: every conversion goes through double, which holds every
+ * value of every dtype here but i64 exactly (an i64 rounds once, to double,
+ * before it rounds to 16 bits; the GPU's conversion does the same). */
+static inline double half_in(nb_dtype d, const char *p)
+{
+    switch (d) {
+    case NB_F16: return nb__f16_to_double(*(const uint16_t *)p);
+    case NB_BF16: return nb__bf16_to_double(*(const uint16_t *)p);
+    case NB_F32: return *(const float *)p;
+    case NB_F64: return *(const double *)p;
+    case NB_I32: return *(const int32_t *)p;
+    case NB_I64: return (double)*(const int64_t *)p;
+    default: return *(const uint8_t *)p; /* bool, u8 */
+    }
+}
+
+static inline void half_out(nb_dtype d, char *p, double v)
+{
+    switch (d) {
+    case NB_F16: *(uint16_t *)p = nb__f16_from_double(v); break;
+    case NB_BF16: *(uint16_t *)p = nb__bf16_from_double(v); break;
+    case NB_F32: *(float *)p = (float)v; break;
+    case NB_F64: *(double *)p = v; break;
+    case NB_I32: *(int32_t *)p = nb_cast_to_i32(v); break;
+    case NB_I64: *(int64_t *)p = nb_cast_to_i64(v); break;
+    case NB_BOOL: *(uint8_t *)p = v != 0; break;
+    default: *(uint8_t *)p = nb_cast_to_u8(v); break;
+    }
+}
+
+typedef struct half_dtypes {
+    nb_dtype out, in;
+} half_dtypes;
+
+static void conv_half(void *ctx, int64_t n, char *const *p, const int64_t *s, int64_t flat)
+{
+    (void)flat;
+    const half_dtypes *d = ctx;
+    for (int64_t i = 0; i < n; i++)
+        half_out(d->out, p[0] + i * s[0], half_in(d->in, p[1] + i * s[1]));
+}
+
 /* Same dtype: plain element moves. */
 #define MOVE_ROW(NAME, T)                                                                    \
     static void NAME(void *ctx, int64_t n, char *const *p, const int64_t *s, int64_t flat)  \
@@ -187,29 +236,35 @@ static const nb_cpu_loop_fn conv_table[NB_DTYPE_COUNT][NB_DTYPE_COUNT] = {
         }                                                                                    \
     }
 MOVE_ROW(move_1, uint8_t)
+MOVE_ROW(move_2, uint16_t)
 MOVE_ROW(move_4, uint32_t)
 MOVE_ROW(move_8, uint64_t)
 
 nb_status nb__cpu_copy(nb_device *dev, const nb_view *out, const nb_view *in)
 {
-    if (!cpu_dtype_ok(in->dtype))
+    if (!cpu_dtype_ok(in->dtype) && !is_half(in->dtype))
         return nb__cpu_unsupported(dev, "copy", in->dtype);
-    if (!cpu_dtype_ok(out->dtype))
+    if (!cpu_dtype_ok(out->dtype) && !is_half(out->dtype))
         return nb__cpu_unsupported(dev, "copy", out->dtype);
     nb_cpu_loop_fn fn;
+    half_dtypes hd = {out->dtype, in->dtype};
+    void *ctx = NULL;
     if (in->dtype == out->dtype || (in->dtype == NB_BOOL && out->dtype == NB_U8)) {
         int64_t es = nb__cpu_esize(in->dtype);
-        fn = es == 1 ? move_1 : es == 4 ? move_4 : move_8;
+        fn = es == 1 ? move_1 : es == 2 ? move_2 : es == 4 ? move_4 : move_8;
         if (in->contiguous && out->contiguous) {
             nb__cpu_copy_from_host(dev, out->data, in->data, (size_t)(out->numel * es));
             return NB_OK;
         }
+    } else if (is_half(in->dtype) || is_half(out->dtype)) {
+        fn = conv_half;
+        ctx = &hd;
     } else {
         fn = conv_table[in->dtype][out->dtype];
     }
     nb_cpu_iter it;
     const nb_view *views[2] = {out, in};
     nb__cpu_iter_init(&it, 2, views);
-    nb__cpu_iter_run(&it, fn, NULL, NB_CPU_GRAIN);
+    nb__cpu_iter_run(&it, fn, ctx, NB_CPU_GRAIN);
     return NB_OK;
 }
