@@ -84,7 +84,7 @@ static void observe(const nb_async_update *u, void *user) { curve_add(user, u->l
 
 static double test_accuracy(nb_variable **params, fashion_set *data)
 {
-    classifier c = {mlp_logits, params, MLP_PARAMS, params, NULL};
+    classifier c = {.forward = mlp_logits, .model = params, .n_vars = MLP_PARAMS, .vars = params};
     return accuracy_in_chunks(&c, data->x_test, data->y_test, 2000);
 }
 

@@ -4,8 +4,12 @@
  * epochs); runs on the GPU when there is one.
  *
  *   fashion_cnn [--data DIR] [--device NAME] [--epochs N] [--steps N] [--quick]
- *               [--logdir DIR] [--save FILE]
+ *               [--logdir DIR] [--save FILE] [--compute f32|bf16|f16]
  *
+ * --compute bf16 or f16 trains in mixed precision (nb_set_compute_dtype): the
+ * convolutions and dense layers multiply in that dtype, the variables stay
+ * f32; f16 also scales the loss (nb_loss_scaler). On a GPU the products run
+ * in it; on the CPU they are emulated (rounded to it around f32 products).
  * --steps caps the steps per epoch; --quick trains on 2000 images for one
  * epoch; --logdir writes TensorBoard summaries; --save writes the trained
  * variables to a safetensors checkpoint. The data are the four IDX files of
@@ -13,6 +17,7 @@
 #include <nabla/nabla.h>
 #include <nabla/layers.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "command_line.h"
 #include "fashion_data.h"
@@ -78,10 +83,18 @@ int main(int argc, char **argv)
     const char *device = nb_device_count(NB_DEVICE_GPU) > 0 ? "/gpu:0" : "/cpu:0";
     int epochs = 5, max_steps = 0;
     bool quick = false; /* a short run; missing data then skips (exit 77) */
+    const char *compute = "f32";
     OPTIONS_READ(argc, argv,
                  "usage: %s [--data DIR] [--device NAME] [--epochs N] [--steps N] [--quick] [--logdir DIR] "
-                 "[--save FILE]\n",
-                 FASHION_OPTIONS(&dir, &device, &epochs, &max_steps, &quick, &logdir), OPTION_TEXT("--save", &save));
+                 "[--save FILE] [--compute f32|bf16|f16]\n",
+                 FASHION_OPTIONS(&dir, &device, &epochs, &max_steps, &quick, &logdir), OPTION_TEXT("--save", &save),
+                 OPTION_TEXT("--compute", &compute));
+    nb_dtype compute_dtype = !strcmp(compute, "bf16") ? NB_BF16 : !strcmp(compute, "f16") ? NB_F16 : NB_F32;
+    if (compute_dtype == NB_F32 && strcmp(compute, "f32")) {
+        fprintf(stderr, "fashion_cnn: --compute takes f32, bf16 or f16, not '%s'\n", compute);
+        return 2;
+    }
+    nb_set_compute_dtype(compute_dtype);
 
     nb_summary_writer *summary = logdir ? nb_summary_writer_open(logdir) : NULL;
     nb_scope *outer = nb_scope_begin();
@@ -91,15 +104,19 @@ int main(int argc, char **argv)
     fashion_set data =
         fashion_load_set("fashion_cnn", dir, NB_SHAPE(28, 28, 1), quick ? 2000 : 0, quick ? 1000 : 0, quick);
     int64_t n = nb_tensor_dim(data.x_train, 0);
-    printf("Fashion-MNIST CNN: %lld training and %lld test images on %s (loaded in %.1f s)\n", (long long)n,
-           (long long)nb_tensor_dim(data.x_test, 0), nb_device_current(), progress_now() - t0);
+    printf("Fashion-MNIST CNN: %lld training and %lld test images on %s, computing in %s%s (loaded in %.1f s)\n",
+           (long long)n, (long long)nb_tensor_dim(data.x_test, 0), nb_device_current(), compute,
+           compute_dtype == NB_F32 ? "" : " with f32 variables", progress_now() - t0);
 
     model m;
     model_init(&m);
     nb_variable *params[16];
     int n_params = nb_trainable_variables(params, 16);
     nb_optimizer *opt = nb_adam_new(1e-3, 0.9, 0.999, 1e-7);
-    const classifier cnn = {logits, &m, n_params, params, opt};
+    /* f16's narrow range needs the loss scaled (torch.amp.GradScaler's defaults) */
+    nb_loss_scaler *scaler = compute_dtype == NB_F16 ? nb_loss_scaler_new(65536, 2, 0.5, 2000) : NULL;
+    const classifier cnn = {.forward = logits, .model = &m, .n_vars = n_params, .vars = params, .opt = opt,
+                            .scaler = scaler};
     epoch_sums sums = epoch_sums_new();
 
     nb_tensor *train[2] = {data.x_train, data.y_train};
@@ -144,6 +161,10 @@ int main(int argc, char **argv)
     epoch_sums_free(&sums);
     model_free(&m);
     nb_optimizer_free(opt);
+    if (scaler)
+        printf("loss scale %g at the end; %lld steps skipped for overflow\n", nb_loss_scaler_get_scale(scaler),
+               (long long)nb_loss_scaler_skipped(scaler));
+    nb_loss_scaler_free(scaler);
     nb_device_pop();
     nb_scope_end(outer);
     /* A sanity floor: even the quick run is far above chance (10%). */

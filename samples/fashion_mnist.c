@@ -45,7 +45,7 @@ int main(int argc, char **argv)
     nb_variable *params[MLP_PARAMS];
     mlp_init(params, NULL); /* He-initialised weights, zero biases */
     nb_optimizer *opt = nb_adam_new(1e-3, 0.9, 0.999, 1e-7);
-    const classifier mlp = {mlp_logits, params, MLP_PARAMS, params, opt};
+    const classifier mlp = {.forward = mlp_logits, .model = params, .n_vars = MLP_PARAMS, .vars = params, .opt = opt};
     epoch_sums sums = epoch_sums_new();
 
     /* Shuffled mini-batches: every pass over the dataset is a new order. */

@@ -152,7 +152,7 @@ static run_result train(const char *title, model *m, nb_pipeline *p, int micro_b
     run_result r = {-1, 0, 0, 0};
     double train_seconds = 0;
     int64_t total_steps = 0;
-    classifier c = {split_forward, m, VARS, m->vars, opt};
+    classifier c = {.forward = split_forward, .model = m, .n_vars = VARS, .vars = m->vars, .opt = opt};
     printf("%s\n", title);
     for (int epoch = 1; epoch <= epochs; epoch++) {
         nb_scope *es = nb_scope_begin();

@@ -25,6 +25,7 @@ typedef struct classifier {
     int n_vars; /* at most CLASSIFIER_MAX_VARS */
     nb_variable **vars; /* the trainable ones */
     nb_optimizer *opt;
+    nb_loss_scaler *scaler; /* NULL, or the loss scaling of f16 training */
 } classifier;
 
 /* Number of rows whose largest logit is at the label, as an f32 0-d tensor. */
@@ -115,8 +116,13 @@ static inline void classifier_step(const classifier *c, nb_tensor *x, nb_tensor 
     nb_tensor *logits = c->forward(c->model, x, true);
     nb_tensor *loss = nb_mean_all(nb_sparse_softmax_cross_entropy(logits, y));
     nb_tensor *grads[CLASSIFIER_MAX_VARS];
-    nb_tape_gradient_vars(tape, loss, c->n_vars, c->vars, grads);
-    nb_optimizer_apply(c->opt, c->n_vars, c->vars, grads);
+    if (c->scaler) { /* gradients of the scaled loss; a step that overflows is skipped */
+        nb_tape_gradient_vars(tape, nb_loss_scaler_scale(c->scaler, loss), c->n_vars, c->vars, grads);
+        nb_loss_scaler_step(c->scaler, c->opt, c->n_vars, c->vars, grads, NULL);
+    } else {
+        nb_tape_gradient_vars(tape, loss, c->n_vars, c->vars, grads);
+        nb_optimizer_apply(c->opt, c->n_vars, c->vars, grads);
+    }
     epoch_sums_add(sums, loss, logits, y);
 }
 

@@ -9,6 +9,7 @@
 
 #include "lib/core/backend.h"
 #include "lib/core/formulas.h"
+#include "lib/core/half.h"
 #include "ops/cpu/cpu_internal.h"
 #include "splitmix.h"
 
@@ -1259,6 +1260,40 @@ static void test_optim(void)
             }
 }
 
+/* ---- f16 and bf16 --------------------------------------------------------------------------------- */
+
+/* The bit-operation conversions from f32 (the copy kernel's fast rows) agree
+ * with the exact ones from double on every 4,099th float bit pattern (both
+ * signs, every exponent, NaNs, infinities, subnormals), and back. */
+static void test_half_conversions(void)
+{
+    current = "half conversions";
+    int64_t bad = 0;
+    for (uint64_t b = 0; b <= 0xFFFFFFFFu; b += 4099) {
+        uint32_t bits = (uint32_t)b;
+        float f;
+        memcpy(&f, &bits, sizeof f);
+        uint16_t h = nb__f16_from_float(f), hd = nb__f16_from_double(f);
+        uint16_t g = nb__bf16_from_float(f), gd = nb__bf16_from_double(f);
+        bool nan = isnan(f);
+        /* NaNs: any NaN of the same sign will do */
+        bool h_ok = nan ? (h & 0x7C00) == 0x7C00 && (h & 0x3FF) && (h >> 15) == (bits >> 31) : h == hd;
+        bool g_ok = nan ? (g & 0x7F80) == 0x7F80 && (g & 0x7F) && (g >> 15) == (bits >> 31) : g == gd;
+        bool back = nan || ((double)nb__f16_to_float(h) == nb__f16_to_double(h) &&
+                            (double)nb__bf16_to_float(g) == nb__bf16_to_double(g));
+        if (!h_ok || !g_ok || !back) {
+            if (bad++ < 5)
+                fprintf(stderr, "[%s] %a (%#x): f16 %#x (exact %#x), bf16 %#x (exact %#x)\n", current, f, bits, h, hd,
+                        g, gd);
+        }
+    }
+    EXPECT(bad == 0, "%lld patterns disagree", (long long)bad);
+    /* ties go to even, past the largest finite value to infinity */
+    EXPECT(nb__f16_from_float(65519.0f) == 0x7BFF && nb__f16_from_float(65520.0f) == 0x7C00, "f16 overflow");
+    EXPECT(nb__f16_from_float(0x1p-25f) == 0 && nb__f16_from_float(0x1.8p-25f) == 1, "f16 subnormal ties");
+    EXPECT(nb__bf16_from_float(1.00390625f) == 0x3F80 && nb__bf16_from_float(1.01171875f) == 0x3F82, "bf16 ties");
+}
+
 /* ---- dtypes the CPU does not take -------------------------------------------------------------- */
 
 static void test_unsupported(void)
@@ -1322,6 +1357,7 @@ int main(void)
     test_softmax();
     test_index();
     test_optim();
+    test_half_conversions();
     test_unsupported();
     if (failures) {
         fprintf(stderr, "%d check(s) failed\n", failures);

@@ -25,6 +25,27 @@
 extern "C" {
 #endif
 
+/* ---- mixed precision -------------------------------------------------------- */
+
+/* The dtype dense and conv2d layers multiply in, process-wide: NB_F32 (the
+ * default: a layer's own dtype), NB_BF16 or NB_F16. With a 16-bit compute
+ * dtype an f32 layer casts its input and kernel to it, multiplies (matmul,
+ * conv2d, accumulating in f32) and casts the product back to f32 before its
+ * bias, so the variables, their gradients and the optimizer's slots stay f32
+ * (the master weights), as do every other layer and the loss; gradients pass
+ * back through the casts, rounded to the compute dtype on the way as the
+ * product's are. Where the device does not compute in that dtype (the CPU)
+ * it is emulated: operands and product are rounded to it (cast there and
+ * back) around an f32 product, which gives the device's values but for the
+ * order of the f32 sums, at the cost of the extra passes. f64 layers are left
+ * alone. With f16, scale the loss (nb_loss_scaler in nabla/optimizer.h): its
+ * gradients overflow or vanish otherwise. Takes effect from the next apply.
+ * NB_OK, or NB_ERR_DTYPE (the setting unchanged) for any other dtype. */
+nb_status nb_set_compute_dtype(nb_dtype dtype);
+
+/* The compute dtype now (NB_F32 unless set). */
+nb_dtype nb_compute_dtype(void);
+
 /* ---- dense: y = x @ kernel + bias ----------------------------------------------- */
 
 typedef struct nb_dense_layer {

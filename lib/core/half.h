@@ -67,4 +67,44 @@ static inline double nb__f16_to_double(uint16_t h)
     return (h & 0x8000) ? -v : v;
 }
 
+/* The same for f32, the common case, with bit operations (equal to the
+ * above on every float). */
+static inline uint16_t nb__bf16_from_float(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u) /* NaN */
+        return (uint16_t)((x >> 16) | 0x0040u);
+    return (uint16_t)((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+}
+
+static inline float nb__bf16_to_float(uint16_t h)
+{
+    uint32_t x = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &x, sizeof f);
+    return f;
+}
+
+static inline uint16_t nb__f16_from_float(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    uint32_t a = x & 0x7FFFFFFFu;
+    if (a > 0x7F800000u)
+        return sign | 0x7E00;
+    if (a >= 0x477FF000u) /* 65520 and up round to infinity */
+        return sign | 0x7C00;
+    if (a < 0x38800000u) { /* below 2^-14: a multiple of 2^-24, exact after the scaling */
+        float v;
+        memcpy(&v, &a, sizeof v);
+        return sign | (uint16_t)nearbyintf(v * 0x1p24f);
+    }
+    uint32_t r = a + 0xFFFu + ((a >> 13) & 1u) - ((uint32_t)(127 - 15) << 23);
+    return sign | (uint16_t)(r >> 13);
+}
+
+static inline float nb__f16_to_float(uint16_t h) { return (float)nb__f16_to_double(h); }
+
 #endif

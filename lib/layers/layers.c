@@ -3,6 +3,7 @@
 #include "lib/core/capture.h"
 #include "lib/core/core.h"
 #include "lib/core/recording.h"
+#include "ops/op.h"
 #include <nabla/layers.h>
 
 #include <string.h>
@@ -77,11 +78,56 @@ nb_status nb_dense_init(nb_dense_layer *layer, const char *name, int64_t in, int
     return layer_end(f, 2, ok);
 }
 
+/* ---- mixed precision ------------------------------------------------------------ */
+
+static atomic_int g_compute_dtype = NB_F32;
+
+nb_status nb_set_compute_dtype(nb_dtype dtype)
+{
+    if (dtype != NB_F32 && dtype != NB_BF16 && dtype != NB_F16)
+        return nb__fail(NB_ERR_DTYPE, "nb_set_compute_dtype: %s is not a compute dtype (f32, bf16 or f16)",
+                        (unsigned)dtype < NB_DTYPE_COUNT ? nb_dtype_name(dtype) : "that");
+    atomic_store(&g_compute_dtype, (int)dtype);
+    return NB_OK;
+}
+
+nb_dtype nb_compute_dtype(void) { return (nb_dtype)atomic_load(&g_compute_dtype); }
+
+/* A layer's product (matmul or conv2d) of x and w. */
+typedef nb_tensor *(*product_fn)(const nb_tensor *x, const nb_tensor *w, const void *ctx);
+
+/* t rounded to dtype c and back: an f32 tensor whose values c holds. */
+static nb_tensor *rounded(const nb_tensor *t, nb_dtype c) { return nb_cast(nb_cast(t, c), NB_F32); }
+
+/* fn(x, w) in the compute dtype: natively where the device multiplies in it
+ * (kernel k), else emulated; plain for f32 and for other dtypes. */
+static nb_tensor *product(nb_kernel k, product_fn fn, const nb_tensor *x, const nb_tensor *w, const void *ctx)
+{
+    nb_dtype c = nb_compute_dtype();
+    if (c == NB_F32 || !x || !w || x->dtype != NB_F32 || w->dtype != NB_F32)
+        return fn(x, w, ctx);
+    nb_device *pushed = nb__device_pushed(), *dev = pushed ? pushed : x->device;
+    if (nb__supports(dev, k, 0, c))
+        return nb_cast(fn(nb_cast(x, c), nb_cast(w, c), ctx), NB_F32);
+    return rounded(fn(rounded(x, c), rounded(w, c), ctx), c);
+}
+
+static nb_tensor *matmul_of(const nb_tensor *x, const nb_tensor *w, const void *ctx)
+{
+    (void)ctx;
+    return nb_matmul(x, w);
+}
+
+static nb_tensor *conv2d_of(const nb_tensor *x, const nb_tensor *w, const void *ctx)
+{
+    return nb_conv2d(x, w, ctx);
+}
+
 nb_tensor *nb_dense_apply(const nb_dense_layer *layer, const nb_tensor *x)
 {
     if (!layer->kernel)
         return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "nb_dense_apply: the layer is not initialised");
-    nb_tensor *y = nb_matmul(x, nb_read(layer->kernel));
+    nb_tensor *y = product(NB_K_MATMUL, matmul_of, x, nb_read(layer->kernel), NULL);
     return layer->bias ? nb_add(y, nb_read(layer->bias)) : y;
 }
 
@@ -132,7 +178,7 @@ nb_tensor *nb_conv2d_apply(const nb_conv2d_layer *layer, const nb_tensor *x)
 {
     if (!layer->kernel)
         return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "nb_conv2d_apply: the layer is not initialised");
-    nb_tensor *y = nb_conv2d(x, nb_read(layer->kernel), &layer->opts);
+    nb_tensor *y = product(NB_K_CONV2D, conv2d_of, x, nb_read(layer->kernel), &layer->opts);
     return layer->bias ? nb_add(y, channel_vector(nb_read(layer->bias), layer->opts.format)) : y;
 }
 

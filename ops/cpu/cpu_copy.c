@@ -206,6 +206,36 @@ static inline void half_out(nb_dtype d, char *p, double v)
     }
 }
 
+/* f32 to and from f16 and bf16, the conversions mixed precision makes. */
+#define HALF_ROW(NAME, TO, TI, CVT)                                                          \
+    static void NAME(void *ctx, int64_t n, char *const *p, const int64_t *s, int64_t flat)  \
+    {                                                                                        \
+        (void)ctx;                                                                           \
+        (void)flat;                                                                          \
+        if (s[0] == (int64_t)sizeof(TO) && s[1] == (int64_t)sizeof(TI)) {                    \
+            TO *restrict o = (TO *)p[0];                                                     \
+            const TI *restrict in = (const TI *)p[1];                                        \
+            for (int64_t i = 0; i < n; i++)                                                  \
+                o[i] = CVT(in[i]);                                                           \
+        } else {                                                                             \
+            for (int64_t i = 0; i < n; i++)                                                  \
+                *(TO *)(p[0] + i * s[0]) = CVT(*(const TI *)(p[1] + i * s[1]));              \
+        }                                                                                    \
+    }
+HALF_ROW(f32_to_bf16, uint16_t, float, nb__bf16_from_float)
+HALF_ROW(bf16_to_f32, float, uint16_t, nb__bf16_to_float)
+HALF_ROW(f32_to_f16, uint16_t, float, nb__f16_from_float)
+HALF_ROW(f16_to_f32, float, uint16_t, nb__f16_to_float)
+
+static nb_cpu_loop_fn half_f32_row(nb_dtype out, nb_dtype in)
+{
+    if (in == NB_F32)
+        return out == NB_BF16 ? f32_to_bf16 : out == NB_F16 ? f32_to_f16 : NULL;
+    if (out == NB_F32)
+        return in == NB_BF16 ? bf16_to_f32 : in == NB_F16 ? f16_to_f32 : NULL;
+    return NULL;
+}
+
 typedef struct half_dtypes {
     nb_dtype out, in;
 } half_dtypes;
@@ -256,6 +286,8 @@ nb_status nb__cpu_copy(nb_device *dev, const nb_view *out, const nb_view *in)
             nb__cpu_copy_from_host(dev, out->data, in->data, (size_t)(out->numel * es));
             return NB_OK;
         }
+    } else if ((fn = half_f32_row(out->dtype, in->dtype))) {
+        /* f32 and a half: bit operations */
     } else if (is_half(in->dtype) || is_half(out->dtype)) {
         fn = conv_half;
         ctx = &hd;
