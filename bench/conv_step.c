@@ -2,7 +2,9 @@
  * (3x3, SAME) - batch norm - relu - 2x2 max pool blocks, dropout, dense
  * 3136-128-10, sparse softmax cross-entropy, backward, Adam. On /cpu:0, and on
  * /gpu:0 when there is one, beside the same step in PyTorch eager from Python
- * (bench/conv_step.py, NHWC there too: channels_last).
+ * (bench/conv_step.py, NHWC there too: channels_last). On the GPU also in
+ * mixed precision: nabla's layers under nb_set_compute_dtype(NB_BF16) beside
+ * PyTorch's torch.autocast(dtype=torch.bfloat16), both with f32 variables.
  *
  *   conv_step [--reps R] [--no-peer]
  *
@@ -51,11 +53,12 @@ static void train_step(void *ctx)
     nb_optimizer_apply(r->opt, 10, r->all, g);
 }
 
-static double bench_device(const char *device, int reps)
+static double bench_device(const char *device, int reps, nb_dtype compute)
 {
     nb_scope *outer = nb_scope_begin();
     nb_device_push(device);
-    nb_variable_scope_push(device[1] == 'g' ? "gpu" : "cpu", false);
+    nb_variable_scope_push(compute == NB_BF16 ? "bf16" : device[1] == 'g' ? "gpu" : "cpu", false);
+    nb_set_compute_dtype(compute);
     int64_t labels[BATCH];
     for (int i = 0; i < BATCH; i++)
         labels[i] = (i * 7 + 3) % 10;
@@ -87,6 +90,7 @@ static double bench_device(const char *device, int reps)
     nb_batch_norm_free(&m.bn2);
     nb_dense_free(&m.fc1);
     nb_dense_free(&m.fc2);
+    nb_set_compute_dtype(NB_F32);
     nb_variable_scope_pop();
     nb_device_pop();
     nb_scope_end(outer);
@@ -100,18 +104,21 @@ int main(int argc, char **argv)
     BENCH_OPTIONS(argc, argv, BENCH_REPS(&reps), BENCH_NO_PEER(&peer));
     nb_set_error_handler(nb_error_handler_exit, NULL);
 
-    double cpu = bench_device("/cpu:0", reps);
+    double cpu = bench_device("/cpu:0", reps, NB_F32);
     bool gpu = nb_device_count(NB_DEVICE_GPU) > 0;
-    double gpu_ms = gpu ? bench_device("/gpu:0", reps * 10) : 0;
+    double gpu_ms = gpu ? bench_device("/gpu:0", reps * 10, NB_F32) : 0;
+    double gpu_bf16 = gpu ? bench_device("/gpu:0", reps * 10, NB_BF16) : 0;
 
     bench_peer pr;
     bench_peer_run(&pr, peer, "conv_step.py", "%d", reps);
     bench_header("CNN training step (fashion_cnn's network), batch 64 (median, warm-up first)",
                  "milliseconds per step", &pr);
     bench_row("/cpu:0 (torch: cpu)", cpu, bench_peer_get(&pr, "cpu"));
-    if (gpu)
+    if (gpu) {
         bench_row("/gpu:0 (torch: cuda)", gpu_ms, bench_peer_get(&pr, "cuda"));
-    else
+        bench_row("/gpu:0 bf16 compute (torch: autocast bf16)", gpu_bf16, bench_peer_get(&pr, "cuda_bf16"));
+        printf("  bf16 against f32 on /gpu:0: %.2fx\n", gpu_ms / gpu_bf16);
+    } else
         return bench_no_gpu("/gpu:0", nb_gpu_unavailable_reason());
     return 0;
 }

@@ -2,8 +2,9 @@
 at batch 64 (two conv 3x3 SAME - batch norm - relu - 2x2 max pool blocks,
 dropout, dense 3136-128-10, cross-entropy, backward, Adam), channels_last.
 
-Prints "version V", then "cpu MS" and, with CUDA, "cuda MS" (median
-milliseconds per step), or "PyTorch: not installed"."""
+Prints "version V", then "cpu MS" and, with CUDA, "cuda MS" and "cuda_bf16
+MS" (under torch.autocast with bfloat16) (median milliseconds per step), or
+"PyTorch: not installed"."""
 import sys
 
 from torch_peer import arg, median_wall, need_torch
@@ -36,7 +37,7 @@ class Net(nn.Module):
         return self.fc2(h)
 
 
-def bench(device, reps):
+def bench(device, reps, bf16=False):
     torch.manual_seed(1)
     x = torch.rand(64, 1, 28, 28).to(device).to(memory_format=torch.channels_last)
     y = torch.randint(0, 10, (64,)).to(device)
@@ -46,7 +47,8 @@ def bench(device, reps):
     cuda = device == "cuda"
 
     def step():
-        loss = F.cross_entropy(net(x), y)
+        with torch.autocast(device_type=device, dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(net(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -64,3 +66,4 @@ if torch.cuda.is_available():
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     print("cuda", bench("cuda", R * 10))
+    print("cuda_bf16", bench("cuda", R * 10, bf16=True))

@@ -1288,6 +1288,15 @@ static void test_half_conversions(void)
         }
     }
     EXPECT(bad == 0, "%lld patterns disagree", (long long)bad);
+    /* every f16 and bf16 value widens to the same float both ways */
+    int wide = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float a = nb__f16_to_float((uint16_t)h), b = nb__bf16_to_float((uint16_t)h);
+        double ad = nb__f16_to_double((uint16_t)h), bd = nb__bf16_to_double((uint16_t)h);
+        wide += isnan(ad) ? !isnan(a) || !signbit(a) != !signbit(ad) : (double)a != ad || !signbit(a) != !signbit(ad);
+        wide += isnan(bd) ? !isnan(b) : (double)b != bd || !signbit(b) != !signbit(bd);
+    }
+    EXPECT(wide == 0, "%d values widen differently", wide);
     /* ties go to even, past the largest finite value to infinity */
     EXPECT(nb__f16_from_float(65519.0f) == 0x7BFF && nb__f16_from_float(65520.0f) == 0x7C00, "f16 overflow");
     EXPECT(nb__f16_from_float(0x1p-25f) == 0 && nb__f16_from_float(0x1.8p-25f) == 1, "f16 subnormal ties");

@@ -105,6 +105,17 @@ static inline uint16_t nb__f16_from_float(float f)
     return sign | (uint16_t)(r >> 13);
 }
 
-static inline float nb__f16_to_float(uint16_t h) { return (float)nb__f16_to_double(h); }
+static inline float nb__f16_to_float(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u;
+    if (e == 0) { /* zero or subnormal: m 2^-24, exact */
+        float f = (float)m * 0x1p-24f;
+        return sign ? -f : f;
+    }
+    uint32_t bits = sign | (e == 31 ? 0x7F800000u : (e + 112u) << 23) | (m << 13); /* 112 = 127 - 15 */
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 
 #endif
