@@ -155,53 +155,85 @@ static int scenario_train(void)
     return failures;
 }
 
+/* What the failure scenarios share: one server, two workers per worker
+ * process, the regression model and its data, SGD. */
+typedef struct setup {
+    nb_async *a;
+    nb_scope *sc;
+    nb_variable *w, *b;
+    nb_tensor *x, *y;
+    nb_optimizer *opt;
+    bool server;
+    int rank;
+} setup;
+
+static bool setup_begin(setup *s, const char *timeout)
+{
+    setenv("NB_WORLD_TIMEOUT", timeout, 1);
+    memset(s, 0, sizeof *s);
+    s->a = nb_async_new_world(2, NULL, NULL, 1);
+    CHECK(s->a != NULL);
+    if (!s->a)
+        return false;
+    s->sc = nb_scope_begin();
+    s->w = nb_async_variable_new(s->a, "w", nb_zeros(NB_F64, NB_SHAPE(IN, 1)));
+    s->b = nb_async_variable_new(s->a, "b", nb_zeros(NB_F64, NB_SHAPE(1)));
+    make_data(0, &s->x, &s->y);
+    s->opt = nb_sgd_new(0.05);
+    s->server = nb_async_is_server(s->a);
+    const char *env = getenv("OMPI_COMM_WORLD_RANK");
+    s->rank = env ? atoi(env) : 0;
+    return true;
+}
+
+static void setup_end(setup *s)
+{
+    nb_optimizer_free(s->opt);
+    nb_variable_free(s->w);
+    nb_variable_free(s->b);
+    nb_scope_end(s->sc);
+    nb_async_free(s->a);
+}
+
+/* nb_async_train on the setup with fn, user and batch rows; seconds to *took. */
+static nb_status timed_train(setup *s, nb_replica_step_fn fn, void *user, int64_t rows, double *took)
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    nb_status st = nb_async_train(s->a, s->opt, NB_VARS(s->w, s->b), fn, user, NB_TENSORS(s->x, s->y), rows);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    *took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    return st;
+}
+
 /* Worker process 2 dies in its 5th step: process 1 still finishes. */
 static int scenario_kill_worker(void)
 {
-    setenv("NB_WORLD_TIMEOUT", "3", 1);
-    nb_async *a = nb_async_new_world(2, NULL, NULL, 1);
-    CHECK(a != NULL);
-    if (!a)
+    setup s;
+    if (!setup_begin(&s, "3"))
         return check_finish();
-    nb_scope *sc = nb_scope_begin();
-    nb_variable *w = nb_async_variable_new(a, "w", nb_zeros(NB_F64, NB_SHAPE(IN, 1)));
-    nb_variable *b = nb_async_variable_new(a, "b", nb_zeros(NB_F64, NB_SHAPE(1)));
-    nb_tensor *x, *y;
-    make_data(0, &x, &y);
-    nb_optimizer *opt = nb_sgd_new(0.05);
-    /* which rank is which is known only now: rank 2 is the second worker process */
-    int kill_at = -1;
-    const char *env = getenv("OMPI_COMM_WORLD_RANK");
-    if (env && atoi(env) == 2)
-        kill_at = 5;
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    nb_status st = nb_async_train(a, opt, NB_VARS(w, b), regression_step, &kill_at, NB_TENSORS(x, y), 16);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    int kill_at = s.rank == 2 ? 5 : -1; /* rank 2: the second worker process */
+    double took;
+    nb_status st = timed_train(&s, regression_step, &kill_at, 16, &took);
     CHECKF(st == NB_OK, "%s: %s", nb_status_name(st), nb_error_message());
-    nb_async_stats s;
-    nb_async_get_stats(a, &s);
-    bool server = nb_async_is_server(a);
-    if (!server) {
-        CHECK(s.gradients == ROWS / 16);
+    nb_async_stats stats;
+    nb_async_get_stats(s.a, &stats);
+    if (!s.server) {
+        CHECK(stats.gradients == ROWS / 16);
         double hb = 0;
-        nb_tensor_read(nb_read(b), &hb, sizeof hb);
+        nb_tensor_read(nb_read(s.b), &hb, sizeof hb);
         CHECKF(hb != 0, "the trained b is %g", hb);
     } else {
-        CHECKF(s.gradients >= ROWS / 16 && s.gradients < 2 * ROWS / 16, "the server applied %lld gradients",
-               (long long)s.gradients);
+        CHECKF(stats.gradients >= ROWS / 16 && stats.gradients < 2 * ROWS / 16, "the server applied %lld gradients",
+               (long long)stats.gradients);
         CHECKF(took < 20, "the server took %.1f s", took);
     }
-    nb_optimizer_free(opt);
-    nb_variable_free(w);
-    nb_variable_free(b);
-    nb_scope_end(sc);
-    nb_async_free(a);
+    bool server = s.server;
+    setup_end(&s);
     int failures = check_finish();
     if (!failures)
         printf("test_mpi: async-kill-worker OK (%s, %.1f s, %lld gradients)\n", server ? "server" : "worker", took,
-               (long long)s.gradients);
+               (long long)stats.gradients);
     return failures;
 }
 
@@ -215,46 +247,28 @@ static nb_status slow_step(nb_replica *r, int n_inputs, nb_tensor *const *inputs
 
 static int scenario_slow(void)
 {
-    setenv("NB_WORLD_TIMEOUT", "2", 1);
-    nb_async *a = nb_async_new_world(2, NULL, NULL, 1);
-    CHECK(a != NULL);
-    if (!a)
+    setup s;
+    if (!setup_begin(&s, "2"))
         return check_finish();
-    bool server = nb_async_is_server(a);
-    const char *env = getenv("OMPI_COMM_WORLD_RANK");
-    bool slow = env && atoi(env) == 2;
+    bool slow = s.rank == 2, server = s.server;
     double took[2] = {0, 0};
     /* bound 1, then none: without a bound process 1 finishes at once and
      * waits for the end for as long as process 2 trains */
     for (int pass = 0; pass < 2; pass++) {
-        CHECK_OK(nb_async_set_staleness_bound(a, pass == 0 ? 1 : -1));
-        nb_scope *sc = nb_scope_begin();
-        nb_variable *w = nb_async_variable_new(a, "w", nb_zeros(NB_F64, NB_SHAPE(IN, 1)));
-        nb_variable *b = nb_async_variable_new(a, "b", nb_zeros(NB_F64, NB_SHAPE(1)));
-        nb_tensor *x, *y;
-        make_data(0, &x, &y);
-        nb_optimizer *opt = nb_sgd_new(0.05);
+        CHECK_OK(nb_async_set_staleness_bound(s.a, pass == 0 ? 1 : -1));
         nb_async_stats before, after;
-        nb_async_get_stats(a, &before);
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        nb_status st = nb_async_train(a, opt, NB_VARS(w, b), slow_step, &slow, NB_TENSORS(x, y), 16);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        took[pass] = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+        nb_async_get_stats(s.a, &before);
+        nb_status st = timed_train(&s, slow_step, &slow, 16, &took[pass]);
         CHECKF(st == NB_OK, "pass %d: %s: %s", pass, nb_status_name(st), nb_error_message());
         CHECKF(took[pass] > 3, "pass %d took %.1f s: the slow worker cannot have been waited for", pass, took[pass]);
-        nb_async_get_stats(a, &after);
+        nb_async_get_stats(s.a, &after);
         if (server) {
             CHECK(after.gradients - before.gradients == 2 * ROWS / 16);
             /* 4 workers, bound 1: (4 - 1)(2 + 1) */
             CHECKF(pass == 1 || after.max_staleness <= 9, "largest staleness %lld", (long long)after.max_staleness);
         }
-        nb_optimizer_free(opt);
-        nb_variable_free(w);
-        nb_variable_free(b);
-        nb_scope_end(sc);
     }
-    nb_async_free(a);
+    setup_end(&s);
     int failures = check_finish();
     if (!failures)
         printf("test_mpi: async-slow OK (%s, %.1f s and %.1f s)\n", server ? "server" : "worker", took[0], took[1]);
@@ -273,36 +287,20 @@ static void kill_server(const nb_async_update *u, void *user)
 
 static int scenario_kill_server(void)
 {
-    setenv("NB_WORLD_TIMEOUT", "3", 1);
-    nb_async *a = nb_async_new_world(2, NULL, NULL, 1);
-    CHECK(a != NULL);
-    if (!a)
+    setup s;
+    if (!setup_begin(&s, "3"))
         return check_finish();
-    nb_scope *sc = nb_scope_begin();
-    nb_variable *w = nb_async_variable_new(a, "w", nb_zeros(NB_F64, NB_SHAPE(IN, 1)));
-    nb_variable *b = nb_async_variable_new(a, "b", nb_zeros(NB_F64, NB_SHAPE(1)));
-    nb_tensor *x, *y;
-    make_data(0, &x, &y);
-    nb_optimizer *opt = nb_sgd_new(0.05);
-    bool server = nb_async_is_server(a);
-    if (server)
-        nb_async_set_observer(a, kill_server, NULL);
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    nb_status st = nb_async_train(a, opt, NB_VARS(w, b), regression_step, NULL, NB_TENSORS(x, y), 4);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double took = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    if (s.server)
+        nb_async_set_observer(s.a, kill_server, NULL);
+    double took;
+    nb_status st = timed_train(&s, regression_step, NULL, 4, &took);
     CHECKF(st == NB_ERR_TIMEOUT, "%s: %s", nb_status_name(st), nb_error_message());
     CHECKF(strstr(nb_error_message(), "rank 0 "), "message: %s", nb_error_message());
     CHECKF(took < 15, "the worker took %.1f s to fail", took);
     char msg[600];
     snprintf(msg, sizeof msg, "%s", nb_error_message());
     nb_error_clear();
-    nb_optimizer_free(opt);
-    nb_variable_free(w);
-    nb_variable_free(b);
-    nb_scope_end(sc);
-    nb_async_free(a);
+    setup_end(&s);
     int failures = check_finish();
     if (!failures)
         printf("test_mpi: async-kill-server OK (a worker failed after %.1f s: %s)\n", took, msg);
