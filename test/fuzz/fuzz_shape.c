@@ -230,6 +230,18 @@ static double get_value(nb_dtype dt, const void *buf, int64_t i)
     case NB_F64: return ((const double *)buf)[i];
     case NB_I32: return ((const int32_t *)buf)[i];
     case NB_I64: return (double)((const int64_t *)buf)[i];
+    case NB_F16: { /* the CPU holds f16 and bf16: tensors made empty, then padded */
+        uint16_t h = ((const uint16_t *)buf)[i];
+        int e = (h >> 10) & 31, m = h & 1023;
+        double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(m + 1024, e - 25);
+        return (h & 0x8000) ? -v : v;
+    }
+    case NB_BF16: {
+        uint32_t bits = (uint32_t)((const uint16_t *)buf)[i] << 16;
+        float f;
+        memcpy(&f, &bits, sizeof f);
+        return f;
+    }
     default: return ((const uint8_t *)buf)[i];
     }
 }
