@@ -119,7 +119,8 @@ nb_variable *nb_async_variable_new(nb_async *a, const char *name, const nb_tenso
 typedef struct nb_async_update {
     int worker;          /* the worker whose gradient it was (-1 for a round's mean, bound 0) */
     int64_t update;      /* 1, 2, ...: its number among the updates of the trainer's life */
-    int64_t batch;       /* the batch it came from (the round's first batch for bound 0) */
+    int64_t batch;       /* the batch it came from (the round's first batch for bound 0; across
+                            processes, its number among its worker process's batches) */
     int64_t rows;        /* the rows it learned from */
     int64_t staleness;   /* updates that landed between the read and this update */
     double loss;         /* the step function's loss on that batch (the round's weighted mean) */

@@ -279,16 +279,18 @@ static bool pull(nb_async *a, nb_async_worker *ws, int64_t clock)
     return ok;
 }
 
-/* Tells the observer about an update (under the lock). */
-static void observe(nb_async *a, int worker, int64_t batch, int64_t rows, int64_t staleness, double loss)
+void nb__async_count(nb_async *a, int worker, int64_t batch, int64_t rows, int64_t staleness, double loss)
 {
+    a->gradients++;
+    a->examples += rows;
+    a->staleness_sum += staleness;
+    if (staleness > a->max_staleness)
+        a->max_staleness = staleness;
     if (a->observer)
         a->observer(&(nb_async_update){worker, a->version, batch, rows, staleness, loss}, a->observer_user);
 }
 
-/* Applies grads (on the masters' device; NULL entries skipped) as one update
- * (under the lock). */
-static nb_status apply(nb_async *a, nb_tensor *const *grads, const char *who)
+nb_status nb__async_apply(nb_async *a, nb_tensor *const *grads, const char *who)
 {
     nb_status st = nb__optimizer_update(a->opt, a->n_vars, a->masters, grads, nb__optimizer_next_step(a->opt), who);
     if (!st) {
@@ -343,11 +345,10 @@ static bool apply_round(nb_async *a, nb_async_worker *ws, int64_t clock)
             loss += (double)a->workers[w].rows / (double)rows * a->workers[w].loss;
     nb__tapes_resume(token);
     if (ok)
-        ok = apply(a, sum, "nb_async_train") == NB_OK;
+        ok = nb__async_apply(a, sum, "nb_async_train") == NB_OK;
     if (ok) {
-        a->gradients += count;
-        a->examples += rows;
-        observe(a, -1, clock * a->n, rows, 0, loss);
+        a->gradients += count - 1; /* the round's gradients, one update */
+        nb__async_count(a, -1, clock * a->n, rows, 0, loss);
         a->rounds_done = clock + 1;
     }
     if (sum != small)
@@ -382,13 +383,8 @@ static bool push(nb_async *a, nb_async_worker *ws, int64_t clock)
         if (nb__async_world_push(a, ws, clock, &staleness))
             return worker_failed(ws, NB_ERR_INTERNAL, "sending the gradients");
         pthread_mutex_lock(&a->lock);
-        a->version++;
-        a->gradients++;
-        a->examples += ws->rows;
-        a->staleness_sum += staleness;
-        if (staleness > a->max_staleness)
-            a->max_staleness = staleness;
-        observe(a, ws->index, ws->batch, ws->rows, staleness, ws->loss);
+        a->version++; /* a worker counts its own updates */
+        nb__async_count(a, ws->index, ws->batch, ws->rows, staleness, ws->loss);
         pthread_mutex_unlock(&a->lock);
         return true;
     }
@@ -403,16 +399,11 @@ static bool push(nb_async *a, nb_async_worker *ws, int64_t clock)
         }
     } else {
         int64_t staleness = a->version - ws->read_version;
-        nb_status st = apply(a, ws->grads, who);
+        nb_status st = nb__async_apply(a, ws->grads, who);
         if (st) {
             ok = worker_failed(ws, st, "applying its update");
         } else {
-            a->gradients++;
-            a->examples += ws->rows;
-            a->staleness_sum += staleness;
-            if (staleness > a->max_staleness)
-                a->max_staleness = staleness;
-            observe(a, ws->index, ws->batch, ws->rows, staleness, ws->loss);
+            nb__async_count(a, ws->index, ws->batch, ws->rows, staleness, ws->loss);
         }
     }
     pthread_mutex_unlock(&a->lock);

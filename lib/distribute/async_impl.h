@@ -66,6 +66,17 @@ struct nb_async {
     struct nb_async_world *w;
 };
 
+/* ---- async.c ---------------------------------------------------------------------- */
+
+/* Applies grads (on the masters' device, per variable of the call; NULL
+ * skipped) to the masters as one optimizer update and counts it in
+ * a->version (under the trainer's lock, or on a server's one thread). */
+nb_status nb__async_apply(nb_async *a, nb_tensor *const *grads, const char *who);
+
+/* Counts an applied gradient of `rows` rows with its staleness and tells the
+ * observer (under the trainer's lock; a->version already counts the update). */
+void nb__async_count(nb_async *a, int worker, int64_t batch, int64_t rows, int64_t staleness, double loss);
+
 /* ---- async_world.c ---------------------------------------------------------------- */
 
 /* Joins the world for nb_async_new_world: NB_OK with *world true when this

@@ -20,7 +20,6 @@
 #include "async_impl.h"
 #include "world.h"
 
-#include "lib/optim/optimizer_impl.h"
 #include "lib/variable/variable_impl.h"
 
 #include <stdio.h>
@@ -36,7 +35,8 @@ enum { MSG_PULL = 1, MSG_PUSH, MSG_DONE, MSG_FINAL };
 typedef struct msg {
     int32_t kind;
     int32_t worker;  /* local index on the sending rank */
-    int64_t clock;   /* the batch's number (DONE: batches it finished) */
+    int64_t clock;   /* PULL, PUSH: the worker's count of batches before this one */
+    int64_t batch;   /* PUSH: the batch's number among its process's */
     int64_t rows;
     int64_t version; /* PUSH: the server's version it read */
     double loss;
@@ -59,14 +59,18 @@ typedef struct remote {
     int64_t pull_clock;
     nb_tensor **grads; /* bound 0: its gradients for the current round (or NULL) */
     int64_t rows;
+    double loss;
     bool pushed;       /* bound 0: pushed the current round */
 } remote;
 
 struct nb_async_world {
     int servers, size, rank, per_rank, total;
-    /* per variable of the current call */
+    /* per variable of the current call, and per server: its share's bytes
+     * and variables (a PUSH carries a byte per variable of the share) */
     int cap;
     int *server_of;
+    size_t *share_bytes;
+    int *share_count;
     /* worker side: per local worker, per server, the version it read */
     int64_t *read_version;
     /* server side */
@@ -107,6 +111,8 @@ nb_status nb__async_world_open(nb_async *a, int servers, bool *world, const char
     *w = (struct nb_async_world){.servers = servers, .size = size, .rank = rank, .per_rank = a->n};
     w->total = a->n * (size - servers);
     w->read_version = calloc((size_t)(a->n > 0 ? a->n : 1) * (size_t)servers, sizeof *w->read_version);
+    w->share_bytes = calloc((size_t)servers, sizeof *w->share_bytes);
+    w->share_count = calloc((size_t)servers, sizeof *w->share_count);
     if (rank < servers) {
         w->remotes = calloc((size_t)(w->total > 0 ? w->total : 1), sizeof *w->remotes);
         w->heard = calloc((size_t)size, sizeof *w->heard);
@@ -114,7 +120,7 @@ nb_status nb__async_world_open(nb_async *a, int servers, bool *world, const char
         w->final_wanted = calloc((size_t)size, sizeof *w->final_wanted);
     }
     a->w = w;
-    if (!w->read_version || (rank < servers && (!w->remotes || !w->heard || !w->dead || !w->final_wanted))) {
+    if (!w->read_version || !w->share_bytes || !w->share_count || (rank < servers && (!w->remotes || !w->heard || !w->dead || !w->final_wanted))) {
         nb__async_world_free(a);
         return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
     }
@@ -130,6 +136,8 @@ void nb__async_world_free(nb_async *a)
     if (!w)
         return;
     free(w->server_of);
+    free(w->share_bytes);
+    free(w->share_count);
     free(w->read_version);
     free(w->remotes);
     free(w->heard);
@@ -198,6 +206,8 @@ nb_status nb__async_world_begin(nb_async *a, const char *who)
                         (int)(sizeof load / sizeof *load));
     for (int i = 0; i < a->n_vars; i++)
         w->server_of[i] = -1;
+    for (int q = 0; q < w->servers; q++)
+        w->share_count[q] = 0;
     uint64_t hash = 1469598103934665603ull;
     for (int k = 0; k < a->n_vars; k++) {
         int best = -1;
@@ -210,10 +220,13 @@ nb_status nb__async_world_begin(nb_async *a, const char *who)
                 s = q;
         w->server_of[best] = s;
         load[s] += var_bytes(a->vars[best]);
+        w->share_count[s]++;
         for (const char *c = nb_variable_name(a->vars[k]); *c; c++)
             hash = (hash ^ (unsigned char)*c) * 1099511628211ull;
         hash = (hash ^ var_bytes(a->vars[k])) * 1099511628211ull;
     }
+    for (int q = 0; q < w->servers; q++)
+        w->share_bytes[q] = load[q];
     char desc[96];
     snprintf(desc, sizeof desc, "%d variables (%016llx), bound %lld", a->n_vars, (unsigned long long)hash,
              (long long)a->bound);
@@ -231,15 +244,8 @@ nb_status nb__async_world_begin(nb_async *a, const char *who)
     return NB_OK;
 }
 
-/* The bytes of server s's share, and whether it has one. */
-static size_t share_bytes(nb_async *a, int s)
-{
-    size_t n = 0;
-    for (int i = 0; i < a->n_vars; i++)
-        if (a->w->server_of[i] == s)
-            n += var_bytes(a->vars[i]);
-    return n;
-}
+/* The bytes of server s's share (0: it holds no variable). */
+static size_t share_bytes(const nb_async *a, int s) { return a->w->share_bytes[s]; }
 
 /* ---- the worker's side ---------------------------------------------------------------- */
 
@@ -297,7 +303,7 @@ nb_status nb__async_world_pull(nb_async *a, nb_async_worker *ws, int64_t clock)
 {
     const char *who = "nb_async_train";
     struct nb_async_world *w = a->w;
-    msg m = {MSG_PULL, ws->index, clock, 0, 0, 0};
+    msg m = {MSG_PULL, ws->index, clock, 0, 0, 0, 0};
     nb_status st = NB_OK;
     for (int s = 0; s < w->servers && !st; s++)
         if (share_bytes(a, s))
@@ -331,14 +337,13 @@ nb_status nb__async_world_push(nb_async *a, nb_async_worker *ws, int64_t clock, 
             continue;
         /* the message: its header, a byte per variable of the share (whether a
          * gradient follows), then the gradients */
-        int n_share = 0;
-        for (int i = 0; i < a->n_vars; i++)
-            n_share += w->server_of[i] == s;
+        int n_share = w->share_count[s];
         size_t total = sizeof(msg) + (size_t)n_share + bytes;
         char *buf = calloc(1, total);
         if (!buf)
             return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
-        msg m = {MSG_PUSH, ws->index, clock, ws->rows, w->read_version[ws->index * w->servers + s], ws->loss};
+        msg m = {MSG_PUSH, ws->index, clock, ws->batch, ws->rows, w->read_version[ws->index * w->servers + s],
+                 ws->loss};
         memcpy(buf, &m, sizeof m);
         size_t off = sizeof m + (size_t)n_share;
         int k = 0;
@@ -368,7 +373,7 @@ nb_status nb__async_world_push(nb_async *a, nb_async_worker *ws, int64_t clock, 
 nb_status nb__async_world_done(nb_async *a, nb_async_worker *ws)
 {
     const char *who = "nb_async_train";
-    msg m = {MSG_DONE, ws->index, 0, 0, 0, 0};
+    msg m = {MSG_DONE, ws->index, 0, 0, 0, 0, 0};
     nb_status st = NB_OK;
     for (int s = 0; s < a->w->servers; s++) {
         nb_status e = nb__world_send(who, s, TAG_REQUEST, &m, sizeof m);
@@ -382,7 +387,7 @@ nb_status nb__async_world_finish(nb_async *a, bool ok, const char *who)
     (void)ok;
     struct nb_async_world *w = a->w;
     nb_status st = NB_OK;
-    msg m = {MSG_FINAL, 0, 0, 0, 0, 0};
+    msg m = {MSG_FINAL, 0, 0, 0, 0, 0, 0};
     for (int s = 0; s < w->servers && !st; s++)
         st = nb__world_send(who, s, TAG_REQUEST, &m, sizeof m);
     /* the final values go into the masters (copy 0) */
@@ -462,10 +467,7 @@ static bool may_start(nb_async *a, int g, int64_t clock)
 static nb_status grads_of(nb_async *a, const char *payload, nb_tensor **grads)
 {
     struct nb_async_world *w = a->w;
-    int n_share = 0;
-    for (int i = 0; i < a->n_vars; i++)
-        n_share += w->server_of[i] == w->rank;
-    size_t off = (size_t)n_share;
+    size_t off = (size_t)w->share_count[w->rank];
     int k = 0;
     nb_device_push(a->master->name);
     for (int i = 0; i < a->n_vars; i++) {
@@ -485,14 +487,11 @@ static nb_status grads_of(nb_async *a, const char *payload, nb_tensor **grads)
     return nb_error();
 }
 
-static nb_status apply_grads(nb_async *a, nb_tensor *const *grads, const char *who)
+/* Bound 0: whether worker g's gradients count in the round (a process that
+ * died after pushing them is left out, as from the round's rows). */
+static bool in_round(const struct nb_async_world *w, int g)
 {
-    nb_status st = nb__optimizer_update(a->opt, a->n_vars, a->masters, grads, nb__optimizer_next_step(a->opt), who);
-    if (!st) {
-        nb__optimizer_advance(a->opt);
-        a->version++;
-    }
-    return st;
+    return w->remotes[g].pushed && w->remotes[g].grads && !w->dead[worker_rank(w, g)];
 }
 
 /* Bound 0: applies the round when every live worker has pushed it or is done. */
@@ -521,7 +520,7 @@ static nb_status try_round(nb_async *a, const char *who)
         sum[i] = NULL;
         for (int g = 0; g < w->total && !st; g++) {
             remote *x = &w->remotes[g];
-            if (!x->pushed || !x->grads || !x->grads[i])
+            if (!in_round(w, g) || !x->grads[i])
                 continue;
             double wt = (double)x->rows / (double)rows;
             nb_tensor *t = wt == 1.0 ? x->grads[i] : nb_mul(x->grads[i], nb_scalar(x->grads[i]->dtype, wt));
@@ -530,10 +529,14 @@ static nb_status try_round(nb_async *a, const char *who)
         }
     }
     if (!st)
-        st = apply_grads(a, sum, who);
+        st = nb__async_apply(a, sum, who);
     if (!st) {
-        a->gradients += count;
-        a->examples += rows;
+        double loss = 0;
+        for (int g = 0; g < w->total; g++)
+            if (in_round(w, g))
+                loss += (double)w->remotes[g].rows / (double)rows * w->remotes[g].loss;
+        a->gradients += count - 1; /* the round's gradients, one update */
+        nb__async_count(a, -1, a->rounds_done * w->per_rank, rows, 0, loss);
         a->rounds_done++;
     }
     for (int g = 0; g < w->total; g++) {
@@ -607,19 +610,12 @@ static nb_status handle(nb_async *a, int src, const char *buf, size_t got, const
             }
             x->pushed = true;
             x->rows = m.rows;
+            x->loss = m.loss;
             staleness = 0;
         } else if (!st) {
-            st = apply_grads(a, grads, who);
-            if (!st) {
-                a->gradients++;
-                a->examples += m.rows;
-                a->staleness_sum += staleness;
-                if (staleness > a->max_staleness)
-                    a->max_staleness = staleness;
-                if (a->observer)
-                    a->observer(&(nb_async_update){g, a->version, m.clock, m.rows, staleness, m.loss},
-                                a->observer_user);
-            }
+            st = nb__async_apply(a, grads, who);
+            if (!st)
+                nb__async_count(a, g, m.batch, m.rows, staleness, m.loss);
         }
         if (grads != small)
             free(grads);

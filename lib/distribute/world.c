@@ -452,15 +452,15 @@ nb_status nb__world_broadcast(const char *who, void *buf, size_t bytes)
  * workers), while MPI runs MPI_THREAD_SERIALIZED: one of them in MPI at a time. */
 static pthread_mutex_t g_p2p = PTHREAD_MUTEX_INITIALIZER;
 
-/* Polls one request until it completes or the deadline passes, holding the
- * lock only inside MPI. */
-static bool wait_request(MPI_Request *req, double deadline)
+/* Polls one request until it completes (its status to *status, which may be
+ * MPI_STATUS_IGNORE) or the deadline passes, holding the lock only inside MPI. */
+static bool wait_request(MPI_Request *req, MPI_Status *status, double deadline)
 {
     const double patient = now_s() + 1.0;
     for (int spins = 0;; spins++) {
         int flag = 0;
         pthread_mutex_lock(&g_p2p);
-        if (MPI_Test(req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+        if (MPI_Test(req, &flag, status) != MPI_SUCCESS)
             flag = 0;
         pthread_mutex_unlock(&g_p2p);
         if (flag)
@@ -492,7 +492,7 @@ nb_status nb__world_send(const char *who, int dest, int tag, const void *buf, si
     if (rc != MPI_SUCCESS)
         return world_fail(NB_ERR_BACKEND, "%s: MPI could not send to rank %d", who, dest);
     double t = nb__world_timeout();
-    if (!wait_request(&req, now_s() + t)) {
+    if (!wait_request(&req, MPI_STATUS_IGNORE, now_s() + t)) {
         W.stuck = true;
         return nb__fail(NB_ERR_TIMEOUT, "%s: rank %d did not take a message within %g s: it died or stopped answering "
                         "(this is rank %d)", who, dest, t, W.rank);
@@ -515,27 +515,9 @@ nb_status nb__world_recv(const char *who, int src, int tag, void *buf, size_t by
     if (rc != MPI_SUCCESS)
         return world_fail(NB_ERR_BACKEND, "%s: MPI could not receive from rank %d", who, src);
     double t = nb__world_timeout();
-    const double deadline = now_s() + t, patient = now_s() + 1.0;
-    for (int spins = 0;; spins++) {
-        int flag = 0;
-        pthread_mutex_lock(&g_p2p);
-        if (MPI_Test(&req, &flag, &status) != MPI_SUCCESS)
-            flag = 0;
-        pthread_mutex_unlock(&g_p2p);
-        if (flag)
-            break;
-        if ((spins & 15) == 0) {
-            double now = now_s();
-            if (now > deadline)
-                return world_fail(NB_ERR_TIMEOUT, "%s: rank %d did not answer within %g s: it died or stopped "
-                                  "answering (this is rank %d)", who, src, t, W.rank);
-            if (now > patient) {
-                nanosleep(&(struct timespec){0, 200000}, NULL);
-                continue;
-            }
-        }
-        sched_yield();
-    }
+    if (!wait_request(&req, &status, now_s() + t))
+        return world_fail(NB_ERR_TIMEOUT, "%s: rank %d did not answer within %g s: it died or stopped answering "
+                          "(this is rank %d)", who, src, t, W.rank);
     int count = 0;
     MPI_Get_count(&status, MPI_BYTE, &count);
     if (got)
