@@ -38,10 +38,10 @@ static nb_status gpu_arange(nb_device *dev, const nb_view *out, double start, do
 }
 
 static nb_status gpu_random(nb_device *dev, const nb_view *out, nb_random_dist dist, double a, double b,
-                            uint64_t seed)
+                            uint64_t seed, const double *seed_add)
 {
     ENTER(dev, "random");
-    return nb__gpu_random(c, out, dist, a, b, seed);
+    return nb__gpu_random(c, out, dist, a, b, seed, seed_add);
 }
 
 static nb_status gpu_copy(nb_device *dev, const nb_view *out, const nb_view *in)

@@ -284,7 +284,7 @@ nb_status nb__gpu_channel_affine(nb_gpu_ctx *c, const int64_t shape[3], const nb
                                  const nb_view *s, const nb_view *b, const nb_view *t, const nb_view *u);
 /* gpu_random.cu */
 nb_status nb__gpu_random(nb_gpu_ctx *c, const nb_view *out, nb_random_dist dist, double a,
-                         double b, uint64_t seed);
+                         double b, uint64_t seed, const double *seed_add);
 /* gpu_optim.cu */
 nb_status nb__gpu_sgd_update(nb_gpu_ctx *c, const nb_view *param, const nb_view *grad,
                              const nb_view *slot1, const nb_update_params *p);

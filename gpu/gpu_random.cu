@@ -97,8 +97,11 @@ template <nb_dtype D> __device__ __forceinline__ T_of<D> below(double hi, double
 }
 
 template <nb_dtype D, nb_random_dist DIST, class Idx>
-__global__ void __launch_bounds__(kThreads) k_random(Geo<1> g, char *out, Idx n, double a, double b, uint64_t seed)
+__global__ void __launch_bounds__(kThreads) k_random(Geo<1> g, char *out, Idx n, double a, double b, uint64_t seed,
+                                                     const double *seed_add)
 {
+    if (seed_add) // a recorded step's mask seed, refreshed before each replay
+        seed += (uint64_t)*seed_add;
     for (Idx i = (Idx)gtid(); i < n; i += (Idx)gstride()) {
         T_of<D> v;
         if constexpr (DIST == NB_RAND_UNIFORM) {
@@ -119,18 +122,18 @@ __global__ void __launch_bounds__(kThreads) k_random(Geo<1> g, char *out, Idx n,
 
 template <nb_dtype D, class Idx>
 nb_status launch(nb_gpu_ctx *c, const Geo<1> &g, char *out, Idx n, nb_random_dist dist, double a, double b,
-                 uint64_t seed)
+                 uint64_t seed, const double *seed_add)
 {
     const unsigned blocks = grid_for(c, (int64_t)n);
     switch (dist) {
     case NB_RAND_NORMAL:
-        k_random<D, NB_RAND_NORMAL, Idx><<<blocks, kThreads, 0, c->stream>>>(g, out, n, a, b, seed);
+        k_random<D, NB_RAND_NORMAL, Idx><<<blocks, kThreads, 0, c->stream>>>(g, out, n, a, b, seed, seed_add);
         break;
     case NB_RAND_UNIFORM:
-        k_random<D, NB_RAND_UNIFORM, Idx><<<blocks, kThreads, 0, c->stream>>>(g, out, n, a, b, seed);
+        k_random<D, NB_RAND_UNIFORM, Idx><<<blocks, kThreads, 0, c->stream>>>(g, out, n, a, b, seed, seed_add);
         break;
     case NB_RAND_TRUNCATED_NORMAL:
-        k_random<D, NB_RAND_TRUNCATED_NORMAL, Idx><<<blocks, kThreads, 0, c->stream>>>(g, out, n, a, b, seed);
+        k_random<D, NB_RAND_TRUNCATED_NORMAL, Idx><<<blocks, kThreads, 0, c->stream>>>(g, out, n, a, b, seed, seed_add);
         break;
     default:
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "random: unknown distribution %d on %s", (int)dist,
@@ -142,7 +145,7 @@ nb_status launch(nb_gpu_ctx *c, const Geo<1> &g, char *out, Idx n, nb_random_dis
 } // namespace
 
 extern "C" nb_status nb__gpu_random(nb_gpu_ctx *c, const nb_view *out, nb_random_dist dist, double a, double b,
-                                    uint64_t seed)
+                                    uint64_t seed, const double *seed_add)
 {
     const int64_t n = out->numel;
     if (n <= 0)
@@ -157,7 +160,7 @@ extern "C" nb_status nb__gpu_random(nb_gpu_ctx *c, const nb_view *out, nb_random
     return dispatch_float(out->dtype, c, "random", [&](auto tag) -> nb_status {
         constexpr nb_dtype D = decltype(tag)::value;
         if (n <= (int64_t)INT32_MAX) // not UINT32_MAX: i += stride must not wrap
-            return launch<D, uint32_t>(c, g, p, (uint32_t)n, dist, a, b, seed);
-        return launch<D, uint64_t>(c, g, p, (uint64_t)n, dist, a, b, seed);
+            return launch<D, uint32_t>(c, g, p, (uint32_t)n, dist, a, b, seed, seed_add);
+        return launch<D, uint64_t>(c, g, p, (uint64_t)n, dist, a, b, seed, seed_add);
     });
 }

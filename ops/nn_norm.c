@@ -622,7 +622,9 @@ nb_tensor *nb_layer_norm(const nb_tensor *x, const nb_tensor *gamma, const nb_te
 
 /* ---- dropout ------------------------------------------------------------------------ */
 
-nb_tensor *nb_dropout(const nb_tensor *x, double rate, uint64_t seed)
+nb_tensor *nb_dropout(const nb_tensor *x, double rate, uint64_t seed) { return nb__dropout_at(x, rate, seed, NULL); }
+
+nb_tensor *nb__dropout_at(const nb_tensor *x, double rate, uint64_t seed, const double *seed_add)
 {
     const char *op = "dropout";
     if (!x)
@@ -646,7 +648,7 @@ nb_tensor *nb_dropout(const nb_tensor *x, double rate, uint64_t seed)
         return NULL;
     if (u->numel) {
         nb_view vu = nb__view(u);
-        if (!(u = nb__kernel_done(dev->backend->random(dev, &vu, NB_RAND_UNIFORM, 0.0, 1.0, seed), u)))
+        if (!(u = nb__kernel_done(dev->backend->random(dev, &vu, NB_RAND_UNIFORM, 0.0, 1.0, seed, seed_add), u)))
             return NULL;
     }
     u = nb__own(u);

@@ -114,5 +114,9 @@ nb_tensor *nb__copy_to_device(const nb_tensor *t, nb_device *dev);
 nb_tensor *nb__step(const nb_tensor *x);
 /* Scatter-add of updates rows into zeros of shape (rows, ...): gather's gradient. */
 nb_tensor *nb__scatter_add(const nb_tensor *indices, const nb_tensor *updates, int ndim, const int64_t *shape);
+/* nb_dropout whose mask seed is seed + *seed_add, the double read from the
+ * device's memory when the mask is drawn (seed_add NULL: seed alone): how a
+ * dropout layer in a recorded step draws a new mask at each replay. */
+nb_tensor *nb__dropout_at(const nb_tensor *x, double rate, uint64_t seed, const double *seed_add);
 
 #endif

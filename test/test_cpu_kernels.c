@@ -417,9 +417,17 @@ static void test_random(void)
             arr_poison(&o);
             arr_poison(&o2);
             arr_poison(&o3);
-            EXPECT_OK(B->random(DEV, &o.v, (nb_random_dist)dist, a, b, 1234));
-            EXPECT_OK(B->random(DEV, &o2.v, (nb_random_dist)dist, a, b, 1234));
-            EXPECT_OK(B->random(DEV, &o3.v, (nb_random_dist)dist, a, b, 1235));
+            EXPECT_OK(B->random(DEV, &o.v, (nb_random_dist)dist, a, b, 1234, NULL));
+            EXPECT_OK(B->random(DEV, &o2.v, (nb_random_dist)dist, a, b, 1234, NULL));
+            EXPECT_OK(B->random(DEV, &o3.v, (nb_random_dist)dist, a, b, 1235, NULL));
+            /* seed_add, read from memory: 1233 + 2 is seed 1235 */
+            const double add = 2;
+            arr o4 = arr_c(dt, 1, shape1);
+            arr_poison(&o4);
+            EXPECT_OK(B->random(DEV, &o4.v, (nb_random_dist)dist, a, b, 1233, &add));
+            EXPECT(memcmp(o3.v.data, o4.v.data, (size_t)n * nb_dtype_size(dt)) == 0,
+                   "seed 1233 + seed_add 2 is not seed 1235");
+            arr_free(&o4);
             double sum = 0, sum2 = 0, lo = INFINITY, hi = -INFINITY;
             int64_t same_other_seed = 0;
             for (int64_t i = 0; i < n; i++) {
@@ -459,8 +467,8 @@ static void test_random(void)
     /* Strided output: element i is still (seed, i)'s. */
     int64_t sh[2] = {6, 7}, st[2] = {1, 6};
     arr t = arr_new(NB_F64, 2, sh, st), c = arr_c(NB_F64, 2, sh);
-    EXPECT_OK(B->random(DEV, &t.v, NB_RAND_NORMAL, 0, 1, 99));
-    EXPECT_OK(B->random(DEV, &c.v, NB_RAND_NORMAL, 0, 1, 99));
+    EXPECT_OK(B->random(DEV, &t.v, NB_RAND_NORMAL, 0, 1, 99, NULL));
+    EXPECT_OK(B->random(DEV, &c.v, NB_RAND_NORMAL, 0, 1, 99, NULL));
     for (int64_t i = 0; i < 42; i++)
         EXPECT(get(&t, i) == get(&c, i), "strided random differs at %lld", (long long)i);
     arr_free(&t);
@@ -1321,8 +1329,8 @@ static void test_unsupported(void)
     EXPECT_OK(B->copy(DEV, &bf.v, &f.v));
     EXPECT(((uint16_t *)bf.mem)[1] == 0x3F80, "f32 to bf16 gave %#x", ((uint16_t *)bf.mem)[1]);
     EXPECT_ERROR(B->arange(DEV, &bf.v, 0, 1), NB_ERR_DTYPE, "arange: dtype bf16 is not supported on /cpu:0");
-    EXPECT_ERROR(B->random(DEV, &h.v, NB_RAND_NORMAL, 0, 1, 1), NB_ERR_DTYPE, "random: dtype f16");
-    EXPECT_ERROR(B->random(DEV, &ix.v, NB_RAND_UNIFORM, 0, 1, 1), NB_ERR_DTYPE, "random: dtype i32");
+    EXPECT_ERROR(B->random(DEV, &h.v, NB_RAND_NORMAL, 0, 1, 1, NULL), NB_ERR_DTYPE, "random: dtype f16");
+    EXPECT_ERROR(B->random(DEV, &ix.v, NB_RAND_UNIFORM, 0, 1, 1, NULL), NB_ERR_DTYPE, "random: dtype i32");
     EXPECT_ERROR(B->unary(DEV, NB_UN_EXP, &h2.v, &h.v, 0), NB_ERR_DTYPE,
                  "exp: dtype f16 is not supported on /cpu:0");
     EXPECT_ERROR(B->unary(DEV, NB_UN_EXP, &ix.v, &ix.v, 0), NB_ERR_DTYPE, "exp: dtype i32");

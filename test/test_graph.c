@@ -1,8 +1,9 @@
 /* Step capture (nabla/graph.h): 100 steps as a capture and 99 replays give the
  * variables and losses of 100 eager steps, bit for bit (f32 and f64; SGD,
  * momentum, Adam; a learning rate changed between replays; a step that moves
- * its variables by copy-on-write and one that updates them in place), on the
- * CPU (the step runs again) and, where there is a GPU, on it (recorded into a
+ * its variables by copy-on-write and one that updates them in place; a
+ * dropout layer applied twice per step; eager steps between replays, one of
+ * them moving a variable), on the CPU (the step runs again) and, where there is a GPU, on it (recorded into a
  * CUDA graph); every rule of a captured step is refused with its message; a
  * replay checks its inputs.
  *
@@ -21,6 +22,8 @@ typedef struct model {
     nb_variable *v[4];
     nb_optimizer *opt;
     bool free_tape_first; /* update in place (no read holds the values) */
+    bool dropout;         /* apply drop to the hidden layer, twice */
+    nb_dropout_layer drop;
     int calls;            /* how many times the step ran */
 } model;
 
@@ -37,6 +40,8 @@ static void model_init(model *m, nb_dtype dt, opt_kind k, const char *device)
     m->opt = k == OPT_SGD ? nb_sgd_new(0.1) : k == OPT_MOMENTUM ? nb_sgd_momentum_new(0.05, 0.9, true)
                                                                 : nb_adam_new(0.01, 0.9, 0.999, 1e-7);
     m->calls = 0;
+    m->free_tape_first = m->dropout = false;
+    nb_dropout_init(&m->drop, 0.25, 77);
 }
 
 static void model_free(model *m)
@@ -69,6 +74,8 @@ static nb_status train_step(void *user, int n_in, nb_tensor *const *in, int n_ou
     m->calls++;
     nb_tape *tape = nb_tape_begin();
     nb_tensor *h = nb_tanh(nb_add(nb_matmul(in[0], nb_read(m->v[0])), nb_read(m->v[1])));
+    if (m->dropout) /* two masks of one layer in a step: each replay draws both anew */
+        h = nb_dropout_apply(&m->drop, nb_dropout_apply(&m->drop, h, true), true);
     nb_tensor *logits = nb_add(nb_matmul(h, nb_read(m->v[2])), nb_read(m->v[3]));
     nb_tensor *loss = nb_mean_all(nb_sparse_softmax_cross_entropy(logits, in[1]));
     nb_tensor *g[4];
@@ -100,8 +107,16 @@ static size_t read_vars(const model *m, unsigned char *buf, size_t cap)
     return at;
 }
 
+/* How a run of same_as_eager differs from the plain one. */
+typedef struct variant {
+    bool in_place; /* the step frees its tape before the update */
+    bool dropout;  /* the step applies a dropout layer twice */
+    bool mixed;    /* steps 40-44 of the graph's run are eager ones, one of
+                      them holding a read (the variables move) */
+} variant;
+
 /* 100 eager steps against a capture and 99 replays, from the same start. */
-static void same_as_eager(const char *device, nb_dtype dt, opt_kind k, bool in_place)
+static void same_as_eager_v(const char *device, nb_dtype dt, opt_kind k, variant var)
 {
     static unsigned char a[8192 * 8], b[8192 * 8];
     double loss_eager[STEPS], loss_graph[STEPS];
@@ -109,7 +124,8 @@ static void same_as_eager(const char *device, nb_dtype dt, opt_kind k, bool in_p
 
     /* eager */
     model_init(&m, dt, k, device);
-    m.free_tape_first = in_place;
+    m.free_tape_first = var.in_place;
+    m.dropout = var.dropout;
     nb_device_push(device);
     for (int i = 0; i < STEPS; i++) {
         nb_scope *s = nb_scope_begin();
@@ -129,8 +145,10 @@ static void same_as_eager(const char *device, nb_dtype dt, opt_kind k, bool in_p
 
     /* captured and replayed */
     model_init(&m, dt, k, device);
-    m.free_tape_first = in_place;
+    m.free_tape_first = var.in_place;
+    m.dropout = var.dropout;
     nb_graph *g = NULL;
+    int eager_steps = 0;
     for (int i = 0; i < STEPS; i++) {
         nb_scope *s = nb_scope_begin();
         if (i == 60)
@@ -138,10 +156,21 @@ static void same_as_eager(const char *device, nb_dtype dt, opt_kind k, bool in_p
         nb_tensor *x, *y, *loss = NULL;
         batch(i, dt, &x, &y); /* on the CPU: the graph copies them over */
         nb_tensor *in[2] = {x, y};
-        if (i == 0)
+        if (i == 0) {
             CHECK_OK(nb_graph_capture(device, train_step, &m, 2, in, 1, &loss, &g));
-        else
+        } else if (var.mixed && i >= 40 && i < 45) {
+            /* eager steps between replays; at step 42 a read holds a value, so
+             * the update moves that variable to a fresh tensor */
+            nb_device_push(device);
+            nb_tensor *held = i == 42 ? nb_read(m.v[0]) : NULL;
+            nb_tensor *on[2] = {nb_to_device(x, device), nb_to_device(y, device)};
+            CHECK_OK(train_step(&m, 2, on, 1, &loss));
+            nb_device_pop();
+            eager_steps++;
+            (void)held;
+        } else {
             CHECK_OK(nb_graph_replay(g, in, &loss));
+        }
         loss_graph[i] = loss ? nb_tensor_item(loss) : NAN;
         nb_scope_end(s);
         if (!g)
@@ -152,7 +181,7 @@ static void same_as_eager(const char *device, nb_dtype dt, opt_kind k, bool in_p
     CHECK(recorded == (strncmp(device, "/gpu", 4) == 0));
     CHECK(!recorded || nb_graph_nodes(g) > 10);
     /* Recorded: the step ran for the warm-up and the recording only. */
-    CHECK(m.calls == (recorded ? 2 : STEPS));
+    CHECK(m.calls == (recorded ? 2 + eager_steps : STEPS));
     nb_graph_free(g);
     size_t nbb = read_vars(&m, b, sizeof b);
     model_free(&m);
@@ -165,10 +194,16 @@ static void same_as_eager(const char *device, nb_dtype dt, opt_kind k, bool in_p
         if (memcmp(&loss_eager[i], &loss_graph[i], sizeof(double)) != 0)
             diff = i;
     if (diff >= 0)
-        fprintf(stderr, "[%s] %s %s opt %d: loss of step %d: eager %.17g, graph %.17g\n", check_current, device,
-                nb_dtype_name(dt), (int)k, diff, loss_eager[diff], loss_graph[diff]);
+        fprintf(stderr, "[%s] %s %s opt %d%s%s%s: loss of step %d: eager %.17g, graph %.17g\n", check_current,
+                device, nb_dtype_name(dt), (int)k, var.in_place ? " in place" : "", var.dropout ? " dropout" : "",
+                var.mixed ? " mixed" : "", diff, loss_eager[diff], loss_graph[diff]);
     CHECK(diff < 0);
     CHECK(isfinite(loss_eager[STEPS - 1]) && loss_eager[STEPS - 1] < loss_eager[0]);
+}
+
+static void same_as_eager(const char *device, nb_dtype dt, opt_kind k, bool in_place)
+{
+    same_as_eager_v(device, dt, k, (variant){.in_place = in_place});
 }
 
 /* The graph's device, and another one (logical CPU devices: the inputs, made
@@ -191,6 +226,22 @@ static void bitwise_in_place(void)
 {
     same_as_eager(g_device, NB_F32, OPT_ADAM, true);
     same_as_eager(g_device, NB_F64, OPT_MOMENTUM, true);
+}
+
+/* A dropout layer in the step: each replay draws the masks an eager step
+ * would (a recorded mask reads its seed from device memory). */
+static void bitwise_dropout(void)
+{
+    same_as_eager_v(g_device, NB_F32, OPT_ADAM, (variant){.dropout = true});
+    same_as_eager_v(g_device, NB_F64, OPT_SGD, (variant){.dropout = true, .in_place = true});
+}
+
+/* Eager steps between replays, one moving a variable by copy-on-write: the
+ * next replay starts from the values they left. */
+static void bitwise_mixed(void)
+{
+    same_as_eager_v(g_device, NB_F32, OPT_ADAM, (variant){.mixed = true});
+    same_as_eager_v(g_device, NB_F64, OPT_MOMENTUM, (variant){.mixed = true, .dropout = true});
 }
 
 /* ---- op by op: a replay gives each op's eager bits ------------------------------------ */
@@ -264,12 +315,12 @@ static void ops_bitwise(void)
 
 typedef enum {
     RULE_ITEM, RULE_READ, RULE_FROM_BUFFER, RULE_SYNC, RULE_OTHER_DEVICE, RULE_COPY_OUT, RULE_VARIABLE,
-    RULE_MIRRORED, RULE_DROPOUT, RULE_NESTED, RULE_COUNT
+    RULE_MIRRORED, RULE_NESTED, RULE_COUNT
 } rule;
 
 static const char *const rule_calls[RULE_COUNT] = {
     "nb_tensor_get", "nb_tensor_read", "nb_from_buffer", "nb_synchronize", "a tensor on /cpu:",
-    "copy_to_device", "nb_variable_new", "nb_mirrored_run", "nb_dropout_apply", "called inside a captured step",
+    "copy_to_device", "nb_variable_new", "nb_mirrored_run", "called inside a captured step",
 };
 
 typedef struct rule_case {
@@ -313,11 +364,6 @@ static nb_status rule_step(void *user, int n_in, nb_tensor *const *in, int n_out
     case RULE_COPY_OUT: return nb_to_device(y, g_other) ? NB_OK : nb_error();
     case RULE_VARIABLE: return nb_variable_new("late", y) ? NB_OK : nb_error();
     case RULE_MIRRORED: return nb_mirrored_run(c->strategy, no_op_replica, NULL, 0, NULL, 0, NULL);
-    case RULE_DROPOUT: {
-        nb_dropout_layer d;
-        nb_dropout_init(&d, 0.5, 1);
-        return nb_dropout_apply(&d, y, true) ? NB_OK : nb_error();
-    }
     case RULE_NESTED: {
         nb_status st = nb_graph_capture(g_device, nested_step, NULL, 1, in, 0, NULL, &inner);
         nb_graph_free(inner);
@@ -444,6 +490,8 @@ int main(int argc, char **argv)
     RUN(bitwise_f64);
     RUN(bitwise_f32);
     RUN(bitwise_in_place);
+    RUN(bitwise_dropout);
+    RUN(bitwise_mixed);
     RUN(refusals);
     RUN(replay_checks);
     return check_finish();

@@ -25,7 +25,9 @@
  * A replay copies its inputs into the graph's, refreshes the numbers an
  * optimizer update reads from the host (its step count, hence Adam's bias
  * corrections, and its learning rate: a changed rate is seen), launches the
- * recorded step, advances the optimizers' step counts, and copies the outputs
+ * recorded step, advances the optimizers' step counts and the dropout layers'
+ * seeds (a recorded dropout layer draws its mask from a seed in device memory,
+ * so each replay draws the mask an eager step would), and copies the outputs
  * into new tensors. 100 replays give the same variables, bit for bit, as 100
  * eager steps. Where the device kind cannot record (the CPU), a replay runs
  * the step again under the same rules, so a step that captures on the CPU
@@ -36,12 +38,21 @@
  * its device, so the step may not read a tensor to the host (nb_tensor_read,
  * _get, _item), copy host data in (nb_from_buffer), wait (nb_synchronize),
  * copy between devices or make a tensor on another device, make a variable,
- * run a mirrored strategy's call, apply a dropout layer in training (its seed
- * advances on the host), or, while recording, make optimizer slots.
+ * run a mirrored strategy's call, or, while recording, make optimizer slots.
  * Host values the step reads are frozen at capture: control flow that depends
- * on them, a seed or a scalar computed on the host each step. Pass them as
+ * on them, a seed passed to nb_dropout or a random op, a scalar computed on
+ * the host each step. Pass them as
  * input tensors instead. On a GPU, the step runs twice at capture, and no
  * other thread may use the device while it is recorded.
+ *
+ * Variables: a replay reads and writes each variable the step uses in the
+ * tensor the recording found it in, which the graph keeps. Eager steps and
+ * assignments may run between replays: a variable they moved to a fresh
+ * tensor (copy-on-write, while a read held its value) is copied back into the
+ * graph's before the next replay, which starts from its current value. A
+ * tensor read from such a variable before a replay may see the replay's
+ * values afterwards (on a GPU, where the replay writes in place): read it
+ * again after the replays.
  *
  * Lifetimes: the graph holds its inputs and outputs; the variables and
  * optimizers the step uses, and any tensor it reads other than its inputs

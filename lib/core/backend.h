@@ -216,9 +216,12 @@ struct nb_backend {
     /* ---- creation ---- */
     nb_status (*fill)(nb_device *dev, const nb_view *out, double value); /* out any strides */
     nb_status (*arange)(nb_device *dev, const nb_view *out, double start, double step);
-    /* Counter-based: element i depends only on (seed, i). Floating out. */
+    /* Counter-based: element i depends only on (seed, i). Floating out.
+     * seed_add: NULL, or one double in dev's memory read when the kernel runs,
+     * a whole number in [0, 2^53) added to seed (a recorded step's dropout
+     * reads its mask seed there, which each replay refreshes). */
     nb_status (*random)(nb_device *dev, const nb_view *out, nb_random_dist dist, double a,
-                        double b, uint64_t seed);
+                        double b, uint64_t seed, const double *seed_add);
 
     /* ---- elementwise ---- */
     /* out (any strides, same shape as in) = in converted to out's dtype. */

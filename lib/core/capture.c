@@ -72,7 +72,7 @@ double *nb__capture_params(nb__capture *c, int n, int *first)
         c->failed = true;
         return nb__fail_null(NB_ERR_UNSUPPORTED,
                              "graph capture: a step on %s needs more than %d host values refreshed at each replay "
-                             "(each optimizer update takes 8)",
+                             "(each optimizer update takes 8, each dropout 1)",
                              c->dev->name, NB_CAPTURE_MAX_PARAMS);
     }
     *first = c->n_params;
@@ -124,6 +124,12 @@ void nb__capture_leave(nb__capture *c, bool kept)
 }
 
 bool nb__capture_failed(const nb__capture *c) { return c->failed; }
+
+nb_status nb__capture_fail(nb__capture *c, nb_status st)
+{
+    c->failed = true;
+    return st;
+}
 
 int nb__capture_param_count(const nb__capture *c) { return c->n_params; }
 

@@ -67,6 +67,9 @@ nb_status nb__capture_hook(nb__capture *c, const nb__capture_hooks *h, void *ctx
 /* Whether a hook or a request for doubles failed during the recording c: it
  * must not be kept. */
 bool nb__capture_failed(const nb__capture *c);
+/* Marks the recording c failed (it will not be kept) and returns st, the
+ * error the caller recorded. */
+nb_status nb__capture_fail(nb__capture *c, nb_status st);
 /* n device doubles of the recording c that each replay refreshes before it
  * runs: the device address, the index of the first in the replay's host array
  * at *first. NULL with NB_ERR_UNSUPPORTED recorded when more than

@@ -159,7 +159,7 @@ static nb_tensor *random_tensor(const char *who, nb_dtype dtype, nb_shape shape,
     if (!t)
         return NULL;
     nb_view v = nb__view(t);
-    if (dev->backend->random(dev, &v, dist, a, b, seed)) {
+    if (dev->backend->random(dev, &v, dist, a, b, seed, NULL)) {
         nb__release(t);
         return NULL;
     }

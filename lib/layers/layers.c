@@ -6,6 +6,7 @@
 #include "ops/op.h"
 #include <nabla/layers.h>
 
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- variables in the layer's scope -------------------------------------------- */
@@ -323,14 +324,66 @@ nb_status nb_dropout_init(nb_dropout_layer *layer, double rate, uint64_t seed)
     return NB_OK;
 }
 
+/* ---- dropout in a recorded step ------------------------------------------------
+ * The recording runs nothing and a replay repeats its kernels, so a mask drawn
+ * from a seed on the host would be the same at every replay. A recorded
+ * dropout draws from its recorded seed plus a device double that each replay
+ * refreshes: the layer's seed then, plus the applies before it in the step.
+ * The seed the recording advanced is taken back when it ends, and each replay
+ * advances it as many times as the step applies the layer, as eager steps do,
+ * so replays draw the masks eager steps would. */
+
+typedef struct recorded_dropout {
+    nb_dropout_layer *layer;
+    uint64_t seed; /* the seed it was recorded with */
+    int first;     /* its double in the replay's array */
+} recorded_dropout;
+
+/* Before each replay, in the order of the applies: this apply's offset from
+ * its recorded seed, and the layer's seed moves on. */
+static void dropout_fill(void *ctx, double *params)
+{
+    recorded_dropout *r = ctx;
+    params[r->first] = (double)(r->layer->seed - r->seed);
+    r->layer->seed++;
+}
+
+/* The hooks end in reverse order: the first apply leaves the oldest seed. */
+static void dropout_end(void *ctx, bool kept)
+{
+    (void)kept;
+    recorded_dropout *r = ctx;
+    r->layer->seed = r->seed;
+}
+
+/* The apply recorded now: the mask drawn from the layer's seed plus a device
+ * double the replays refresh. */
+static nb_tensor *dropout_recorded(nb_dropout_layer *layer, const nb_tensor *x, nb__capture *c)
+{
+    recorded_dropout *r = malloc(sizeof *r);
+    if (!r)
+        return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "nb_dropout_apply: out of host memory");
+    *r = (recorded_dropout){layer, layer->seed, 0};
+    const double *seed_add = nb__capture_params(c, 1, &r->first);
+    if (!seed_add) {
+        free(r);
+        return NULL;
+    }
+    static const nb__capture_hooks hooks = {.at_end = dropout_end, .before_replay = dropout_fill, .release = free};
+    if (nb__capture_hook(c, &hooks, r) != NB_OK)
+        return NULL;
+    /* The recording reads 0: the replays' offsets start from this seed. */
+    return nb__dropout_at(x, layer->rate, layer->seed++, seed_add);
+}
+
 nb_tensor *nb_dropout_apply(nb_dropout_layer *layer, const nb_tensor *x, bool training)
 {
     if (!x)
         return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "nb_dropout_apply: input 0 is NULL");
     if (!training || layer->rate == 0)
         return nb_retain((nb_tensor *)x);
-    /* The seed advances on the host each call: a replay would repeat one mask. */
-    if (nb__capture_check(x->device, "nb_dropout_apply", "a dropout layer in training (its seed advances on the host)"))
-        return NULL;
+    nb__capture *c = nb__capture_current();
+    if (nb__capture_recording(c))
+        return dropout_recorded(layer, x, c);
     return nb_dropout(x, layer->rate, layer->seed++);
 }

@@ -30,7 +30,7 @@ struct nb_variable {
                          NULL for a mirrored variable */
     uint64_t uid;
     uint64_t mirror_owner; /* the strategy's id for a mirrored variable, else 0 */
-    uint64_t moved_in;     /* the recording (capture id) that holds its old value */
+    uint64_t bound_in;     /* the recording (capture id) it is bound to, while it runs */
     int n_copies;
     nb_variable **copies;  /* one plain variable per replica */
 };
@@ -166,13 +166,17 @@ nb_variable *nb__variable_copy(nb_variable *v, int r)
     return r >= 0 && r < v->n_copies ? v->copies[r] : NULL;
 }
 
+static void bind_to_recording(nb_variable *v);
+
 /* ---- reading -------------------------------------------------------------------- */
 
 nb_tensor *nb_read(nb_variable *v)
 {
     if (!v)
         return nb__null_input("nb_read", 0);
-    nb_tensor *t = local(v)->value;
+    nb_variable *lv = local(v);
+    bind_to_recording(lv);
+    nb_tensor *t = lv->value;
     nb__retain(t);
     if (!nb__own(t))
         return NULL;
@@ -213,7 +217,14 @@ const char *nb_variable_device(const nb_variable *v) { return v ? local_const(v)
 
 uint64_t nb__variable_uid(const nb_variable *v) { return v ? local_const(v)->uid : 0; }
 
-nb_tensor *nb__variable_value(nb_variable *v) { return v ? local(v)->value : NULL; }
+nb_tensor *nb__variable_value(nb_variable *v)
+{
+    if (!v)
+        return NULL;
+    nb_variable *lv = local(v);
+    bind_to_recording(lv);
+    return lv->value;
+}
 
 /* ---- copy-on-write -------------------------------------------------------------- */
 
@@ -233,61 +244,86 @@ nb_tensor *nb__variable_update_target(nb_variable *v, const char *who)
     return nb__tensor_new(who, cur->device, cur->dtype, cur->ndim, cur->shape);
 }
 
-/* ---- moving while a step is recorded ---------------------------------------------
- * A replay reads a variable where the recording first found it. A variable
- * that moves to a fresh tensor during a recording (copy-on-write) therefore
- * goes back to its old tensor when the recording ends, its new value copied
- * there by the last recorded kernel. */
+/* ---- bound to a recorded step ----------------------------------------------------
+ * A replay reads and writes a variable where the recording first found it:
+ * that tensor is bound to the graph (the hook holds a reference). A variable
+ * that moves to a fresh tensor during the recording (copy-on-write) goes back
+ * to it when the recording ends, its new value copied there by the last
+ * recorded kernel; one that moved between replays (an eager update while a
+ * read held its value, an assignment) goes back to it before the next replay,
+ * its value copied there first, on the device's stream, so the replay starts
+ * from the value eager code left. */
 
-typedef struct moved {
+typedef struct bound {
     nb_variable *v;
-    nb_tensor *old;
-} moved;
+    nb_tensor *rec; /* the tensor the recording reads and writes (a reference) */
+} bound;
 
-static void moved_end(void *ctx, bool kept)
+/* v's value goes back to b->rec, now's values copied there first when keep. */
+static void go_back(bound *b, bool keep)
 {
-    moved *m = ctx;
-    nb_tensor *now = m->v->value;
-    m->v->moved_in = 0;
-    if (now == m->old)
+    nb_tensor *now = b->v->value;
+    if (now == b->rec)
         return;
-    if (kept) {
+    if (keep) {
         nb_device *dev = now->device;
-        nb_view dst = nb__view(m->old), src = nb__view(now);
+        nb_view dst = nb__view(b->rec), src = nb__view(now);
         if (dev->backend->copy(dev, &dst, &src) != NB_OK)
-            nb__log(NB_LOG_WARNING, "graph capture: variable '%s' could not be copied back on %s: %s", m->v->name,
-                    dev->name, nb_error_message());
+            nb__log(NB_LOG_WARNING, "graph: variable '%s' could not be copied to its recorded tensor on %s: %s",
+                    b->v->name, dev->name, nb_error_message());
     }
-    m->v->value = m->old; /* the reference the hook held */
-    m->old = NULL;
+    nb__retain(b->rec);
+    b->v->value = b->rec;
     nb__release(now);
 }
 
-static void moved_release(void *ctx)
+static void bound_end(void *ctx, bool kept)
 {
-    moved *m = ctx;
-    nb__release(m->old);
-    free(m);
+    bound *b = ctx;
+    b->v->bound_in = 0;
+    go_back(b, kept);
 }
 
-/* v (plain) takes t as its value, releasing the old one, or keeping it for the
- * recording that runs on the calling thread. */
-static void set_value(nb_variable *v, nb_tensor *t)
+static void bound_before_replay(void *ctx, double *params)
+{
+    (void)params;
+    go_back(ctx, true);
+}
+
+static void bound_release(void *ctx)
+{
+    bound *b = ctx;
+    nb__release(b->rec);
+    free(b);
+}
+
+/* v (plain) is read or written on the calling thread: inside a recording, the
+ * first time, its value is bound to the recording. A failure fails the
+ * recording (its error is recorded). */
+static void bind_to_recording(nb_variable *v)
 {
     nb__capture *c = nb__capture_current();
-    if (nb__capture_recording(c) && v->moved_in != nb__capture_id(c)) {
-        moved *m = malloc(sizeof *m);
-        static const nb__capture_hooks hooks = {.at_end = moved_end, .release = moved_release};
-        if (m) {
-            *m = (moved){v, v->value};
-            v->value = t;
-            if (nb__capture_hook(c, &hooks, m) == NB_OK)
-                v->moved_in = nb__capture_id(c);
-            /* else released: the recording fails (its error is recorded) */
-            return;
-        }
-        nb__log(NB_LOG_WARNING, "graph capture: out of host memory keeping variable '%s'", v->name);
+    if (!nb__capture_recording(c) || v->bound_in == nb__capture_id(c))
+        return;
+    bound *b = malloc(sizeof *b);
+    static const nb__capture_hooks hooks = {
+        .at_end = bound_end, .before_replay = bound_before_replay, .release = bound_release};
+    if (!b) {
+        nb__capture_fail(c, nb__fail(NB_ERR_OUT_OF_MEMORY, "graph capture: out of host memory binding variable '%s'",
+                                     v->name));
+        return;
     }
+    nb__retain(v->value);
+    *b = (bound){v, v->value};
+    if (nb__capture_hook(c, &hooks, b) == NB_OK) /* else released: the recording fails */
+        v->bound_in = nb__capture_id(c);
+}
+
+/* v (plain) takes t as its value, releasing the old one (which a recording
+ * running on the calling thread keeps). */
+static void set_value(nb_variable *v, nb_tensor *t)
+{
+    bind_to_recording(v);
     nb__release(v->value);
     v->value = t;
 }

@@ -188,7 +188,7 @@ nb_status nb__cpu_synchronize(nb_device *dev);
 nb_status nb__cpu_fill(nb_device *dev, const nb_view *out, double value);
 nb_status nb__cpu_arange(nb_device *dev, const nb_view *out, double start, double step);
 nb_status nb__cpu_random(nb_device *dev, const nb_view *out, nb_random_dist dist, double a,
-                         double b, uint64_t seed);
+                         double b, uint64_t seed, const double *seed_add);
 nb_status nb__cpu_copy(nb_device *dev, const nb_view *out, const nb_view *in);
 nb_status nb__cpu_unary(nb_device *dev, nb_unary_op op, const nb_view *out, const nb_view *x,
                         double alpha);

@@ -100,7 +100,7 @@ RAND_ROW(rand_f32, float, if (b > a && (double)v >= b) v = nextafterf((float)b, 
 RAND_ROW(rand_f64, double, if (b > a && v >= b) v = nextafter(b, a))
 
 nb_status nb__cpu_random(nb_device *dev, const nb_view *out, nb_random_dist dist, double a,
-                         double b, uint64_t seed)
+                         double b, uint64_t seed, const double *seed_add)
 {
     nb_cpu_loop_fn fn;
     switch (out->dtype) {
@@ -110,6 +110,8 @@ nb_status nb__cpu_random(nb_device *dev, const nb_view *out, nb_random_dist dist
     }
     if (dist != NB_RAND_NORMAL && dist != NB_RAND_UNIFORM && dist != NB_RAND_TRUNCATED_NORMAL)
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "random: unknown distribution %d", (int)dist);
+    if (seed_add) /* the CPU's memory: read now, as the kernel runs */
+        seed += (uint64_t)*seed_add;
     rand_ctx c = {dist, a, b, seed};
     nb_cpu_iter it;
     const nb_view *views[1] = {out};
