@@ -31,6 +31,8 @@ typedef struct sample_option {
 #define OPTION_TEXT(name, p) {(name), true, NULL, (p), NULL, 0}
 /* --name alone sets *p to `to` (--quick: fewer steps). */
 #define OPTION_SETS(name, p, to) {(name), false, (p), NULL, NULL, (to)}
+/* --name alone sets the bool *p. */
+#define OPTION_FLAG(name, p) {(name), false, NULL, NULL, (p), 0}
 /* --quick in the Fashion-MNIST samples: a short run of one epoch. */
 #define OPTION_QUICK(quick, epochs) {"--quick", false, (epochs), NULL, (quick), 1}
 

@@ -4,12 +4,18 @@
  * epochs); runs on the GPU when there is one.
  *
  *   fashion_cnn [--data DIR] [--device NAME] [--epochs N] [--steps N] [--quick]
- *               [--logdir DIR] [--save FILE] [--compute f32|bf16|f16]
+ *               [--logdir DIR] [--save FILE] [--compute f32|bf16|f16] [--graph]
  *
  * --compute bf16 or f16 trains in mixed precision (nb_set_compute_dtype): the
  * convolutions and dense layers multiply in that dtype, the variables stay
  * f32; f16 also scales the loss (nb_loss_scaler). On a GPU the products run
  * in it; on the CPU they are emulated (rounded to it around f32 products).
+ * --graph captures the training step once (nb_graph_capture: a CUDA graph on
+ * a GPU) and replays it for every later batch of its shape, the last, shorter
+ * batch of an epoch running as an eager step; the dropout masks, Adam's
+ * numbers and the learning-rate decay are those of eager steps, so it trains
+ * as the eager run does (not with f16: its loss scaler reads the gradients'
+ * finiteness on the host each step, which a replay cannot).
  * --steps caps the steps per epoch; --quick trains on 2000 images for one
  * epoch; --logdir writes TensorBoard summaries; --save writes the trained
  * variables to a safetensors checkpoint. The data are the four IDX files of
@@ -84,14 +90,20 @@ int main(int argc, char **argv)
     int epochs = 5, max_steps = 0;
     bool quick = false; /* a short run; missing data then skips (exit 77) */
     const char *compute = "f32";
+    bool graph = false;
     OPTIONS_READ(argc, argv,
                  "usage: %s [--data DIR] [--device NAME] [--epochs N] [--steps N] [--quick] [--logdir DIR] "
-                 "[--save FILE] [--compute f32|bf16|f16]\n",
+                 "[--save FILE] [--compute f32|bf16|f16] [--graph]\n",
                  FASHION_OPTIONS(&dir, &device, &epochs, &max_steps, &quick, &logdir), OPTION_TEXT("--save", &save),
-                 OPTION_TEXT("--compute", &compute));
+                 OPTION_TEXT("--compute", &compute), OPTION_FLAG("--graph", &graph));
     nb_dtype compute_dtype = !strcmp(compute, "bf16") ? NB_BF16 : !strcmp(compute, "f16") ? NB_F16 : NB_F32;
     if (compute_dtype == NB_F32 && strcmp(compute, "f32")) {
         fprintf(stderr, "fashion_cnn: --compute takes f32, bf16 or f16, not '%s'\n", compute);
+        return 2;
+    }
+    if (graph && compute_dtype == NB_F16) {
+        fprintf(stderr, "fashion_cnn: --graph does not go with --compute f16 (the loss scaler reads the gradients' "
+                        "finiteness on the host at every step, which a replayed step cannot)\n");
         return 2;
     }
     nb_set_compute_dtype(compute_dtype);
@@ -104,9 +116,10 @@ int main(int argc, char **argv)
     fashion_set data =
         fashion_load_set("fashion_cnn", dir, NB_SHAPE(28, 28, 1), quick ? 2000 : 0, quick ? 1000 : 0, quick);
     int64_t n = nb_tensor_dim(data.x_train, 0);
-    printf("Fashion-MNIST CNN: %lld training and %lld test images on %s, computing in %s%s (loaded in %.1f s)\n",
+    printf("Fashion-MNIST CNN: %lld training and %lld test images on %s, computing in %s%s%s (loaded in %.1f s)\n",
            (long long)n, (long long)nb_tensor_dim(data.x_test, 0), nb_device_current(), compute,
-           compute_dtype == NB_F32 ? "" : " with f32 variables", progress_now() - t0);
+           compute_dtype == NB_F32 ? "" : " with f32 variables", graph ? ", the step captured and replayed" : "",
+           progress_now() - t0);
 
     model m;
     model_init(&m);
@@ -115,8 +128,9 @@ int main(int argc, char **argv)
     nb_optimizer *opt = nb_adam_new(1e-3, 0.9, 0.999, 1e-7);
     /* f16's narrow range needs the loss scaled (torch.amp.GradScaler's defaults) */
     nb_loss_scaler *scaler = compute_dtype == NB_F16 ? nb_loss_scaler_new(65536, 2, 0.5, 2000) : NULL;
+    classifier_graph step_graph = {0};
     const classifier cnn = {.forward = logits, .model = &m, .n_vars = n_params, .vars = params, .opt = opt,
-                            .scaler = scaler};
+                            .scaler = scaler, .graph = graph ? &step_graph : NULL};
     epoch_sums sums = epoch_sums_new();
 
     nb_tensor *train[2] = {data.x_train, data.y_train};
@@ -148,6 +162,11 @@ int main(int argc, char **argv)
         nb_scope_end(es);
     }
     printf("test accuracy: %.2f%%\n", 100.0 * test_acc);
+    if (graph)
+        printf("the step was captured once (%s) and replayed %lld times; %lld eager steps (shorter batches)\n",
+               nb_graph_recorded(step_graph.step) ? "recorded on the device" : "run again at each replay",
+               (long long)step_graph.replays, (long long)step_graph.eager_steps);
+    classifier_graph_free(&step_graph);
     nb_summary_writer_close(summary);
     if (save) {
         nb_variable *all[32];

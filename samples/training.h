@@ -7,7 +7,12 @@
  *   for each epoch:
  *       train_epoch(&c, batches, steps, epoch, &sums);
  *       epoch_sums_read(&sums, &loss, &train_accuracy);
- *       test_accuracy = accuracy_in_chunks(&c, x_test, y_test, 1000); */
+ *       test_accuracy = accuracy_in_chunks(&c, x_test, y_test, 1000);
+ *
+ * With c.graph set (a classifier_graph of the caller's), the first step of a
+ * batch shape is captured (nb_graph_capture) and every later batch of that
+ * shape replays it; a batch of another shape (the last, shorter one) runs as
+ * an eager step between the replays. */
 #ifndef NB_SAMPLES_TRAINING_H
 #define NB_SAMPLES_TRAINING_H
 
@@ -18,6 +23,8 @@
 
 #define CLASSIFIER_MAX_VARS 32
 
+typedef struct classifier_graph classifier_graph;
+
 /* A model that maps rows to logits, and what trains it. */
 typedef struct classifier {
     nb_tensor *(*forward)(void *model, nb_tensor *x, bool training); /* x -> logits [rows, classes] */
@@ -26,6 +33,7 @@ typedef struct classifier {
     nb_variable **vars; /* the trainable ones */
     nb_optimizer *opt;
     nb_loss_scaler *scaler; /* NULL, or the loss scaling of f16 training */
+    classifier_graph *graph; /* NULL, or where the captured step is kept */
 } classifier;
 
 /* Number of rows whose largest logit is at the label, as an f32 0-d tensor. */
@@ -75,13 +83,13 @@ static inline void epoch_sums_restart(epoch_sums *e)
     e->seen = 0;
 }
 
-/* Adds a batch: its mean loss, its logits and labels. */
+/* Adds a batch's mean loss and its count of right rows to the sums on the
+ * device (the caller counts the rows: a replayed step runs no host code). */
 static inline void epoch_sums_add(epoch_sums *e, nb_tensor *loss, nb_tensor *logits, nb_tensor *labels)
 {
     int64_t len = nb_tensor_dim(logits, 0);
     nb_tensor *both[2] = {nb_mul_scalar(loss, (double)len), count_correct(logits, labels)};
     nb_variable_assign_add(e->sums, nb_stack(2, both, 0));
-    e->seen += len;
 }
 
 /* The mean loss and the accuracy so far (reading them waits for the device). */
@@ -109,7 +117,8 @@ static inline void epoch_sums_free(epoch_sums *e)
 }
 
 /* One step on a batch: the mean sparse softmax cross-entropy of c's logits, its
- * gradients by a tape, the optimizer's update; the loss and logits go to sums. */
+ * gradients by a tape, the optimizer's update; the loss and logits go to sums
+ * (the caller counts the rows). */
 static inline void classifier_step(const classifier *c, nb_tensor *x, nb_tensor *y, epoch_sums *sums)
 {
     nb_tape *tape = nb_tape_begin();
@@ -124,6 +133,52 @@ static inline void classifier_step(const classifier *c, nb_tensor *x, nb_tensor 
         nb_optimizer_apply(c->opt, c->n_vars, c->vars, grads);
     }
     epoch_sums_add(sums, loss, logits, y);
+}
+
+/* The captured step and what it reads: the caller's, kept across epochs. */
+struct classifier_graph {
+    const classifier *c;
+    epoch_sums *sums;
+    nb_graph *step; /* NULL until the first full batch */
+    int64_t rows;   /* the batch rows it was captured with */
+    int64_t replays, eager_steps;
+};
+
+/* classifier_step as a graph's step function (no outputs). */
+static inline nb_status classifier_graph_step(void *user, int n_in, nb_tensor *const *in, int n_out,
+                                              nb_tensor **out)
+{
+    classifier_graph *cg = user;
+    (void)n_in, (void)n_out, (void)out;
+    classifier_step(cg->c, in[0], in[1], cg->sums);
+    return NB_OK; /* the samples' error handler exits at the first error */
+}
+
+/* A step on (x, y) through c->graph: the capture at the first batch, replays
+ * at every later one of its shape, an eager step at any other shape. */
+static inline void classifier_graph_run(const classifier *c, nb_tensor *x, nb_tensor *y, epoch_sums *sums)
+{
+    classifier_graph *cg = c->graph;
+    cg->c = c;
+    cg->sums = sums;
+    nb_tensor *in[2] = {x, y};
+    int64_t rows = nb_tensor_dim(x, 0);
+    if (!cg->step) {
+        nb_graph_capture(nb_device_current(), classifier_graph_step, cg, 2, in, 0, NULL, &cg->step);
+        cg->rows = rows;
+    } else if (rows == cg->rows) {
+        nb_graph_replay(cg->step, in, NULL);
+        cg->replays++;
+    } else {
+        classifier_step(c, x, y, sums);
+        cg->eager_steps++;
+    }
+}
+
+static inline void classifier_graph_free(classifier_graph *cg)
+{
+    nb_graph_free(cg->step);
+    cg->step = NULL;
 }
 
 /* An epoch: a step on each of the first `steps` (x, y) batches of `batches`,
@@ -141,7 +196,11 @@ static inline void train_epoch(const classifier *c, nb_dataset *batches, int64_t
         nb_tensor *batch[2];
         bool more = nb_dataset_next(it, batch) == NB_OK; /* false at the end of the data (errors exit) */
         if (more) {
-            classifier_step(c, batch[0], batch[1], sums);
+            if (c->graph)
+                classifier_graph_run(c, batch[0], batch[1], sums);
+            else
+                classifier_step(c, batch[0], batch[1], sums);
+            sums->seen += nb_tensor_dim(batch[0], 0);
             epoch_sums_progress(sums, &bar, step + 1);
         }
         nb_scope_end(s);
