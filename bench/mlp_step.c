@@ -1,8 +1,9 @@
 /* One training step of a 784-256-10 MLP at batch 64: forward, sparse softmax
  * cross-entropy, backward, SGD update. On /cpu:0, and on /gpu:0 when there is one,
  * beside the same step in PyTorch eager from Python (bench/mlp_step.py); on the
- * GPU also captured once (nb_graph_capture) and replayed, beside PyTorch's
- * torch.cuda.CUDAGraph replay of the same step.
+ * CPU and the GPU also captured once (nb_graph_capture) and replayed (on the
+ * GPU beside PyTorch's torch.cuda.CUDAGraph replay of the same step; PyTorch
+ * has no CPU counterpart, so that row stands beside its eager CPU step).
  *
  *   mlp_step [--reps R] [--no-peer]
  *
@@ -101,6 +102,7 @@ int main(int argc, char **argv)
     nb_set_error_handler(nb_error_handler_exit, NULL);
 
     double cpu = bench_device("/cpu:0", reps, false);
+    double cpu_graph = bench_device("/cpu:0", reps, true);
     bool gpu = nb_device_count(NB_DEVICE_GPU) > 0;
     double gpu_us = gpu ? bench_device("/gpu:0", reps, false) : 0;
     double graph_us = gpu ? bench_device("/gpu:0", reps, true) : 0;
@@ -110,6 +112,7 @@ int main(int argc, char **argv)
     bench_header("MLP 784-256-10 training step, batch 64 (median, warm-up first)",
                  "microseconds per step", &p);
     bench_row("/cpu:0 (torch: cpu)", cpu, bench_peer_get(&p, "cpu"));
+    bench_row("/cpu:0 graph replay (torch: cpu)", cpu_graph, bench_peer_get(&p, "cpu"));
     if (gpu)
         bench_row("/gpu:0 (torch: cuda)", gpu_us, bench_peer_get(&p, "cuda"));
     if (gpu) {

@@ -3,7 +3,8 @@
  * An eager op pays a few microseconds of host work (checks, allocation, tape,
  * launch) each time it runs; a small model's step is mostly that. A graph
  * runs the same eager step code once more while the device records it (a CUDA
- * graph), and each replay then launches the whole recorded step at once.
+ * graph on a GPU; on the CPU, the list of its kernel calls with their
+ * arguments), and each replay then runs the whole recorded step at once.
  *
  *   nb_graph *g;
  *   nb_graph_capture("/gpu:0", train_step, &model, 2, (nb_tensor *[]){x, y}, 1, &loss, &g);  // step 1
@@ -16,8 +17,7 @@
  *   2. runs the step as a normal eager step, under the rules below (the
  *      warm-up: it is step 1, its outputs are the capture's outputs, and it
  *      makes what a step makes once: optimizer slots, library handles, plans);
- *   3. on a GPU, runs the step a second time while the device's stream is
- *      recorded: nothing runs, the host state it changes is taken back (the
+ *   3. runs the step a second time while the device records it: nothing runs, the host state it changes is taken back (the
  *      optimizer's step count; a variable that moved to a fresh buffer goes
  *      back to its old one), and the recorded kernels are kept. Memory the
  *      recording allocates comes from a pool private to the graph, so every
@@ -29,9 +29,10 @@
  * seeds (a recorded dropout layer draws its mask from a seed in device memory,
  * so each replay draws the mask an eager step would), and copies the outputs
  * into new tensors. 100 replays give the same variables, bit for bit, as 100
- * eager steps. Where the device kind cannot record (the CPU), a replay runs
- * the step again under the same rules, so a step that captures on the CPU
- * captures on a GPU.
+ * eager steps. The CPU and the GPU record alike (the same hooks refresh and
+ * advance the same host state), so a step that captures on the CPU captures
+ * on a GPU; a device kind that cannot record would run the step again at each
+ * replay, under the same rules.
  *
  * The rules (NB_ERR_UNSUPPORTED naming the call, while the step runs at
  * capture and at every replay): a replay repeats only the step's kernels on
@@ -42,8 +43,8 @@
  * Host values the step reads are frozen at capture: control flow that depends
  * on them, a seed passed to nb_dropout or a random op, a scalar computed on
  * the host each step. Pass them as
- * input tensors instead. On a GPU, the step runs twice at capture, and no
- * other thread may use the device while it is recorded.
+ * input tensors instead. The step runs twice at capture, and no other thread
+ * may use the device while it is recorded.
  *
  * Variables: a replay reads and writes each variable the step uses in the
  * tensor the recording found it in, which the graph keeps. Eager steps and
@@ -100,11 +101,12 @@ nb_status nb_graph_capture(const char *device, nb_graph_step_fn fn, void *user, 
  * errors in it surface at the next synchronising call, as an eager step's
  * do); NB_ERR_INVALID_ARGUMENT for NULL g or input, NB_ERR_SHAPE or
  * NB_ERR_DTYPE naming the input whose shape or dtype changed (capture a new
- * graph for it), or the step's error where the step runs again. */
+ * graph for it), or a kernel's error on the CPU (an index out of range:
+ * the replay stops there, as an eager step would). */
 nb_status nb_graph_replay(nb_graph *g, nb_tensor *const *inputs, nb_tensor **outputs);
 
-/* Whether g replays recorded kernels (a GPU) rather than running the step
- * again (the CPU); false for NULL. */
+/* Whether g replays recorded kernels (the CPU and the GPU do) rather than
+ * running the step again; false for NULL. */
 bool nb_graph_recorded(const nb_graph *g);
 
 /* How many kernels and copies a replay of g launches (0 where it is not

@@ -57,6 +57,7 @@ const nb_backend nb__cpu_backend = {
     .name = "cpu",
     .kind = NB_DEVICE_CPU,
     .optim = &cpu_optim,
+    .graph = &nb__cpu_graph,
     .discover = cpu_discover,
     .physical_count = cpu_physical_count,
     .unavailable = NULL,

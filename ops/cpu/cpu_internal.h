@@ -58,6 +58,14 @@ typedef struct nb_cpu_alloc_stats {
     int64_t cached_bytes;   /* held by the global cache now (thread caches not counted) */
 } nb_cpu_alloc_stats;
 nb_cpu_alloc_stats nb__cpu_alloc_stats(void);
+
+/* ---- recording a step (cpu_graph.c) --------------------------------------------- */
+
+/* The CPU's graph kernels: a recorded step is a list of kernel calls. */
+extern const nb_graph_kernels nb__cpu_graph;
+/* Whether p, freed by its owner, belongs to a recorded graph that still lives
+ * (which then frees it when it is destroyed): nb__cpu_free asks first. */
+bool nb__cpu_graph_keeps(void *p);
 /* Returns the calling thread's and the global cache's blocks to the system. */
 void nb__cpu_alloc_trim(void);
 

@@ -183,7 +183,7 @@ void *nb__cpu_alloc(nb_device *dev, size_t nbytes)
 void nb__cpu_free(nb_device *dev, void *ptr, size_t nbytes)
 {
     (void)dev;
-    if (!ptr)
+    if (!ptr || nb__cpu_graph_keeps(ptr)) /* a recorded step's lists still use it */
         return;
     if (nbytes > NB_CPU_MAX_CACHED) {
         system_free(ptr);

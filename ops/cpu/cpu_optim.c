@@ -103,9 +103,11 @@ nb_status nb__cpu_sgd_update(nb_device *dev, const nb_view *param, const nb_view
     j.src = p->source ? p->source : param->data;
     j.g = grad->data;
     j.m = slot1 ? slot1->data : NULL;
-    j.lr = p->lr;
-    j.mom = p->momentum;
-    j.wd = p->weight_decay;
+    /* a recorded update reads its numbers where each replay refreshes them */
+    const double *dp = p->device_params;
+    j.lr = dp ? dp[NB_UPD_LR] : p->lr;
+    j.mom = dp ? dp[NB_UPD_MOMENTUM] : p->momentum;
+    j.wd = dp ? dp[NB_UPD_WEIGHT_DECAY] : p->weight_decay;
     j.nesterov = p->nesterov;
     run(param->dtype == NB_F32 ? sgd_f32 : sgd_f64, &j, param->numel);
     return NB_OK;
@@ -132,13 +134,24 @@ nb_status nb__cpu_adam_update(nb_device *dev, const nb_view *param, const nb_vie
     j.g = grad->data;
     j.m = slot1->data;
     j.v = slot2->data;
-    j.lr = p->lr;
-    j.wd = p->weight_decay;
-    j.b1 = p->beta1;
-    j.b2 = p->beta2;
-    j.eps = p->epsilon;
-    j.bc1 = 1.0 / (1.0 - pow(p->beta1, t));
-    j.bc2 = 1.0 / (1.0 - pow(p->beta2, t));
+    const double *dp = p->device_params; /* as in sgd: a recorded update's numbers */
+    if (dp) {
+        j.lr = dp[NB_UPD_LR];
+        j.wd = dp[NB_UPD_WEIGHT_DECAY];
+        j.b1 = dp[NB_UPD_BETA1];
+        j.b2 = dp[NB_UPD_BETA2];
+        j.eps = dp[NB_UPD_EPSILON];
+        j.bc1 = 1.0 / dp[NB_UPD_BC1]; /* 1 - beta1^step, worked out as below */
+        j.bc2 = 1.0 / dp[NB_UPD_BC2];
+    } else {
+        j.lr = p->lr;
+        j.wd = p->weight_decay;
+        j.b1 = p->beta1;
+        j.b2 = p->beta2;
+        j.eps = p->epsilon;
+        j.bc1 = 1.0 / (1.0 - pow(p->beta1, t));
+        j.bc2 = 1.0 / (1.0 - pow(p->beta2, t));
+    }
     run(param->dtype == NB_F32 ? sgd_f32_adam : sgd_f64_adam, &j, param->numel);
     return NB_OK;
 }
