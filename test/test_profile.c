@@ -178,6 +178,50 @@ static void test_bad_arguments_and_names(void)
     CHECK(strcmp(nb_op_phase_name(NB_PHASE_LAUNCH), "launch") == 0);
 }
 
+/* On a GPU: the launch phases are entered, one check per launch; and the
+ * short adds the launch path treats specially (one element, a dense run
+ * shorter than a vector) give the CPU's values in every dtype, next to a
+ * broadcast one that takes the strided kernel. */
+static void test_gpu_launch_path(void)
+{
+    if (nb_device_count(NB_DEVICE_GPU) == 0) {
+        printf("test_gpu_launch_path: no GPU, skipped\n");
+        return;
+    }
+    static const nb_dtype dtypes[] = {NB_F32, NB_F64, NB_F16, NB_BF16, NB_I32, NB_I64}; /* add's dtypes */
+    const nb_shape shapes[][2] = {{NB_SHAPE(1), NB_SHAPE(1)},       {NB_SHAPE(3), NB_SHAPE(3)},
+                                  {NB_SHAPE(1, 3), NB_SHAPE(1, 3)}, {NB_SHAPE(3), NB_SHAPE(1)},
+                                  {NB_SHAPE(2, 1), NB_SHAPE(1, 1)}, {NB_SHAPE(5), NB_SHAPE(5)}};
+    for (size_t d = 0; d < sizeof dtypes / sizeof *dtypes; d++) {
+        for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+            nb_scope *s = nb_scope_begin();
+            nb_tensor *a = nb_cast(nb_random_uniform(NB_F32, shapes[k][0], 1, 9, 10 + k), dtypes[d]);
+            nb_tensor *b = nb_cast(nb_random_uniform(NB_F32, shapes[k][1], 1, 9, 20 + k), dtypes[d]);
+            nb_tensor *ga = nb_to_device(a, "/gpu:0"), *gb = nb_to_device(b, "/gpu:0");
+            nb_set_op_profiling(true);
+            nb_tensor *gsum = nb_add(ga, gb);
+            nb_op_profile p;
+            CHECK_OK(nb_op_profile_get(&p));
+            nb_set_op_profiling(false);
+            CHECK(p.ops == 1);
+            CHECK(p.entries[NB_PHASE_DEVICE_ENTRY] >= 1);
+            CHECK(p.entries[NB_PHASE_LAUNCH] >= 1); /* the add, and the poison fill under NB_DEBUG_POISON */
+            CHECK(p.entries[NB_PHASE_LAUNCH_CHECK] == p.entries[NB_PHASE_LAUNCH]);
+            nb_tensor *back = nb_to_device(gsum, "/cpu:0");
+            /* The exact sum rounded once to the dtype: what one IEEE add gives
+             * (f16 and bf16 are added in float, where their sum is exact). */
+            nb_tensor *exact = nb_add(nb_cast(a, NB_F64), nb_cast(b, NB_F64));
+            nb_tensor *ref = nb_cast(nb_cast(exact, dtypes[d]), NB_F64);
+            nb_tensor *diff = nb_abs(nb_sub(nb_cast(back, NB_F64), ref));
+            double err = nb_tensor_item(nb_sum_all(diff));
+            if (err != 0.0)
+                fprintf(stderr, "gpu add, %s, case %zu: off the CPU by %g\n", nb_dtype_name(dtypes[d]), k, err);
+            CHECK(err == 0.0);
+            CHECK_OK(nb_scope_end(s));
+        }
+    }
+}
+
 int main(void)
 {
     RUN(test_off_counts_nothing);
@@ -186,5 +230,6 @@ int main(void)
     RUN(test_failed_op);
     RUN(test_per_thread);
     RUN(test_bad_arguments_and_names);
+    RUN(test_gpu_launch_path);
     return check_finish();
 }
