@@ -3,7 +3,14 @@
  * same work in PyTorch from Python (bench/overhead.py). On /cpu:0, and on /gpu:0
  * too when there is one (or on the one device --device names).
  *
- *   overhead [--device NAME] [--ops K] [--reps R] [--no-peer]
+ *   overhead [--device NAME] [--ops K] [--reps R] [--no-peer] [--phases]
+ *
+ * --phases adds, under each device's table, where an add's time goes: the mean
+ * nanoseconds per op of each phase (nabla/profile.h) for the untaped and the
+ * taped add, from R more batches run with op profiling on. Profiling reads the
+ * clock at every phase boundary; its estimated cost is taken out of the
+ * phases and shown on a row of its own, so the phases (exclusive, "other"
+ * included) should add up to about the table's figure.
  *
  * Each figure is the median over R batches of K ops (after a warm-up), per op,
  * including the scope (or tape) that releases what the batch made, timed by the
@@ -66,8 +73,47 @@ static double median_us(void (*fn)(void), int per)
     return m;
 }
 
-/* Measures on one device and prints its table. */
-static void measure(const char *device, bool peer)
+/* The calling thread's phase totals over R batches of fn, after one warm-up. */
+static void profile_batches(void (*fn)(void), nb_op_profile *out)
+{
+    fn();
+    nb_set_op_profiling(true); /* starts from zero */
+    for (int i = 0; i < R; i++)
+        fn();
+    nb_op_profile_get(out);
+    nb_set_op_profiling(false);
+}
+
+static double per_op(const nb_op_profile *p, int64_t ns) { return p->ops ? (double)ns / (double)p->ops : 0.0; }
+
+/* Where an add's time goes on the pushed device: mean ns per op of each phase. */
+static void print_phases(const char *device, double plain_us, double taped_us)
+{
+    nb_op_profile prof[2];
+    profile_batches(add_plain, &prof[0]);
+    profile_batches(add_taped, &prof[1]);
+    printf("\nPhases of a 1-element add on %s (mean ns per op over %d batches of %d ops, profiling on;\n"
+           "one boundary's own cost, %lld ns, taken out of each)\n",
+           device, R, K, (long long)prof[0].boundary_ns);
+    printf("%-34s %10s %10s\n", "phase", "no tape", "taped");
+    int64_t wall[2] = {0, 0};
+    for (int ph = 0; ph < NB_PHASE_COUNT; ph++) {
+        printf("%-34s %10.1f %10.1f\n", nb_op_phase_name((nb_op_phase)ph), per_op(&prof[0], prof[0].ns[ph]),
+               per_op(&prof[1], prof[1].ns[ph]));
+        wall[0] += prof[0].ns[ph];
+        wall[1] += prof[1].ns[ph];
+    }
+    printf("%-34s %10.1f %10.1f\n", "sum of the phases", per_op(&prof[0], wall[0]), per_op(&prof[1], wall[1]));
+    printf("%-34s %10.1f %10.1f\n", "profiling's own cost (taken out)", per_op(&prof[0], prof[0].overhead_ns),
+           per_op(&prof[1], prof[1].overhead_ns));
+    printf("%-34s %10.1f %10.1f\n", "wall without profiling (table)", plain_us * 1e3, taped_us * 1e3);
+    printf("%-34s %10lld %10lld\n", "ops counted", (long long)prof[0].ops, (long long)prof[1].ops);
+    printf("(other: the batch loop, its scope and tape calls, and the wait for the device at its end;\n"
+           " kernel: the CPU's computation, or the GPU's dtype dispatch and launch geometry)\n");
+}
+
+/* Measures on one device and prints its table (and its phases when asked). */
+static void measure(const char *device, bool peer, bool phases)
 {
     bool gpu = strncmp(device, "/gpu", 4) == 0;
     nb_device_push(device);
@@ -87,6 +133,8 @@ static void measure(const char *device, bool peer)
     bench_row("add, 1 element, no tape", plain, bench_peer_get(&p, "add_plain"));
     bench_row("add, 1 element, recorded by a tape", taped, bench_peer_get(&p, "add_taped"));
     bench_row("(x*x + x).sum() fwd+bwd, 16 elements", fb, bench_peer_get(&p, "fwd_bwd"));
+    if (phases)
+        print_phases(device, plain, taped);
     nb_release(xa);
     nb_release(xb);
     nb_release(x16);
@@ -95,19 +143,19 @@ static void measure(const char *device, bool peer)
 
 int main(int argc, char **argv)
 {
-    bool peer = true;
+    bool peer = true, phases = false;
     const char *device = NULL;
     BENCH_OPTIONS(argc, argv, BENCH_TEXT("--device", "NAME", &device), BENCH_NUMBER("--ops", "K", &K, 10),
-                  BENCH_REPS(&R), BENCH_NO_PEER(&peer));
+                  BENCH_REPS(&R), BENCH_NO_PEER(&peer), BENCH_FLAG("--phases", &phases, true));
     nb_set_error_handler(nb_error_handler_exit, NULL);
     nb_set_soft_placement(false); /* never time the CPU in place of a missing GPU */
     if (device) {
-        measure(device, peer);
+        measure(device, peer, phases);
         return 0;
     }
-    measure("/cpu:0", peer);
+    measure("/cpu:0", peer, phases);
     if (nb_device_count(NB_DEVICE_GPU) > 0)
-        measure("/gpu:0", peer);
+        measure("/gpu:0", peer, phases);
     else
         return bench_no_gpu("Small-op overhead on /gpu:0", nb_gpu_unavailable_reason());
     return 0;

@@ -451,10 +451,21 @@ void *nb__gpu_malloc(nb_gpu_ctx *c, size_t nbytes)
     if (b) {
         a->cache_hits++;
     } else {
+        /* Every CUDA call below is for c's card; a cache hit made none, so the
+         * caller need not have made it current (gpu_alloc does not). */
+        int cur = -1;
+        char *p = NULL;
         bool in_arena = false;
-        char *p = fresh_memory(a, size, pool != NULL, &in_arena, &err, &call);
+        err = cudaGetDevice(&cur);
+        if (err == cudaSuccess && cur != c->ordinal)
+            err = cudaSetDevice(c->ordinal);
+        bool current = err == cudaSuccess;
+        if (!current)
+            call = "cudaSetDevice";
+        else
+            p = fresh_memory(a, size, pool != NULL, &in_arena, &err, &call);
         /* Emptying the cache waits for the card, which a recording cannot. */
-        if (!p && err == cudaErrorMemoryAllocation && a->cached > 0 && !pool) {
+        if (!p && current && err == cudaErrorMemoryAllocation && a->cached > 0 && !pool) {
             a->cache_flushes++;
             cudaError_t fe = flush_cache(a, &call);
             if (fe != cudaSuccess) {
@@ -504,7 +515,7 @@ void *nb__gpu_malloc(nb_gpu_ctx *c, size_t nbytes)
     if (host_oom)
         return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "gpu alloc: out of host memory for the block table of %s",
                              c->dev->name);
-    if (err != cudaErrorMemoryAllocation) {
+    if (err != cudaErrorMemoryAllocation || strcmp(call, "cudaSetDevice") == 0) {
         nb__gpu_cuda_fail(err, call, c->dev->name);
         return NULL;
     }

@@ -13,8 +13,11 @@
 
 static void *gpu_alloc(nb_device *dev, size_t nbytes)
 {
-    nb_gpu_ctx *c;
-    if (nb__gpu_enter(dev, "alloc", &c) != NB_OK)
+    /* A block from the cache takes no CUDA call, so the card need not be made
+     * current for it: nb__gpu_malloc does that itself before it asks CUDA.
+     * Only a context without its stream yet is entered (created) here. */
+    nb_gpu_ctx *c = dev->ctx;
+    if (!__atomic_load_n(&c->ready, __ATOMIC_ACQUIRE) && nb__gpu_enter(dev, "alloc", &c) != NB_OK)
         return NULL;
     return nb__gpu_malloc(c, nbytes);
 }

@@ -1,5 +1,6 @@
 /* GPU discovery, per-device contexts (stream, events) and CUDA error helpers. */
 #include "gpu_internal.h"
+#include "lib/core/op_phases.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,9 +139,18 @@ nb_status nb__gpu_cuda_fail(cudaError_t err, const char *call, const char *dev_n
                     cudaGetErrorString(err), cudaGetErrorName(err));
 }
 
+nb_status nb__gpu_launch_failed(const nb_gpu_ctx *c, const char *kernel, cudaError_t e)
+{
+    (void)cudaGetLastError(); /* clear a non-sticky error so the next call starts clean */
+    return nb__fail(NB_ERR_BACKEND, "launch of kernel %s failed on %s: %s (%s)", kernel,
+                    c->dev->name, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
 nb_status nb__gpu_launched(const nb_gpu_ctx *c, const char *kernel)
 {
+    int phase = nb__phase_enter(NB_PHASE_LAUNCH_CHECK);
     cudaError_t e = cudaGetLastError();
+    nb__phase_leave(phase);
     if (e == cudaSuccess)
         return NB_OK;
     return nb__fail(NB_ERR_BACKEND, "launch of kernel %s failed on %s: %s (%s)", kernel,
@@ -186,10 +196,12 @@ nb_status nb__gpu_enter(nb_device *dev, const char *who, nb_gpu_ctx **out)
     (void)who;
     nb_gpu_ctx *c = dev->ctx;
     *out = NULL;
+    int phase = nb__phase_enter(NB_PHASE_DEVICE_ENTRY);
     nb_status st = nb__gpu_set_device(c->ordinal, dev->name);
+    if (!st && !__atomic_load_n(&c->ready, __ATOMIC_ACQUIRE))
+        st = ctx_create(c);
+    nb__phase_leave(phase);
     if (st)
-        return st;
-    if (!__atomic_load_n(&c->ready, __ATOMIC_ACQUIRE) && (st = ctx_create(c)) != NB_OK)
         return st;
     *out = c;
     return NB_OK;

@@ -142,6 +142,10 @@ nb_status nb__gpu_set_device(int ordinal, const char *dev_name);
 nb_status nb__gpu_cuda_fail(cudaError_t err, const char *call, const char *dev_name);
 /* After a kernel launch: NB_OK, or the launch error recorded as above. */
 nb_status nb__gpu_launched(const nb_gpu_ctx *c, const char *kernel);
+/* A launch that returned e (not cudaSuccess), as cudaLaunchKernel does: records
+ * NB_ERR_BACKEND "launch of kernel <kernel> failed on <dev>: <CUDA error>",
+ * clears CUDA's non-sticky last error, returns NB_ERR_BACKEND. */
+nb_status nb__gpu_launch_failed(const nb_gpu_ctx *c, const char *kernel, cudaError_t e);
 /* The device named by a public function's argument, which must be a GPU:
  * NULL and NB_ERR_DEVICE otherwise. */
 nb_device *nb__gpu_device_named(const char *name, const char *who);

@@ -14,6 +14,7 @@
 
 #include "gpu_internal.h"
 #include "lib/core/formulas.h"
+#include "lib/core/op_phases.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -23,6 +24,7 @@
 
 #include <array>
 #include <cstdint>
+#include <tuple>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -238,6 +240,37 @@ NBG_HD void geo_offsets(const Geo<NA> &g, Idx i, int64_t (&off)[NA])
     }
 }
 
+// ---- launching ------------------------------------------------------------------------------
+
+template <class Tuple, size_t... I>
+nb_status launch_args(nb_gpu_ctx *c, const char *what, const void *kernel, unsigned grid, unsigned block,
+                      Tuple &vals, std::index_sequence<I...>)
+{
+    void *argv[sizeof...(I) + 1] = {static_cast<void *>(&std::get<I>(vals))...};
+    int phase = nb__phase_enter(NB_PHASE_LAUNCH);
+    cudaError_t e = cudaLaunchKernel(kernel, dim3(grid), dim3(block), argv, 0, c->stream);
+    nb__phase_leave(phase);
+    phase = nb__phase_enter(NB_PHASE_LAUNCH_CHECK);
+    nb_status st = e == cudaSuccess ? NB_OK : nb__gpu_launch_failed(c, what, e);
+    nb__phase_leave(phase);
+    return st;
+}
+
+// kernel<<<grid, block, 0, c->stream>>>(args...), through cudaLaunchKernel: its
+// return value reports a launch that failed, so no cudaGetLastError follows it
+// (and an error some earlier call left behind is not blamed on this launch).
+// The arguments are converted to the kernel's parameter types first, as <<<>>>
+// does. NB_OK, or NB_ERR_BACKEND naming what and c's device (recorded).
+template <class... P, class... A>
+nb_status launch(nb_gpu_ctx *c, const char *what, void (*kernel)(P...), unsigned grid, unsigned block,
+                 A &&...args)
+{
+    static_assert(sizeof...(P) == sizeof...(A), "launch: the kernel takes another number of arguments");
+    std::tuple<P...> vals(std::forward<A>(args)...);
+    return launch_args(c, what, reinterpret_cast<const void *>(kernel), grid, block, vals,
+                       std::index_sequence_for<P...>{});
+}
+
 // ---- the elementwise engine -------------------------------------------------------------
 
 template <int NA> struct Ptrs {
@@ -320,21 +353,23 @@ nb_status ew_launch(nb_gpu_ctx *c, const char *what, const F &f, const nb_view *
     geo_collapse(g);
     constexpr int V = 4;
     const size_t sizes[NA] = {sizeof(Out), sizeof(Ins)...};
-    bool vec = g.nd <= 1 && n >= V;
-    for (int a = 0; a < NA && vec; a++)
-        vec = g.st[a][0] == (int64_t)sizes[a] && (uintptr_t)p.p[a] % (V * sizes[a]) == 0;
-    if (vec) {
-        k_ew_vec<V, F, Out, Ins...><<<grid_for(c, (n + V - 1) / V), kThreads, 0, c->stream>>>(f, n, p);
-    } else if (n <= (int64_t)INT32_MAX) { // not UINT32_MAX: i += stride must not wrap
-        if (g.nd == 0) { // a single element
-            g.nd = 1;
-            g.shape[0] = 1;
-        }
-        k_ew_strided<uint32_t, F, Out, Ins...><<<grid_for(c, n), kThreads, 0, c->stream>>>(f, (uint32_t)n, g, p);
-    } else {
-        k_ew_strided<uint64_t, F, Out, Ins...><<<grid_for(c, n), kThreads, 0, c->stream>>>(f, (uint64_t)n, g, p);
+    // The vector kernel when every operand is dense: aligned to V elements for
+    // its vector loads, which only n >= V makes. A single element (every dim 1,
+    // collapsed away: nd 0) is at offset 0 of each operand whatever the strides,
+    // so it takes the vector kernel's scalar tail too, whose arguments are a
+    // tenth of the strided kernel's (less for the launch to copy).
+    bool vec = g.nd == 0;
+    if (g.nd == 1) {
+        vec = true;
+        for (int a = 0; a < NA && vec; a++)
+            vec = g.st[a][0] == (int64_t)sizes[a] && (n < V || (uintptr_t)p.p[a] % (V * sizes[a]) == 0);
     }
-    return nb__gpu_launched(c, what);
+    if (vec)
+        return launch(c, what, k_ew_vec<V, F, Out, Ins...>, grid_for(c, (n + V - 1) / V), kThreads, f, n, p);
+    if (n <= (int64_t)INT32_MAX) // not UINT32_MAX: i += stride must not wrap
+        return launch(c, what, k_ew_strided<uint32_t, F, Out, Ins...>, grid_for(c, n), kThreads, f, (uint32_t)n, g,
+                      p);
+    return launch(c, what, k_ew_strided<uint64_t, F, Out, Ins...>, grid_for(c, n), kThreads, f, (uint64_t)n, g, p);
 }
 
 // ---- dispatch -------------------------------------------------------------------------------

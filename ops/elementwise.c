@@ -1,5 +1,6 @@
 /* Elementwise ops of one and two inputs, with their gradients. */
 #include "op.h"
+#include "lib/core/op_phases.h"
 
 #include <math.h>
 
@@ -7,7 +8,7 @@
 
 static const nb_op_def binary_defs[NB_BIN_COUNT];
 
-static nb_tensor *binary(nb_binary_op kop, const nb_tensor *a, const nb_tensor *b)
+static nb_tensor *binary_body(nb_binary_op kop, const nb_tensor *a, const nb_tensor *b)
 {
     const nb_op_def *def = &binary_defs[kop];
     const char *op = def->name;
@@ -28,8 +29,20 @@ static nb_tensor *binary(nb_binary_op kop, const nb_tensor *a, const nb_tensor *
     if (!out)
         return NULL;
     nb_view vo = nb__view(out), va = nb__view_broadcast(in[0], nd, shape), vb = nb__view_broadcast(in[1], nd, shape);
-    out = nb__kernel_done(dev->backend->binary(dev, kop, &vo, &va, &vb), out);
+    int phase = nb__phase_enter(NB_PHASE_KERNEL);
+    nb_status st = dev->backend->binary(dev, kop, &vo, &va, &vb);
+    nb__phase_leave(phase);
+    out = nb__kernel_done(st, out);
     return cmp ? nb__own(out) : nb__finish(def, 2, in, out, NULL);
+}
+
+/* The op timed by phases (nabla/profile.h): every return of the body ends it. */
+static nb_tensor *binary(nb_binary_op kop, const nb_tensor *a, const nb_tensor *b)
+{
+    int phase = nb__phase_op_begin();
+    nb_tensor *out = binary_body(kop, a, b);
+    nb__phase_leave(phase);
+    return out;
 }
 
 static nb_status add_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
@@ -159,7 +172,7 @@ static nb_status where_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **g
 
 static const nb_op_def where_def = {"where", where_grad};
 
-nb_tensor *nb_where(const nb_tensor *cond, const nb_tensor *a, const nb_tensor *b)
+static nb_tensor *where_body(const nb_tensor *cond, const nb_tensor *a, const nb_tensor *b)
 {
     const char *op = "where";
     if (!cond)
@@ -188,15 +201,26 @@ nb_tensor *nb_where(const nb_tensor *cond, const nb_tensor *a, const nb_tensor *
         return NULL;
     nb_view vo = nb__view(out), vc = nb__view_broadcast(in[0], nd2, shape),
             va = nb__view_broadcast(in[1], nd2, shape), vb = nb__view_broadcast(in[2], nd2, shape);
-    out = nb__kernel_done(dev->backend->where(dev, &vo, &vc, &va, &vb), out);
+    int phase = nb__phase_enter(NB_PHASE_KERNEL);
+    nb_status st = dev->backend->where(dev, &vo, &vc, &va, &vb);
+    nb__phase_leave(phase);
+    out = nb__kernel_done(st, out);
     return nb__finish(&where_def, 3, in, out, NULL);
+}
+
+nb_tensor *nb_where(const nb_tensor *cond, const nb_tensor *a, const nb_tensor *b)
+{
+    int phase = nb__phase_op_begin();
+    nb_tensor *out = where_body(cond, a, b);
+    nb__phase_leave(phase);
+    return out;
 }
 
 /* ---- one input -------------------------------------------------------------- */
 
 static const nb_op_def unary_defs[NB_UN_COUNT];
 
-nb_tensor *nb__unary(nb_unary_op kop, const nb_tensor *x, double alpha)
+static nb_tensor *unary_body(nb_unary_op kop, const nb_tensor *x, double alpha)
 {
     const nb_op_def *def = &unary_defs[kop];
     const char *op = def->name;
@@ -212,10 +236,21 @@ nb_tensor *nb__unary(nb_unary_op kop, const nb_tensor *x, double alpha)
     if (!out)
         return NULL;
     nb_view vo = nb__view(out), vx = nb__view(in[0]);
-    out = nb__kernel_done(dev->backend->unary(dev, kop, &vo, &vx, alpha), out);
+    int phase = nb__phase_enter(NB_PHASE_KERNEL);
+    nb_status st = dev->backend->unary(dev, kop, &vo, &vx, alpha);
+    nb__phase_leave(phase);
+    out = nb__kernel_done(st, out);
     nb_op_attrs attrs = {0};
     attrs.d[0] = alpha;
     return nb__finish(def, 1, in, out, &attrs);
+}
+
+nb_tensor *nb__unary(nb_unary_op kop, const nb_tensor *x, double alpha)
+{
+    int phase = nb__phase_op_begin();
+    nb_tensor *out = unary_body(kop, x, alpha);
+    nb__phase_leave(phase);
+    return out;
 }
 
 nb_tensor *nb__step(const nb_tensor *x) { return nb__unary(NB_UN_STEP, x, 0.0); }

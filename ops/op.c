@@ -2,6 +2,7 @@
  * kernels, broadcasting, finishing an op. They call lib/core and the kernels
  * of dev->backend only, never an op: every op file builds on this one. */
 #include "op.h"
+#include "lib/core/op_phases.h"
 
 #include <stdio.h>
 
@@ -105,9 +106,14 @@ nb_tensor *nb__finish(const nb_op_def *def, int n_in, const nb_tensor *const *in
 {
     if (!out)
         return NULL;
-    if (nb__tape_recording() && nb__record(def, n_in, inputs, 1, &out, attrs)) {
-        nb__release(out);
-        return NULL;
+    if (nb__tape_recording()) {
+        int phase = nb__phase_enter(NB_PHASE_RECORD);
+        nb_status st = nb__record(def, n_in, inputs, 1, &out, attrs);
+        nb__phase_leave(phase);
+        if (st) {
+            nb__release(out);
+            return NULL;
+        }
     }
     return nb__own(out);
 }

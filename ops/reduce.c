@@ -1,11 +1,13 @@
 /* Reductions over axes and arg reductions, with their gradients. */
 #include "op.h"
+#include "lib/core/op_phases.h"
 
 #include <math.h>
 #include <string.h>
 
 /* attrs: i[0] = mask of reduced dims, i[1] = keepdims. */
-static nb_tensor *reduce(const nb_op_def *def, nb_reduce_op kop, const nb_tensor *x, nb_axes axes, bool keepdims)
+static nb_tensor *reduce_body(const nb_op_def *def, nb_reduce_op kop, const nb_tensor *x, nb_axes axes,
+                              bool keepdims)
 {
     const char *op = def->name;
     if (!x)
@@ -37,7 +39,10 @@ static nb_tensor *reduce(const nb_op_def *def, nb_reduce_op kop, const nb_tensor
     if (!out)
         return NULL;
     nb_view vo = nb__view(out), vx = nb__view(in[0]);
-    if (!nb__kernel_done(dev->backend->reduce(dev, kop, &vo, &vx), out))
+    int phase = nb__phase_enter(NB_PHASE_KERNEL);
+    nb_status st = dev->backend->reduce(dev, kop, &vo, &vx);
+    nb__phase_leave(phase);
+    if (!nb__kernel_done(st, out))
         return NULL;
     if (!keepdims) {
         /* A contiguous result is reshaped in place. */
@@ -50,6 +55,15 @@ static nb_tensor *reduce(const nb_op_def *def, nb_reduce_op kop, const nb_tensor
     attrs.i[0] = mask;
     attrs.i[1] = keepdims;
     return nb__finish(def, 1, in, out, &attrs);
+}
+
+/* The op timed by phases (nabla/profile.h): every return of the body ends it. */
+static nb_tensor *reduce(const nb_op_def *def, nb_reduce_op kop, const nb_tensor *x, nb_axes axes, bool keepdims)
+{
+    int phase = nb__phase_op_begin();
+    nb_tensor *out = reduce_body(def, kop, x, axes, keepdims);
+    nb__phase_leave(phase);
+    return out;
 }
 
 #define MASK ((int)n->attrs.i[0])

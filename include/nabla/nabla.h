@@ -22,6 +22,7 @@
 #include <nabla/distribute.h>
 #include <nabla/async.h>
 #include <nabla/pipeline.h>
+#include <nabla/profile.h>
 
 #define NB_VERSION_MAJOR 0
 #define NB_VERSION_MINOR 1

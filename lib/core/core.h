@@ -76,10 +76,10 @@ typedef struct nb_view {
     int64_t strides[NB_MAX_DIMS]; /* bytes */
 } nb_view;
 
-/* The kernel view of a tensor, as it is. */
-nb_view nb__view(const nb_tensor *t);
-/* The kernel view of t broadcast to shape (ndim >= t's; stride 0 on new dims). */
-nb_view nb__view_broadcast(const nb_tensor *t, int ndim, const int64_t *shape);
+/* The kernel view of a tensor, as it is, and of t broadcast to shape (ndim >=
+ * t's; stride 0 on new dims): inline below, after nb__shape_numel. */
+static inline nb_view nb__view(const nb_tensor *t);
+static inline nb_view nb__view_broadcast(const nb_tensor *t, int ndim, const int64_t *shape);
 
 /* Whether a view (say, of part of a tensor) is row-major with no gaps. */
 bool nb__view_is_contiguous(const nb_view *v);
@@ -114,6 +114,49 @@ void nb__contiguous_strides(int ndim, const int64_t *shape, size_t elem, int64_t
 /* Elements of a shape: 0 when a dim is 0 (whatever the others), -1 when a dim
  * is negative or the count overflows int64. */
 int64_t nb__shape_numel(int ndim, const int64_t *shape);
+
+/* Inline, so the caller's view is filled in place: returned from a call, the
+ * 168-byte struct was built on the callee's stack and copied, unused dims and
+ * all, which cost an eager op more than filling it. Only the first ndim dims
+ * are set. */
+static inline nb_view nb__view(const nb_tensor *t)
+{
+    nb_view v;
+    v.data = nb__data(t);
+    v.dtype = t->dtype;
+    v.ndim = t->ndim;
+    v.contiguous = t->contiguous;
+    v.numel = t->numel;
+    for (int i = 0; i < t->ndim; i++) {
+        v.shape[i] = t->shape[i];
+        v.strides[i] = t->strides[i];
+    }
+    return v;
+}
+
+static inline nb_view nb__view_broadcast(const nb_tensor *t, int ndim, const int64_t *shape)
+{
+    nb_view v;
+    v.data = nb__data(t);
+    v.dtype = t->dtype;
+    v.ndim = ndim;
+    int lead = ndim - t->ndim;
+    bool same = lead == 0;
+    for (int i = 0; i < ndim; i++) {
+        v.shape[i] = shape[i];
+        if (i < lead) {
+            v.strides[i] = 0;
+        } else {
+            int j = i - lead;
+            bool bcast = t->shape[j] == 1 && shape[i] != 1;
+            v.strides[i] = bcast ? 0 : t->strides[j];
+            same = same && !bcast;
+        }
+    }
+    v.numel = nb__shape_numel(ndim, shape);
+    v.contiguous = same && t->contiguous;
+    return v;
+}
 /* Whether who may make a tensor of dtype and shape (dims known to be >= 0):
  * every tensor's dims, a zero dim counted as 1, times its element size fit in
  * int64, so no stride or offset of it or of its views can overflow, even when

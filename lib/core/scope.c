@@ -6,6 +6,7 @@
  * scope's generation instead, unique across threads for the process's life, and
  * a stale or foreign handle matches no open frame. */
 #include "core.h"
+#include "op_phases.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -71,7 +72,7 @@ static void scope_close_top(void)
     tl_spare = s;
 }
 
-nb_status nb_scope_end(nb_scope *handle)
+static nb_status scope_end(nb_scope *handle)
 {
     nb__scope_frame *p = tl_top;
     while (p && (!handle || handle_of(p) != handle))
@@ -84,6 +85,14 @@ nb_status nb_scope_end(nb_scope *handle)
         scope_close_top();
     scope_close_top();
     return NB_OK;
+}
+
+nb_status nb_scope_end(nb_scope *handle)
+{
+    int phase = nb__phase_enter(NB_PHASE_SCOPE);
+    nb_status st = scope_end(handle);
+    nb__phase_leave(phase);
+    return st;
 }
 
 static bool scope_push(nb__scope_frame *s, nb_tensor *t)
@@ -102,7 +111,10 @@ static bool scope_push(nb__scope_frame *s, nb_tensor *t)
 
 nb_tensor *nb__own(nb_tensor *t)
 {
-    if (t && tl_top && !scope_push(tl_top, t)) {
+    int phase = nb__phase_enter(NB_PHASE_SCOPE);
+    bool kept = !t || !tl_top || scope_push(tl_top, t);
+    nb__phase_leave(phase);
+    if (!kept) {
         nb__release(t);
         return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "scope: out of host memory");
     }

@@ -1,6 +1,7 @@
 /* Storage blocks: pooled headers around memory from the device's allocator. */
 #include "core.h"
 #include "backend.h"
+#include "op_phases.h"
 
 #include <stdlib.h>
 
@@ -42,7 +43,9 @@ nb_storage *nb__storage_new(nb_device *dev, size_t nbytes)
     nb_storage *s = header_take(dev, NULL, nbytes, false, NULL, NULL);
     if (!s)
         return NULL;
+    int phase = nb__phase_enter(NB_PHASE_ALLOC);
     s->data = dev->backend->alloc(dev, nbytes);
+    nb__phase_leave(phase);
     if (!s->data) {
         free(s);
         return NULL; /* the allocator recorded the error */
@@ -69,8 +72,11 @@ void nb__storage_release(nb_storage *s)
 {
     if (!s || atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
         return;
-    if (!s->external)
+    if (!s->external) {
+        int phase = nb__phase_enter(NB_PHASE_FREE);
         s->device->backend->free(s->device, s->data, s->nbytes);
+        nb__phase_leave(phase);
+    }
     else if (s->release)
         s->release(s->release_ctx);
     if (tl_pool_n < NB_STORAGE_POOL_MAX) {

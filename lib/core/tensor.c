@@ -2,6 +2,7 @@
 #include "core.h"
 #include "capture.h"
 #include "backend.h"
+#include "op_phases.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -56,6 +57,7 @@ void nb__tensor_pool_drain(void)
 
 static void tensor_free(nb_tensor *t)
 {
+    int phase = nb__phase_enter(NB_PHASE_RELEASE);
     nb__storage_release(t->storage);
     atomic_fetch_sub_explicit(&g_live, 1, memory_order_relaxed);
     if (tl_pool_n < NB_TENSOR_POOL_MAX) {
@@ -67,6 +69,7 @@ static void tensor_free(nb_tensor *t)
     } else {
         free(t);
     }
+    nb__phase_leave(phase);
 }
 
 void nb__retain(nb_tensor *t)
@@ -166,7 +169,7 @@ static void poison(nb_tensor *t)
     (void)t->device->backend->fill(t->device, &v, value);
 }
 
-nb_tensor *nb__tensor_new(const char *who, nb_device *dev, nb_dtype dtype, int ndim, const int64_t *shape)
+static nb_tensor *tensor_new(const char *who, nb_device *dev, nb_dtype dtype, int ndim, const int64_t *shape)
 {
     size_t elem = nb_dtype_size(dtype), bytes = 0;
     if (ndim < 0 || ndim > NB_MAX_DIMS)
@@ -213,6 +216,14 @@ nb_tensor *nb__tensor_new(const char *who, nb_device *dev, nb_dtype dtype, int n
     return t;
 }
 
+nb_tensor *nb__tensor_new(const char *who, nb_device *dev, nb_dtype dtype, int ndim, const int64_t *shape)
+{
+    int phase = nb__phase_enter(NB_PHASE_TENSOR);
+    nb_tensor *t = tensor_new(who, dev, dtype, ndim, shape);
+    nb__phase_leave(phase);
+    return t;
+}
+
 nb_tensor *nb__tensor_on_storage(nb_storage *s, nb_dtype dtype, int ndim, const int64_t *shape,
                                  const int64_t *strides, int64_t offset)
 {
@@ -254,19 +265,6 @@ nb_tensor *nb__tensor_view(const nb_tensor *base, int ndim, const int64_t *shape
     return t;
 }
 
-nb_view nb__view(const nb_tensor *t)
-{
-    nb_view v;
-    v.data = nb__data(t);
-    v.dtype = t->dtype;
-    v.ndim = t->ndim;
-    v.contiguous = t->contiguous;
-    v.numel = t->numel;
-    memcpy(v.shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
-    memcpy(v.strides, t->strides, sizeof(int64_t) * (size_t)t->ndim);
-    return v;
-}
-
 bool nb__same_shape(const nb_tensor *a, const nb_tensor *b)
 {
     if (a->ndim != b->ndim)
@@ -288,30 +286,6 @@ bool nb__view_is_contiguous(const nb_view *v)
         expect *= v->shape[d];
     }
     return true;
-}
-
-nb_view nb__view_broadcast(const nb_tensor *t, int ndim, const int64_t *shape)
-{
-    nb_view v;
-    v.data = nb__data(t);
-    v.dtype = t->dtype;
-    v.ndim = ndim;
-    int lead = ndim - t->ndim;
-    bool same = lead == 0;
-    for (int i = 0; i < ndim; i++) {
-        v.shape[i] = shape[i];
-        if (i < lead) {
-            v.strides[i] = 0;
-        } else {
-            int j = i - lead;
-            bool bcast = t->shape[j] == 1 && shape[i] != 1;
-            v.strides[i] = bcast ? 0 : t->strides[j];
-            same = same && !bcast;
-        }
-    }
-    v.numel = nb__shape_numel(ndim, shape);
-    v.contiguous = same && t->contiguous;
-    return v;
 }
 
 /* ---- properties ---------------------------------------------------------- */

@@ -1,5 +1,6 @@
 /* A small fixed thread pool for splitting large kernels across cores. */
 #include "core.h"
+#include "op_phases.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -88,6 +89,7 @@ static void thread_exit(void *unused)
     nb__scope_spares_drain();
     nb__tensor_pool_drain();
     nb__storage_pool_drain();
+    nb__phase_thread_exit();
 }
 
 static void exit_key_init(void) { (void)pthread_key_create(&g_exit_key, thread_exit); }
