@@ -1,7 +1,13 @@
 /* A large f32 matmul on /gpu:0, TF32 off and on (nb_gpu_set_tf32), in TFLOP/s,
  * beside cuBLAS called directly from here on its own buffers (cublasSgemm, and
  * cublasGemmEx with CUBLAS_COMPUTE_32F_FAST_TF32) and beside PyTorch from Python
- * (bench/gpu_matmul.py; TF32 through torch.backends.cuda.matmul).
+ * (bench/gpu_matmul.py; TF32 through torch.backends.cuda.matmul). Then a
+ * second table, nabla beside PyTorch alone: N^3 in bf16, and the shapes of a
+ * training step in TF32 and bf16 (an MLP layer [64,784]x[784,256] and its two
+ * gradients with a transposed operand, a batched [16,128,64]x[16,64,128], and
+ * the same batch against one [64,128] matrix, a broadcast operand). The small
+ * shapes run 20 B matmuls per timed batch. NB_MATMUL_CUBLAS=1 in the
+ * environment runs nabla's matmuls through cuBLAS instead of cuBLASLt.
  *
  *   gpu_matmul [--n N] [--batch B] [--reps R] [--no-peer]
  *
@@ -103,6 +109,92 @@ static void time_both(double out[2])
         out[k] = bench_median(v[k], R);
         free(v[k]);
     }
+}
+
+/* ---- the second table: shapes, nabla beside PyTorch ---- */
+
+/* One row: a @ b of these logical shapes, an operand transposed being a view
+ * of a contiguous tensor of the swapped shape (as a gradient's nb_transpose
+ * is). bench/gpu_matmul.py lists the same rows under the same keys. */
+typedef struct shape_row {
+    const char *key, *what;
+    nb_shape a, b;
+    bool ta, tb;
+    bool small; /* 20 B matmuls per timed batch */
+} shape_row;
+
+static const shape_row shape_rows[] = {
+    {"square", "N^3", NB_SHAPE(0, 0), NB_SHAPE(0, 0), false, false, false}, /* N filled in */
+    {"mlp", "[64,784]x[784,256]", NB_SHAPE(64, 784), NB_SHAPE(784, 256), false, false, true},
+    {"mlp_dw", "[784,64]^T x[64,256]", NB_SHAPE(784, 64), NB_SHAPE(64, 256), true, false, true},
+    {"mlp_dx", "[64,256]x[256,784]^T", NB_SHAPE(64, 256), NB_SHAPE(256, 784), false, true, true},
+    {"bmm", "[16,128,64]x[16,64,128]", NB_SHAPE(16, 128, 64), NB_SHAPE(16, 64, 128), false, false, true},
+    {"bmm_bcast", "[16,128,64]x[64,128]", NB_SHAPE(16, 128, 64), NB_SHAPE(64, 128), false, false, true},
+};
+#define N_SHAPE_ROWS (int)(sizeof shape_rows / sizeof *shape_rows)
+/* The dtypes of the second table: TF32 (f32 tensors) and bf16. */
+static const char *const shape_modes[2] = {"tf32", "bf16"};
+
+static nb_tensor *sa, *sb;
+static int shape_per;
+
+static nb_tensor *shape_operand(nb_shape s, bool transposed, nb_dtype dt, uint64_t seed)
+{
+    nb_shape stored = s;
+    if (transposed) {
+        stored.dims[s.ndim - 1] = s.dims[s.ndim - 2];
+        stored.dims[s.ndim - 2] = s.dims[s.ndim - 1];
+    }
+    nb_tensor *t = nb_random_uniform(NB_F32, stored, -1, 1, seed);
+    if (dt != NB_F32) {
+        nb_tensor *c = nb_cast(t, dt);
+        nb_release(t);
+        t = c;
+    }
+    if (transposed) {
+        nb_tensor *v = nb_transpose(t, s.ndim - 2, s.ndim - 1);
+        nb_release(t);
+        t = v;
+    }
+    return t;
+}
+
+static void batch_shape(void *unused)
+{
+    (void)unused;
+    for (int i = 0; i < shape_per; i++) {
+        nb_scope *s = nb_scope_begin();
+        nb_matmul(sa, sb);
+        nb_scope_end(s);
+    }
+}
+
+/* 2 m n k (times the batch) of a row. */
+static double shape_flops(const shape_row *r)
+{
+    double f = 2.0 * (double)r->a.dims[r->a.ndim - 2] * (double)r->a.dims[r->a.ndim - 1] *
+               (double)r->b.dims[r->b.ndim - 1];
+    return r->a.ndim == 3 ? f * (double)r->a.dims[0] : f;
+}
+
+/* Median milliseconds per matmul of nabla for one row (the square one N^3)
+ * and dtype (shape_modes). */
+static double time_shape(const shape_row *row, int mode)
+{
+    shape_row sq = *row;
+    if (!strcmp(row->key, "square"))
+        sq.a = sq.b = NB_SHAPE(n, n);
+    const shape_row *r = &sq;
+    nb_dtype dt = mode == 1 ? NB_BF16 : NB_F32;
+    nb_gpu_set_tf32(mode == 0);
+    sa = shape_operand(r->a, r->ta, dt, 11);
+    sb = shape_operand(r->b, r->tb, dt, 12);
+    shape_per = r->small ? 20 * B : B;
+    double ms = bench_median_ms(batch_shape, NULL, 3, R) / shape_per;
+    nb_release(sa);
+    nb_release(sb);
+    nb_gpu_set_tf32(false);
+    return ms;
 }
 
 /* The rows checked: spread over the matrix. */
@@ -229,6 +321,12 @@ int main(int argc, char **argv)
     }
     nb_gpu_set_tf32(false);
 
+    /* the second table: the square product in bf16 alone (TF32 is above) */
+    double shape_ms[N_SHAPE_ROWS][2];
+    for (int r = 0; r < N_SHAPE_ROWS; r++)
+        for (int m = 0; m < 2; m++)
+            shape_ms[r][m] = r == 0 && m == 0 ? -1 : time_shape(&shape_rows[r], m);
+
     cublasDestroy(handle);
     cudaStreamDestroy(stream);
     cudaFree(da);
@@ -262,5 +360,32 @@ int main(int argc, char **argv)
         printf(", PyTorch %.1e", bench_peer_get(&p, "tf32_err"));
     printf("\n%s\n", ok ? "(f32 under 1e-5, TF32 under 1e-2; TF32 near 1e-6 would mean it was not used)"
                         : "CHECK FAILED: a product is wrong; the times above mean nothing");
+    printf("\n%s, shapes of a training step: TFLOP/s, nabla beside PyTorch%s\n", TITLE,
+           getenv("NB_MATMUL_CUBLAS") && getenv("NB_MATMUL_CUBLAS")[0] == '1' ? " (NB_MATMUL_CUBLAS=1)" : "");
+    printf("%-26s %-5s %9s %9s %10s\n", "a @ b", "dtype", "nabla", "PyTorch", "vs PyTorch");
+    for (int r = 0; r < N_SHAPE_ROWS; r++)
+        for (int m = 0; m < 2; m++) {
+            if (shape_ms[r][m] < 0)
+                continue;
+            shape_row sq = shape_rows[r];
+            char what[64];
+            if (r == 0) {
+                sq.a = sq.b = NB_SHAPE(n, n);
+                snprintf(what, sizeof what, "%d^3", n);
+            } else {
+                snprintf(what, sizeof what, "%s", sq.what);
+            }
+            char key[64];
+            snprintf(key, sizeof key, "%s_%s", sq.key, shape_modes[m]);
+            double fl = shape_flops(&sq), pt = bench_peer_get(&p, key);
+            printf("%-26s %-5s %9.1f", what, shape_modes[m], fl / (shape_ms[r][m] * 1e-3) / 1e12);
+            if (pt > 0)
+                printf(" %9.1f %9.3fx\n", fl / (pt * 1e-3) / 1e12, pt / shape_ms[r][m]);
+            else
+                printf(" %9s %10s\n", "-", "-");
+        }
+    printf("(^T: a transposed view, as a gradient takes it; the last row's [64,128] is broadcast over the batch;\n"
+           " the small shapes time %d matmuls per batch, host clock for nabla, CUDA events for PyTorch)\n",
+           20 * B);
     return ok ? 0 : 1;
 }

@@ -1,5 +1,7 @@
 """PyTorch side of bench/gpu_matmul.c: an N x N x N float32 matmul on cuda:0 with
-TF32 off and on.
+TF32 off and on; then the rows of its second table (SHAPE_ROWS, the same keys
+as shape_rows in gpu_matmul.c) in TF32 and bf16, each printed as
+"<key>_<tf32|bf16> ms" (the small shapes with 20 B matmuls per timed batch).
 
 Arguments: N, matmuls per timed batch, timed batches. Prints "version V", then
 "f32" and "tf32" (median milliseconds per matmul, timed with torch.cuda.Event
@@ -52,4 +54,40 @@ for name, on in (("f32", False), ("tf32", True)):
     print(name + "_err", rel_err())
     print(name, median_ms())
     sys.stdout.flush()
+set_tf32(False)
+
+# key, a's logical shape, a transposed (a view of the swapped shape), b's, b
+# transposed, small (20 B per batch); "square" is N x N x N, in bf16 only.
+SHAPE_ROWS = (
+    ("square", (N, N), False, (N, N), False, False),
+    ("mlp", (64, 784), False, (784, 256), False, True),
+    ("mlp_dw", (784, 64), True, (64, 256), False, True),
+    ("mlp_dx", (64, 256), False, (256, 784), True, True),
+    ("bmm", (16, 128, 64), False, (16, 64, 128), False, True),
+    ("bmm_bcast", (16, 128, 64), False, (64, 128), False, True),
+)
+
+
+def operand(shape, transposed, dtype):
+    if not transposed:
+        return (torch.rand(shape, device=dev, generator=g) * 2 - 1).to(dtype)
+    stored = shape[:-2] + (shape[-1], shape[-2])
+    return (torch.rand(stored, device=dev, generator=g) * 2 - 1).to(dtype).transpose(-1, -2)
+
+
+for key, sa, ta, sb, tb, small in SHAPE_ROWS:
+    for mode in ("tf32", "bf16"):
+        if key == "square" and mode == "tf32":
+            continue  # the first table's
+        set_tf32(mode == "tf32")
+        dtype = torch.bfloat16 if mode == "bf16" else torch.float32
+        x, y = operand(sa, ta, dtype), operand(sb, tb, dtype)
+        per = 20 * B if small else B
+
+        def batch():
+            for _ in range(per):
+                x @ y
+
+        print(key + "_" + mode, median_events_ms(batch, R, per))
+        sys.stdout.flush()
 set_tf32(False)

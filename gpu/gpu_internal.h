@@ -6,7 +6,8 @@
  *   gpu_allocator.c   the caching allocator and the public memory functions
  *   gpu_transfer.c    host <-> device and device <-> device copies, synchronize
  *   gpu_backend.c     the nb_backend table: thin wrappers that enter the device
- *   gpu_matmul.c      matmul through cuBLAS, TF32 switch
+ *   gpu_matmul.c      matmul: operand layouts, cuBLAS (the fallback), TF32 switch
+ *   gpu_matmul_lt.c   matmul through cuBLASLt: handle, algorithms cached per problem
  *   gpu_cudnn.c       cuDNN's graph API: handle, descriptors, the plan cache
  *   gpu_conv.c        conv2d and its gradients through cuDNN
  *   gpu_pool_cudnn.c  average pooling through cuDNN (own kernels as fallback)
@@ -86,6 +87,8 @@ typedef struct nb_gpu_ctx {
                                  (uploads of 1 MiB or more on copy_stream, ordered before it) */
     cudaEvent_t join_event;   /* recorded on stream to order another stream after it */
     void *cublas;             /* cublasHandle_t, made by gpu_matmul.c on first matmul */
+    void *cublaslt;           /* cublasLtHandle_t, made by gpu_matmul_lt.c on first matmul */
+    void *lt_plans;           /* gpu_matmul_lt.c's plan cache, published with cublaslt */
     void *cudnn;              /* cudnnHandle_t, made by gpu_cudnn.c on first use */
     void *cudnn_prop;         /* its device-property descriptor (NULL before cuDNN 9.8) */
     nb_gpu_index_error *index_err;      /* device memory, lazily */

@@ -1,4 +1,4 @@
-/* matmul through cuBLAS, and the TF32 switch.
+/* matmul: the operands' layouts, cuBLAS, and the TF32 switch.
  *
  * cuBLAS is column-major. Each operand's last two dims have unit stride on one
  * of them: a row-major [R, C] matrix with leading dimension ld is, to cuBLAS, the
@@ -6,13 +6,16 @@
  * cuBLAS for out^T = b^T a^T (m = N, n = M), for a column-major one for
  * out = a b directly; each operand is passed transposed or not according to
  * whether its layout matches the output's. Batch dims are collapsed where the
- * three operands allow it; the innermost one goes to one
- * cublasGemmStridedBatchedEx_64 call (stride 0 for a broadcast operand) and any
- * others are looped over. An operand no layout fits (stride-0 rows, negative
- * strides) is first copied to a contiguous scratch block.
+ * three operands allow it; the innermost one goes to one strided-batched
+ * gemm (stride 0 for a broadcast operand) and any others are looped over.
+ * That gemm runs through cuBLASLt with the algorithm its heuristics chose for
+ * the problem (gpu_matmul_lt.c), or, where cuBLASLt has none, refuses the
+ * call or NB_MATMUL_CUBLAS=1 says so, through cublasGemmStridedBatchedEx_64.
+ * An operand no layout fits (stride-0 rows, negative strides) is first copied
+ * to a contiguous scratch block.
  * f32 (TF32 tensor cores only when nb_gpu_set_tf32(true)), f64, and f16/bf16
  * with float accumulation. */
-#include "gpu_internal.h"
+#include "gpu_matmul_lt.h"
 
 #include <cublas_v2.h>
 #include <string.h>
@@ -147,7 +150,7 @@ static nb_status prepare(nb_gpu_ctx *c, const nb_view *v, size_t es, nb_view *us
 }
 
 typedef struct gemm {
-    cublasHandle_t h;
+    cublasHandle_t h; /* made before any plan: the warm-up of a recording makes both */
     cudaDataType dt;
     cublasComputeType_t ct;
     bool dbl;
@@ -156,7 +159,20 @@ typedef struct gemm {
     mat mo, ma, mb;
 } gemm;
 
-/* Queues the gemms of out = va @ vb (views already in a layout cuBLAS takes). */
+/* The largest power of two up to 256 dividing every byte offset or address
+ * given (at least the element size): the alignment cuBLASLt may assume. */
+static int64_t alignment_of(size_t es, int n, const int64_t *bytes)
+{
+    uint64_t bits = 256;
+    for (int i = 0; i < n; i++)
+        bits |= (uint64_t)bytes[i];
+    int64_t a = (int64_t)(bits & (~bits + 1));
+    return a < (int64_t)es ? (int64_t)es : a;
+}
+
+/* Queues the gemms of out = va @ vb (views already in a layout cuBLAS takes):
+ * through cuBLASLt where it has a plan for the problem, else (or once it
+ * refuses a call) through cublasGemmStridedBatchedEx_64. */
 static nb_status run_gemms(nb_gpu_ctx *c, const gemm *g, const nb_view *out, const nb_view *va, const nb_view *vb)
 {
     const int nd = out->ndim;
@@ -195,12 +211,42 @@ static nb_status run_gemms(nb_gpu_ctx *c, const gemm *g, const nb_view *out, con
     const cublasOperation_t op1 = m1->rowmajor == g->mo.rowmajor ? CUBLAS_OP_N : CUBLAS_OP_T;
     const cublasOperation_t op2 = m2->rowmajor == g->mo.rowmajor ? CUBLAS_OP_N : CUBLAS_OP_T;
     const int64_t s1 = swap ? stride_b : stride_a, s2 = swap ? stride_a : stride_b;
+    const nb_view *v1 = swap ? vb : va, *v2 = swap ? va : vb;
+    const int k1 = swap ? 2 : 1, k2 = swap ? 1 : 2; /* their columns in bst */
     const float one_f = 1.0f, zero_f = 0.0f;
     const double one_d = 1.0, zero_d = 0.0;
     const void *alpha = g->dbl ? (const void *)&one_d : (const void *)&one_f;
     const void *beta = g->dbl ? (const void *)&zero_d : (const void *)&zero_f;
 
-    for (int64_t o = 0; o < outer; o++) {
+    /* cuBLASLt's problem: the alignment of every address the loop below
+     * passes (the base, the batch stride, the outer batch strides). */
+    int64_t off1[NB_MAX_DIMS + 2], off2[NB_MAX_DIMS + 2], offo[NB_MAX_DIMS + 2];
+    int n_off = 0;
+    off1[n_off] = (int64_t)(uintptr_t)v1->data, off2[n_off] = (int64_t)(uintptr_t)v2->data;
+    offo[n_off++] = (int64_t)(uintptr_t)out->data;
+    for (int d = 0; d < nb; d++, n_off++) {
+        off1[n_off] = bst[k1][d] * es, off2[n_off] = bst[k2][d] * es, offo[n_off] = bst[0][d] * es;
+    }
+    const nb_lt_problem prob = {
+        .dt = g->dt, .ct = g->ct, .trans_a = op1 == CUBLAS_OP_T, .trans_b = op2 == CUBLAS_OP_T,
+        .m = gm, .n = gn, .k = g->K, .lda = m1->ld, .ldb = m2->ld, .ldd = g->mo.ld,
+        .stride_a = count > 1 ? s1 : 0, .stride_b = count > 1 ? s2 : 0, .stride_d = count > 1 ? stride_o : 0,
+        .count = count,
+        .align_a = alignment_of(g->es, n_off, off1), .align_b = alignment_of(g->es, n_off, off2),
+        .align_d = alignment_of(g->es, n_off, offo), .deterministic = nb_deterministic(),
+    };
+    const nb_lt_plan *plan = NULL;
+    void *ws = NULL;
+    nb_status st = nb__lt_plan_for(c, &prob, &plan);
+    if (st == NB_ERR_UNSUPPORTED)
+        plan = NULL;
+    else if (st)
+        return st;
+    /* the workspace from the caching allocator, in stream order (while
+     * gpu_graph.cu records, from the graph's pool, kept as long as the graph) */
+    if (plan && nb__lt_workspace(plan) > 0 && !(ws = nb__gpu_malloc(c, nb__lt_workspace(plan))))
+        return NB_ERR_OUT_OF_MEMORY;
+    for (int64_t o = 0; o < outer && !st; o++) {
         /* byte offsets of this outer batch index in out, a, b */
         int64_t rem = o, off[3] = {0, 0, 0};
         for (int d = nb - 2; d >= 0; d--) {
@@ -213,13 +259,20 @@ static nb_status run_gemms(nb_gpu_ctx *c, const gemm *g, const nb_view *out, con
         const char *pa = (const char *)va->data + off[1], *pb = (const char *)vb->data + off[2];
         const void *p1 = swap ? (const void *)pb : (const void *)pa;
         const void *p2 = swap ? (const void *)pa : (const void *)pb;
+        if (plan) {
+            st = nb__lt_run(c, plan, p1, p2, po, ws);
+            if (st != NB_ERR_UNSUPPORTED)
+                continue;
+            plan = NULL, st = NB_OK; /* refused, nothing queued: cuBLAS from here on */
+        }
         cublasStatus_t s = cublasGemmStridedBatchedEx_64(g->h, op1, op2, gm, gn, g->K, alpha, p1, g->dt, m1->ld, s1,
                                                          p2, g->dt, m2->ld, s2, beta, po, g->dt, g->mo.ld, stride_o,
                                                          count, g->ct, CUBLAS_GEMM_DEFAULT);
         if (s != CUBLAS_STATUS_SUCCESS)
-            return cublas_fail(c, "cublasGemmStridedBatchedEx_64", s);
+            st = cublas_fail(c, "cublasGemmStridedBatchedEx_64", s);
     }
-    return NB_OK;
+    nb__gpu_free(c, ws); /* stream-ordered: the queued gemms still own it */
+    return st;
 }
 
 nb_status nb__gpu_matmul(nb_gpu_ctx *c, const nb_view *out, const nb_view *a, const nb_view *b)
