@@ -237,6 +237,50 @@ nb_status nb_mirrored_step(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_var
                            nb_replica_step_fn fn, void *user, int n_inputs, nb_tensor *const *inputs,
                            nb_reduction reduction, nb_tensor **loss);
 
+/* ---- a captured training step ------------------------------------------------- */
+
+typedef struct nb_mirrored_graph nb_mirrored_graph;
+
+/* nb_mirrored_step captured (nabla/graph.h, whose rules the step function
+ * follows on every replica): runs it as step 1 and records each replica's part
+ * of it on its device, in two graphs: its step function with the gradients
+ * packed into the all-reduce's buckets, and its update from the reduced
+ * buckets. Each replay (nb_mirrored_graph_replay) then replays every
+ * replica's first graph at once, all-reduces the buckets as a step does (NCCL
+ * or device copies: not recorded), and replays the second graphs: the
+ * variables of eager steps, bit for bit, at the host cost of two replays per
+ * replica. The step function runs twice per replica at capture.
+ * Writes the graph (freed by nb_mirrored_graph_free, before the strategy) to
+ * *out and step 1's combined loss, as nb_mirrored_step does, to *loss (when
+ * not NULL). The strategy, the optimizer and the variables must outlive the
+ * graph; eager steps and other graphs of the strategy may run between its
+ * replays. On failure *out is NULL and the error is returned: those of
+ * nb_mirrored_step, NB_ERR_SHAPE when a replica would get no rows (every
+ * replica records its part), NB_ERR_UNSUPPORTED for a strategy across
+ * processes, or for a step function that breaks a capture rule (naming the
+ * replica and the call). A failure in the step's capture updates nothing; one
+ * in the update's recording leaves step 1 applied (perhaps not everywhere). */
+nb_status nb_mirrored_capture(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_variable *const *vars,
+                              nb_replica_step_fn fn, void *user, int n_inputs, nb_tensor *const *inputs,
+                              nb_reduction reduction, nb_tensor **loss, nb_mirrored_graph **out);
+
+/* One more step: inputs (as many as at capture, each of the shape and dtype it
+ * had then; any device) split over the replicas, their graphs replayed, the
+ * buckets all-reduced, the updates replayed, the optimizer's step counted. The
+ * combined loss to *loss as nb_mirrored_step gives it (when not NULL).
+ * NB_ERR_INVALID_ARGUMENT for NULL g or input, NB_ERR_SHAPE or NB_ERR_DTYPE
+ * naming an input that changed (capture a new graph for it), or a replica's
+ * error naming it (on a GPU, errors in the replayed kernels surface at the
+ * next synchronising call). */
+nb_status nb_mirrored_graph_replay(nb_mirrored_graph *g, nb_tensor *const *inputs, nb_tensor **loss);
+
+/* How many kernels and copies one replay launches over all the replicas; 0
+ * for NULL. */
+int64_t nb_mirrored_graph_nodes(const nb_mirrored_graph *g);
+
+/* Waits for g's replays and frees it. NULL is ignored. */
+void nb_mirrored_graph_free(nb_mirrored_graph *g);
+
 #ifdef __cplusplus
 }
 #endif

@@ -146,6 +146,48 @@ bool nb__mirrored_barrier(nb_mirrored *s, bool ok, bool (*last)(nb_mirrored *s, 
 bool nb__replica_failed(nb_replica_state *rs, nb_status code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* ---- the training step in parts (mirrored.c), for mirrored_graph.c -------- */
+
+/* One nb_mirrored_step as every replica thread sees it. */
+typedef struct nb_step_job {
+    nb_optimizer *opt;
+    int n_vars;
+    nb_variable *const *vars;
+    nb_replica_step_fn fn;
+    void *user;
+    int n_inputs;
+    nb_tensor *const *inputs;
+    nb_reduction reduction;
+    int64_t step;                /* the optimizer's step number for this update */
+    const double *device_params; /* NULL, or where a recorded update reads its numbers */
+    const char *who;             /* the public call, for messages */
+} nb_step_job;
+
+/* nb_mirrored_step's argument checks (fn: the step function, any type):
+ * NB_OK or the error naming who. Outside the call lock. */
+nb_status nb__mirrored_step_check(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_variable *const *vars,
+                                  const void *fn, int n_inputs, nb_reduction reduction, const char *who);
+/* Under the call lock: per-variable scratch, every replica's rows of the
+ * batch, the optimizer's slots. NB_OK or the error naming who. */
+nb_status nb__mirrored_step_prepare(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_variable *const *vars,
+                                    int n_inputs, nb_tensor *const *inputs, nb_reduction reduction, const char *who);
+/* Runs fn(rs, job) on every replica thread (replica 0 on the caller's) and
+ * waits for all; then the first replica's error, raised naming who, or NB_OK. */
+void nb__mirrored_dispatch(nb_mirrored *s, nb_job_fn fn, void *job);
+nb_status nb__mirrored_raise(nb_mirrored *s, const char *who);
+/* The parts of a replica's step: the step function on its shares and the
+ * checks of what it gave (rs->loss, rs->grads); the bucket plan (a barrier's
+ * last function, arg the job); the gradients packed into the buckets,
+ * weighted; the update of its copies from the reduced buckets. Each returns
+ * false after nb__replica_failed. */
+bool nb__step_compute_on(nb_replica_state *rs, nb_step_job *j, nb_tensor *const *shares);
+bool nb__step_plan(nb_mirrored *s, void *arg);
+bool nb__step_pack(nb_replica_state *rs, nb_step_job *j);
+bool nb__step_apply(nb_replica_state *rs, nb_step_job *j);
+/* The batch's loss: the replicas' losses weighted as the gradients, as f64 on
+ * the current device (owned by the current scope), or NULL with the error. */
+nb_tensor *nb__mirrored_combine_losses(nb_mirrored *s, nb_reduction reduction);
+
 /* ---- batch.c ---------------------------------------------------------------- */
 
 /* Checks inputs to be split by rows (none NULL, each with a dim, one first dim

@@ -871,29 +871,13 @@ nb_status nb_mirrored_all_reduce(nb_mirrored *s, nb_reduction reduction, nb_tens
 
 /* ---- the training step ------------------------------------------------------------------------------ */
 
-typedef struct step_job {
-    nb_optimizer *opt;
-    int n_vars;
-    nb_variable *const *vars;
-    nb_replica_step_fn fn;
-    void *user;
-    int n_inputs;
-    nb_tensor *const *inputs;
-    nb_reduction reduction;
-    int64_t step;       /* the optimizer's step number for this update */
-} step_job;
+typedef nb_step_job step_job;
 
-/* Runs the user's step on rs's share and checks what it gave. */
-static bool step_compute(nb_replica_state *rs, step_job *j)
+/* Runs the user's step on shares (rs's, on its device) and checks what it gave. */
+bool nb__step_compute_on(nb_replica_state *rs, nb_step_job *j, nb_tensor *const *shares)
 {
-    shares sh = {0};
-    bool ok = shares_init(&sh, rs, j->n_inputs, j->inputs);
-    if (ok) {
-        nb_status st = j->fn(&rs->ctx, j->n_inputs, sh.t, j->n_vars, j->vars, &rs->loss, rs->grads, j->user);
-        if (st || nb_error())
-            ok = nb__replica_failed(rs, st, "the step function failed");
-    }
-    shares_free(&sh);
+    nb_status st = j->fn(&rs->ctx, j->n_inputs, shares, j->n_vars, j->vars, &rs->loss, rs->grads, j->user);
+    bool ok = !(st || nb_error()) || nb__replica_failed(rs, st, "the step function failed");
     const nb_tensor *loss = rs->loss;
     if (ok && (!loss || !nb__is_floating(loss->dtype) || loss->numel != 1)) {
         char sh_[NB_SHAPE_STR_MAX] = "";
@@ -923,9 +907,18 @@ static bool step_compute(nb_replica_state *rs, step_job *j)
     return ok;
 }
 
+/* Runs the user's step on rs's share and checks what it gave. */
+static bool step_compute(nb_replica_state *rs, step_job *j)
+{
+    shares sh = {0};
+    bool ok = shares_init(&sh, rs, j->n_inputs, j->inputs) && nb__step_compute_on(rs, j, sh.t);
+    shares_free(&sh);
+    return ok;
+}
+
 /* Run once, by the last replica to finish its step: which variables have a
  * gradient anywhere, and the buckets they go in. */
-static bool plan_step(nb_mirrored *s, void *arg)
+bool nb__step_plan(nb_mirrored *s, void *arg)
 {
     step_job *j = arg;
     for (int i = 0; i < j->n_vars; i++) {
@@ -951,7 +944,7 @@ static nb_tensor *place_of(const nb_bucket_plan *plan, nb_tensor *const *buckets
 
 /* Packs rs's gradients into its buckets, weighted for MEAN (zeros where it has
  * none). */
-static bool step_pack(nb_replica_state *rs, step_job *j)
+bool nb__step_pack(nb_replica_state *rs, nb_step_job *j)
 {
     const nb_bucket_plan *plan = &rs->s->plan;
     nb_status st = nb__bucket_cache_fit(rs, plan);
@@ -980,7 +973,7 @@ static bool step_pack(nb_replica_state *rs, step_job *j)
 }
 
 /* Applies the reduced gradients to rs's copies. */
-static bool step_apply(nb_replica_state *rs, step_job *j)
+bool nb__step_apply(nb_replica_state *rs, nb_step_job *j)
 {
     const nb_bucket_plan *plan = &rs->s->plan;
     nb_variable **copies = rs->copies;
@@ -995,7 +988,8 @@ static bool step_apply(nb_replica_state *rs, step_job *j)
             ok = nb__replica_failed(rs, NB_ERR_OUT_OF_MEMORY, "out of host memory");
     }
     if (ok) {
-        nb_status st = nb__optimizer_update(j->opt, j->n_vars, copies, places, j->step, "nb_mirrored_step");
+        nb_status st = nb__optimizer_update_at(j->opt, j->n_vars, copies, places, j->step, j->device_params,
+                                               j->who ? j->who : "nb_mirrored_step");
         ok = st == NB_OK || nb__replica_failed(rs, st, "applying the update (the replicas may now differ)");
     }
     for (int i = 0; i < j->n_vars; i++)
@@ -1016,12 +1010,12 @@ static void step_on_replica(nb_replica_state *rs, void *arg)
     /* A replica with no rows has nothing to learn from: it only adds zeros. */
     if (ok && rs->ctx.rows > 0)
         ok = step_compute(rs, j);
-    if (!nb__mirrored_barrier(s, ok, plan_step, j))
+    if (!nb__mirrored_barrier(s, ok, nb__step_plan, j))
         goto out;
-    ok = step_pack(rs, j);
+    ok = nb__step_pack(rs, j);
     if (!nb__all_reduce_buckets(rs, ok, s->plan.n_buckets, rs->cache.tensors, rs->cache.tensors, 1.0))
         goto out;
-    step_apply(rs, j);
+    nb__step_apply(rs, j);
 out:
     nb__retain(rs->loss); /* for the caller, past the replica's scope */
     for (int i = 0; i < j->n_vars; i++)
@@ -1091,7 +1085,7 @@ static nb_status reserve_vars(nb_mirrored *s, int n, const char *who)
 
 /* The loss of the whole batch as f64 on the caller's device: replica losses
  * weighted like the gradients, added in replica order. */
-static nb_tensor *combine_losses(nb_mirrored *s, nb_reduction reduction)
+nb_tensor *nb__mirrored_combine_losses(nb_mirrored *s, nb_reduction reduction)
 {
     nb_tensor *losses[NB_MIRRORED_MAX];
     double w[NB_MIRRORED_MAX];
@@ -1129,7 +1123,7 @@ static nb_status world_loss(nb_mirrored *s, const char *who, nb_reduction reduct
     double v = 0; /* a process with no rows adds nothing */
     bool had_error = nb_error() != NB_OK;
     nb_scope *scope = nb_scope_begin();
-    nb_tensor *local = combine_losses(s, reduction);
+    nb_tensor *local = nb__mirrored_combine_losses(s, reduction);
     if (local)
         v = nb_tensor_item(local);
     nb_scope_end(scope);
@@ -1141,15 +1135,11 @@ static nb_status world_loss(nb_mirrored *s, const char *who, nb_reduction reduct
     return st;
 }
 
-nb_status nb_mirrored_step(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_variable *const *vars,
-                           nb_replica_step_fn fn, void *user, int n_inputs, nb_tensor *const *inputs,
-                           nb_reduction reduction, nb_tensor **loss)
+nb_status nb__mirrored_step_check(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_variable *const *vars,
+                                  const void *fn, int n_inputs, nb_reduction reduction, const char *who)
 {
-    const char *who = "nb_mirrored_step";
     if (nb__capture_check(NULL, who, "a mirrored strategy's call"))
         return nb_error();
-    if (loss)
-        *loss = NULL;
     if (!s || !opt || !fn)
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", who, !s ? "strategy" : !opt ? "optimizer" : "fn");
     if (reduction != NB_REDUCE_SUM && reduction != NB_REDUCE_MEAN)
@@ -1158,13 +1148,14 @@ nb_status nb_mirrored_step(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_var
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: a step needs at least one input to split", who);
     if (called_from_replica(s, who))
         return NB_ERR_INVALID_ARGUMENT;
-    nb_status st = check_vars(s, who, n_vars, vars);
-    if (st)
-        return st;
+    return check_vars(s, who, n_vars, vars);
+}
 
-    pthread_mutex_lock(&s->call_lock);
+nb_status nb__mirrored_step_prepare(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_variable *const *vars,
+                                    int n_inputs, nb_tensor *const *inputs, nb_reduction reduction, const char *who)
+{
     int64_t rows = 0;
-    st = reserve_vars(s, n_vars, who);
+    nb_status st = reserve_vars(s, n_vars, who);
     if (!st)
         st = split_batch(s, who, n_inputs, inputs, &rows);
     if (!st && s->world)
@@ -1173,8 +1164,29 @@ nb_status nb_mirrored_step(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_var
         st = nb__fail(NB_ERR_SHAPE, "%s: the batch has no rows", who);
     if (!st)
         st = prepare_slots(s, opt, n_vars, vars, who);
+    return st;
+}
+
+void nb__mirrored_dispatch(nb_mirrored *s, nb_job_fn fn, void *job) { dispatch(s, fn, job); }
+
+nb_status nb__mirrored_raise(nb_mirrored *s, const char *who) { return raise_replica_error(s, who); }
+
+nb_status nb_mirrored_step(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_variable *const *vars,
+                           nb_replica_step_fn fn, void *user, int n_inputs, nb_tensor *const *inputs,
+                           nb_reduction reduction, nb_tensor **loss)
+{
+    const char *who = "nb_mirrored_step";
+    if (loss)
+        *loss = NULL;
+    nb_status st = nb__mirrored_step_check(s, opt, n_vars, vars, (const void *)fn, n_inputs, reduction, who);
+    if (st)
+        return st;
+
+    pthread_mutex_lock(&s->call_lock);
+    st = nb__mirrored_step_prepare(s, opt, n_vars, vars, n_inputs, inputs, reduction, who);
     if (!st) {
-        step_job j = {opt, n_vars, vars, fn, user, n_inputs, inputs, reduction, nb__optimizer_next_step(opt)};
+        step_job j = {opt, n_vars, vars, fn, user, n_inputs, inputs, reduction, nb__optimizer_next_step(opt), NULL,
+                      who};
         dispatch(s, step_on_replica, &j);
         st = raise_replica_error(s, who);
         if (!st) {
@@ -1184,7 +1196,7 @@ nb_status nb_mirrored_step(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_var
             s->last_buckets = s->plan.n_buckets;
             if (s->world)
                 st = world_loss(s, who, reduction, loss);
-            else if (loss && !(*loss = combine_losses(s, reduction)))
+            else if (loss && !(*loss = nb__mirrored_combine_losses(s, reduction)))
                 st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
         }
         for (int r = 0; r < s->n; r++) {

@@ -372,6 +372,19 @@ static const double *record_update(nb_optimizer *opt, nb__capture *c)
 nb_status nb__optimizer_update(nb_optimizer *opt, int n, nb_variable *const *vars, nb_tensor *const *grads,
                                int64_t step, const char *who)
 {
+    return nb__optimizer_update_at(opt, n, vars, grads, step, NULL, who);
+}
+
+void nb__optimizer_pack(const nb_optimizer *opt, int64_t step, double out[NB_UPD_COUNT])
+{
+    nb_update_params p = opt->params;
+    p.step = step;
+    nb_update_pack(&p, out);
+}
+
+nb_status nb__optimizer_update_at(nb_optimizer *opt, int n, nb_variable *const *vars, nb_tensor *const *grads,
+                                  int64_t step, const double *device_params, const char *who)
+{
     /* Gradients on their variables' devices, slots found, values writable: what
      * can fail for want of memory fails here, before any variable moves. */
     const nb_tensor *small[16];
@@ -415,7 +428,8 @@ nb_status nb__optimizer_update(nb_optimizer *opt, int n, nb_variable *const *var
     nb_update_params p = opt->params;
     p.step = step;
     nb__capture *rec = nb__capture_current();
-    if (!st && nb__capture_recording(rec) && !(p.device_params = record_update(opt, rec)))
+    p.device_params = device_params;
+    if (!st && !device_params && nb__capture_recording(rec) && !(p.device_params = record_update(opt, rec)))
         st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
     for (int i = 0; i < n && !st; i++) {
         if (!ready[i])
