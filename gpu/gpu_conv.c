@@ -1,4 +1,5 @@
-/* The conv2d entries through cuDNN's graph API.
+/* The conv2d entries through cuDNN's graph API; depthwise ones (groups == C
+ * > 1) through gpu_depthwise.cu's kernels instead.
  *
  * API: one convolution operation (forward, backward data or backward filter)
  * per operation graph, planned once per problem through gpu_cudnn.c (the
@@ -219,6 +220,15 @@ static nb_status conv(nb_gpu_ctx *c, int which, const nb_conv2d_desc *d, const n
                         nb_dtype_name(b->dtype), nb_dtype_name(dt));
     if (out->numel == 0)
         return NB_OK;
+    /* Depthwise convolutions run on kernels of our own (gpu_depthwise.cu):
+     * cuDNN's engines for groups == C are several times slower. */
+    if (nb__gpu_depthwise_applies(d)) {
+        switch (which) {
+        case 0: return nb__gpu_depthwise_forward(c, d, out, a, b);
+        case 1: return nb__gpu_depthwise_backward_data(c, d, out, a, b);
+        default: return nb__gpu_depthwise_backward_filter(c, d, out, a, b);
+        }
+    }
     /* The padding the plan can do itself: the top/left pad on both sides gives P and Q. */
     const int64_t span_h = (int64_t)d->dilation[0] * (d->R - 1) + 1, span_w = (int64_t)d->dilation[1] * (d->S - 1) + 1;
     bool sym = d->H + 2 * (int64_t)d->pad[0] >= span_h && d->W + 2 * (int64_t)d->pad[1] >= span_w &&

@@ -10,6 +10,7 @@
  *   gpu_matmul_lt.c   matmul through cuBLASLt: handle, algorithms cached per problem
  *   gpu_cudnn.c       cuDNN's graph API: handle, descriptors, the plan cache
  *   gpu_conv.c        conv2d and its gradients through cuDNN
+ *   gpu_depthwise.cu  depthwise conv2d and its gradients (own kernels)
  *   gpu_pool_cudnn.c  average pooling through cuDNN (own kernels as fallback)
  *   gpu_nccl.c        collectives through NCCL (when NCCL is found)
  *   gpu_graph.cu      recording a step into a CUDA graph, and its replays
@@ -252,6 +253,20 @@ nb_status nb__gpu_conv2d_backward_data(nb_gpu_ctx *c, const nb_conv2d_desc *d, c
                                        const nb_view *w);
 nb_status nb__gpu_conv2d_backward_filter(nb_gpu_ctx *c, const nb_conv2d_desc *d, const nb_view *dw,
                                          const nb_view *x, const nb_view *dy);
+/* gpu_depthwise.cu: the conv2d entries' contracts for depthwise convolutions
+ * (groups == C, K = C * M); f32, f64, f16, bf16, NHWC and NCHW. applies:
+ * whether gpu_conv.c routes d here (groups == C > 1; C == 1 is an ordinary
+ * convolution, left to cuDNN). The backward filter is deterministic (partial
+ * sums per slice of positions in scratch, added in a fixed order); it fails
+ * with NB_ERR_OUT_OF_MEMORY when the scratch cannot be had. Every kernel
+ * queues its work on c's stream without a host wait. */
+bool nb__gpu_depthwise_applies(const nb_conv2d_desc *d);
+nb_status nb__gpu_depthwise_forward(nb_gpu_ctx *c, const nb_conv2d_desc *d, const nb_view *y, const nb_view *x,
+                                    const nb_view *w);
+nb_status nb__gpu_depthwise_backward_data(nb_gpu_ctx *c, const nb_conv2d_desc *d, const nb_view *dx,
+                                          const nb_view *dy, const nb_view *w);
+nb_status nb__gpu_depthwise_backward_filter(nb_gpu_ctx *c, const nb_conv2d_desc *d, const nb_view *dw,
+                                            const nb_view *x, const nb_view *dy);
 /* gpu_pool_cudnn.c: avg_pool2d and its gradient (the entries' contracts)
  * through cuDNN; NB_ERR_UNSUPPORTED, not recorded, when cuDNN has no engine
  * for the problem (or NB_POOL_PLAIN=1): the caller then uses gpu_pool.cu's. */

@@ -85,6 +85,17 @@ static const conv_case cases[] = {
     {1, 4, 9, 8, 8, 1, 1, {{2, 1}, {1, 1}, NB_PAD_VALID, {0}, 1, 0}},                 /* last row never read */
     {2, 8, 7, 16, 16, 3, 3, {{2, 2}, {1, 1}, NB_PAD_VALID, {0}, 1, 0}},               /* last row, column unread */
     {1, 6, 10, 8, 16, 1, 1, {{2, 3}, {1, 1}, NB_PAD_VALID, {0}, 2, 0}},               /* unread, groups 2 */
+    /* depthwise (a GPU's own kernels): 3x3 (unrolled on NHWC) and other sizes */
+    {2, 8, 9, 6, 6, 3, 3, {{2, 2}, {1, 1}, NB_PAD_SAME, {0}, 6, 0}},                  /* M 1, SAME odd pad */
+    {2, 12, 11, 40, 40, 3, 3, {{1, 1}, {1, 1}, NB_PAD_SAME, {0}, 40, 0}},             /* M 1, 2 channel blocks */
+    {1, 9, 10, 4, 8, 3, 3, {{1, 1}, {2, 2}, NB_PAD_SAME, {0}, 4, 0}},                 /* M 2, dilation 2 */
+    {2, 10, 9, 5, 10, 3, 3, {{2, 2}, {2, 2}, NB_PAD_EXPLICIT, {3, 1, 0, 2}, 5, 0}},   /* M 2, unequal pads */
+    {2, 7, 6, 3, 3, 5, 5, {{1, 1}, {1, 1}, NB_PAD_SAME, {0}, 3, 0}},                  /* 5x5 M 1 */
+    {3, 5, 6, 4, 4, 1, 1, {{1, 2}, {1, 1}, NB_PAD_VALID, {0}, 4, 0}},                 /* 1x1 M 1 */
+    {2, 4, 5, 3, 9, 1, 1, {{2, 1}, {1, 1}, NB_PAD_EXPLICIT, {0, 1, 1, 0}, 3, 0}},     /* 1x1 M 3, padded */
+    {2, 2, 7, 3, 6, 3, 3, {{1, 1}, {1, 1}, NB_PAD_EXPLICIT, {0, 2, 2, 1}, 3, 0}},     /* H < R, M 2 */
+    {1, 3, 2, 2, 4, 3, 3, {{2, 1}, {1, 2}, NB_PAD_SAME, {0}, 2, 0}},                  /* W < span, M 2 */
+    {1, 13, 12, 2, 2, 3, 3, {{3, 3}, {1, 1}, NB_PAD_VALID, {0}, 2, 0}},               /* stride 3, last row unread */
 };
 #define N_CASES (sizeof cases / sizeof *cases)
 
@@ -365,6 +376,114 @@ static void gpu_vs_cpu(void)
         }
 }
 
+/* A tensor's values as doubles, read through f32 on its own device (the
+ * half types are not read directly). */
+static double *values_via_f32(nb_tensor *t, bool nchw)
+{
+    return t ? image_values(nb_cast(t, NB_F32), nchw) : NULL;
+}
+
+/* |got - want| <= rel |want| + abs at every element; the worst excess (0 when none). */
+static double excess(const double *got, const double *want, int64_t n, double rel, double abs)
+{
+    double worst = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs(got[i] - want[i]) - (rel * fabs(want[i]) + abs);
+        if (!(e <= worst))
+            worst = isnan(e) ? INFINITY : e;
+    }
+    return worst;
+}
+
+/* One case in f16 or bf16 on the device against the CPU in f32 from the same
+ * rounded inputs: the products of two half values are exact in f32, so only
+ * the order of the sums and the rounding of the result differ (a few ulps of
+ * the half type, against an element's magnitude; a missed or extra term is
+ * of the order of the values, 0.1 to 1). */
+static void run_half_case(const conv_case *cc, nb_dtype dt, bool nchw, const char *dev)
+{
+    nb_scope *scope = nb_scope_begin();
+    nb_conv2d_opts o = cc->o;
+    o.format = nchw ? NB_NCHW : NB_NHWC;
+    conv_geo g = {cc->N, cc->H, cc->W, cc->C, cc->K, cc->R, cc->S, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    CHECK(conv_resolve(&g, &o));
+    int64_t Cg = g.C / g.G, nx = g.N * g.H * g.W * g.C, nw = g.R * g.S * Cg * g.K, ny = g.N * g.P * g.Q * g.K;
+    double *xv = rand_values(nx), *wv = rand_values(nw), *dyv = rand_values(ny);
+    /* rounded to dt on the CPU once; both sides start from these */
+    nb_tensor *xh = image(xv, g.N, g.H, g.W, g.C, NB_F64, nchw), *dyh = image(dyv, g.N, g.P, g.Q, g.K, NB_F64, nchw);
+    nb_tensor *wh = nb_from_buffer(NB_F64, NB_SHAPE(g.R, g.S, Cg, g.K), wv);
+    xh = nb_cast(xh, dt), dyh = nb_cast(dyh, dt), wh = nb_cast(wh, dt);
+    nb_tensor *x = nb_to_device(xh, dev), *dy = nb_to_device(dyh, dev), *w = nb_to_device(wh, dev);
+    nb_tensor *x32 = nb_cast(xh, NB_F32), *dy32 = nb_cast(dyh, NB_F32), *w32 = nb_cast(wh, NB_F32);
+    int64_t in_hw[2] = {g.H, g.W}, rs[2] = {g.R, g.S};
+    nb_tensor *y = nb_conv2d(x, w, &o), *dx = nb_conv2d_transpose(dy, w, in_hw, &o),
+              *dw = nb_conv2d_filter_grad(x, dy, rs, &o);
+    nb_tensor *y_ref = nb_conv2d(x32, w32, &o), *dx_ref = nb_conv2d_transpose(dy32, w32, in_hw, &o),
+              *dw_ref = nb_conv2d_filter_grad(x32, dy32, rs, &o);
+    CHECKF(y && dx && dw && y_ref && dx_ref && dw_ref, "%s %s case %dx%dx%dx%d: %s", dev, nb_dtype_name(dt),
+           (int)g.N, (int)g.H, (int)g.W, (int)g.C, nb_error_message());
+    if (y && dx && dw && y_ref && dx_ref && dw_ref) {
+        /* bf16 keeps 8 significant bits, f16 11 */
+        const double rel = dt == NB_BF16 ? 1e-2 : 2e-3, abs = dt == NB_BF16 ? 4e-3 : 1e-3;
+        double *a = values_via_f32(y, nchw), *b = values_via_f32(dx, nchw), *c = values_via_f32(dw, false);
+        double *ra = image_values(y_ref, nchw), *rb = image_values(dx_ref, nchw), *rc = check_values(dw_ref);
+        double e1 = a && ra ? excess(a, ra, ny, rel, abs) : INFINITY;
+        double e2 = b && rb ? excess(b, rb, nx, rel, abs) : INFINITY;
+        double e3 = c && rc ? excess(c, rc, nw, rel, abs) : INFINITY;
+        CHECKF(e1 == 0 && e2 == 0 && e3 == 0,
+               "%s %s %s x [%lld,%lld,%lld,%lld] w [%lld,%lld,%lld,%lld] groups %lld: excess over the tolerance %g "
+               "%g %g",
+               dev, nb_dtype_name(dt), nchw ? "NCHW" : "NHWC", (long long)g.N, (long long)g.H, (long long)g.W,
+               (long long)g.C, (long long)g.R, (long long)g.S, (long long)Cg, (long long)g.K, (long long)g.G, e1, e2,
+               e3);
+        free(a), free(b), free(c), free(ra), free(rb), free(rc);
+    }
+    nb_error_clear();
+    free(xv), free(wv), free(dyv);
+    nb_scope_end(scope);
+}
+
+/* Every case in f16 and bf16 on a GPU, both layouts. */
+static void gpu_half_vs_cpu(void)
+{
+    if (nb_device_count(NB_DEVICE_GPU) == 0)
+        return;
+    const char *gpu = nb_device_name(NB_DEVICE_GPU, 0);
+    for (size_t i = 0; i < N_CASES; i++)
+        for (int f = 0; f < 2; f++) {
+            run_half_case(&cases[i], NB_F16, f, gpu);
+            run_half_case(&cases[i], NB_BF16, f, gpu);
+        }
+}
+
+/* A GPU's depthwise filter gradient (partial sums per slice, added in a
+ * fixed order) gives the same bits every time, in every dtype; the shape has
+ * many positions, so many slices. */
+static void gpu_depthwise_repeats(void)
+{
+    if (nb_device_count(NB_DEVICE_GPU) == 0)
+        return;
+    nb_device_push(nb_device_name(NB_DEVICE_GPU, 0));
+    const nb_dtype dts[] = {NB_F32, NB_F64, NB_F16, NB_BF16};
+    for (int i = 0; i < 4; i++)
+        for (int f = 0; f < 2; f++) {
+            nb_scope *s = nb_scope_begin();
+            nb_conv2d_opts o = {{1, 1}, {1, 1}, NB_PAD_SAME, {0}, 48, f ? NB_NCHW : NB_NHWC};
+            nb_shape xs = f ? NB_SHAPE(4, 48, 30, 29) : NB_SHAPE(4, 30, 29, 48);
+            nb_tensor *x = nb_cast(nb_random_uniform(NB_F32, xs, -1, 1, 5), dts[i]);
+            nb_tensor *dy = nb_cast(nb_random_uniform(NB_F32, xs, -1, 1, 6), dts[i]);
+            int64_t rs[2] = {3, 3};
+            nb_tensor *a = nb_cast(nb_conv2d_filter_grad(x, dy, rs, &o), NB_F64);
+            nb_tensor *b = nb_cast(nb_conv2d_filter_grad(x, dy, rs, &o), NB_F64);
+            double *av = check_values(a), *bv = check_values(b);
+            CHECKF(av && bv && memcmp(av, bv, sizeof(double) * 3 * 3 * 48) == 0, "%s %s: two runs differ",
+                   nb_dtype_name(dts[i]), f ? "NCHW" : "NHWC");
+            free(av), free(bv);
+            nb_scope_end(s);
+        }
+    nb_device_pop();
+}
+
 int main(void)
 {
     RUN(values_cpu);
@@ -375,5 +494,7 @@ int main(void)
     RUN(gradients);
     RUN(errors);
     RUN(gpu_vs_cpu);
+    RUN(gpu_half_vs_cpu);
+    RUN(gpu_depthwise_repeats);
     return check_finish();
 }
