@@ -217,14 +217,11 @@ const char *nb_variable_device(const nb_variable *v) { return v ? local_const(v)
 
 uint64_t nb__variable_uid(const nb_variable *v) { return v ? local_const(v)->uid : 0; }
 
-nb_tensor *nb__variable_value(nb_variable *v)
-{
-    if (!v)
-        return NULL;
-    nb_variable *lv = local(v);
-    bind_to_recording(lv);
-    return lv->value;
-}
+/* No binding here: it also serves to look at a variable's dtype and shape
+ * (a mirrored step's bucket plan reads replica 0's copies from any replica's
+ * thread); reads and writes of the values bind (nb_read, the update target,
+ * assignments). */
+nb_tensor *nb__variable_value(nb_variable *v) { return v ? local(v)->value : NULL; }
 
 /* ---- copy-on-write -------------------------------------------------------------- */
 
@@ -238,7 +235,9 @@ nb_tensor *nb__variable_update_target(nb_variable *v, const char *who)
 {
     if (!v)
         return nb__fail_null(NB_ERR_INVALID_ARGUMENT, "%s: variable is NULL", who);
-    nb_tensor *cur = local(v)->value;
+    nb_variable *lv = local(v);
+    bind_to_recording(lv); /* written in place, or moved by set_value */
+    nb_tensor *cur = lv->value;
     if (!value_shared(cur))
         return cur;
     return nb__tensor_new(who, cur->device, cur->dtype, cur->ndim, cur->shape);
@@ -367,6 +366,7 @@ static nb_status assign(nb_variable *v, const nb_tensor *value, assign_kind kind
                           : nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: value for variable '%s' is NULL", who, v->name);
     if (v->copies)
         return assign_mirrored(v, value, kind, who);
+    bind_to_recording(v); /* written in place, or moved by set_value */
     nb_tensor *cur = v->value;
     bool same_shape = nb__same_shape(value, cur);
     if (!same_shape || value->dtype != cur->dtype) {
