@@ -1,6 +1,7 @@
 /* Data-parallel training throughput: the step of bench/mlp_step.c's MLP
  * (784-256-10, sparse softmax cross-entropy, SGD 0.01) at one global batch,
- * through the mirrored strategy on 1, 2 and 4 replicas, beside the plain step on
+ * through the mirrored strategy on 1, 2 and 4 replicas (2 also captured once
+ * and replayed: nb_mirrored_capture), beside the plain step on
  * one device without a strategy, and beside PyTorch on the CPU in one process
  * and with DistributedDataParallel over two processes (gloo, one thread each,
  * half the batch each; bench/mirrored_step_ddp.py).
@@ -79,6 +80,8 @@ typedef struct config {
     nb_optimizer *opt;
     double *times; /* seconds per step */
     int n_times;
+    bool captured;       /* the step captured once (nb_mirrored_capture), then replayed */
+    nb_mirrored_graph *g;
 } config;
 
 static void config_init(config *c, nb_mirrored *s, const char *device, int64_t batch, int total)
@@ -91,6 +94,8 @@ static void config_init(config *c, nb_mirrored *s, const char *device, int64_t b
     c->opt = nb_sgd_new(0.01);
     c->times = malloc(sizeof *c->times * (size_t)total);
     c->n_times = 0;
+    c->captured = false;
+    c->g = NULL;
 }
 
 /* Runs `steps` steps, keeping their times when `timed`. */
@@ -100,7 +105,12 @@ static void config_run(config *c, int steps, bool timed)
     for (int i = 0; i < steps; i++) {
         double t0 = bench_now();
         nb_scope *sc = nb_scope_begin();
-        if (c->s) {
+        if (c->s && c->captured && c->g) {
+            nb_mirrored_graph_replay(c->g, (nb_tensor *[]){c->m.x, c->m.y}, NULL);
+        } else if (c->s && c->captured) {
+            nb_mirrored_capture(c->s, c->opt, 4, c->m.p, replica_step, NULL, NB_TENSORS(c->m.x, c->m.y),
+                                NB_REDUCE_MEAN, NULL, &c->g);
+        } else if (c->s) {
             nb_mirrored_step(c->s, c->opt, 4, c->m.p, replica_step, NULL, NB_TENSORS(c->m.x, c->m.y),
                              NB_REDUCE_MEAN, NULL);
         } else {
@@ -121,6 +131,7 @@ static void config_run(config *c, int steps, bool timed)
 static double config_finish(config *c, int64_t batch)
 {
     double ips = (double)batch / bench_median(c->times, c->n_times);
+    nb_mirrored_graph_free(c->g);
     free(c->times);
     nb_optimizer_free(c->opt);
     model_free(&c->m);
@@ -151,7 +162,7 @@ int main(int argc, char **argv)
     /* The configurations take turns, ROUNDS rounds of reps / ROUNDS steps, so that
      * a slow spell of the machine falls on all of them alike. */
     int counts[3] = {1, 2, 4}, per_round = (reps + ROUNDS - 1) / ROUNDS;
-    config cf[4];
+    config cf[5];
     int n_cf = 0;
     config_init(&cf[n_cf++], NULL, single, batch, per_round * ROUNDS);
     nb_mirrored *strategies[3] = {NULL, NULL, NULL};
@@ -161,12 +172,22 @@ int main(int argc, char **argv)
         strategies[c] = nb_mirrored_new(counts[c], NULL);
         config_init(&cf[n_cf++], strategies[c], NULL, batch, per_round * ROUNDS);
     }
+    /* 2 replicas once more, the step captured and replayed */
+    nb_mirrored *captured = strategies[1] ? nb_mirrored_new(2, NULL) : NULL;
+    int captured_k = -1;
+    if (captured) {
+        captured_k = n_cf;
+        config_init(&cf[n_cf++], captured, NULL, batch, per_round * ROUNDS);
+        cf[captured_k].captured = true;
+    }
     for (int k = 0; k < n_cf; k++)
         config_run(&cf[k], WARM, false);
     for (int round = 0; round < ROUNDS; round++)
         for (int k = 0; k < n_cf; k++)
             config_run(&cf[k], per_round, true);
     double single_ips = config_finish(&cf[0], batch), ips[3] = {0, 0, 0};
+    double captured_ips = captured ? config_finish(&cf[captured_k], batch) : 0;
+    nb_mirrored_free(captured);
     const char *algorithm = "-";
     for (int c = 0, k = 1; c < 3; c++) {
         if (!strategies[c])
@@ -196,6 +217,8 @@ int main(int argc, char **argv)
             row(what, ips[c], single_ips);
         else
             printf("%-44s (skipped: %d GPU%s)\n", what, gpus, gpus > 1 ? "s" : "");
+        if (c == 1 && captured_ips > 0)
+            row("nabla, mirrored strategy, 2, captured", captured_ips, single_ips);
     }
     double torch1 = bench_peer_get(&p, "torch1"), ddp2 = bench_peer_get(&p, "ddp2");
     if (torch1 > 0)
