@@ -5,7 +5,7 @@
 # the build has no MPI, or the build runs under ThreadSanitizer (which cannot
 # see into OpenMPI's threads). Every mpirun runs under timeout, so a hang fails.
 #
-#   test/mpi_run.sh TEST_MPI SCENARIO      SCENARIO: train, mismatch, silent, kill, resume (test_mpi),
+#   test/mpi_run.sh TEST_MPI SCENARIO      SCENARIO: train, capture, mismatch, silent, kill, resume (test_mpi),
 #                                          async-train, async-kill-worker, async-slow, async-kill-server (test_mpi_async)
 set -uo pipefail
 exe="${1:?usage: mpi_run.sh TEST_MPI SCENARIO}"
@@ -48,6 +48,7 @@ expect() { grep -q "test_mpi: $1 OK" "$log" || { echo "mpi_run.sh: no 'test_mpi:
 ok() { [ "$1" -eq 0 ] || { echo "mpi_run.sh: mpirun ended with status $1"; exit 1; }; }
 case "$scenario" in
   train) run 2 -- train; ok $?; expect train ;;
+  capture) run 2 -- capture; ok $?; expect capture ;;
   mismatch)
     run 2 -- mismatch; ok $?
     [ "$(grep -c 'test_mpi: mismatch OK' "$log")" -eq 2 ] || { echo "mpi_run.sh: not every rank failed naming both"; exit 1; } ;;

@@ -4,6 +4,9 @@
  *   test_mpi train           the world's final variables equal one process's on
  *                            the same global batches (f64, 1e-10), and two runs
  *                            give the same bits
+ *   test_mpi capture         the step captured (nb_mirrored_capture) and replayed,
+ *                            two steps eager between replays: the variables and
+ *                            losses of eager steps, bit for bit, on every rank
  *   test_mpi mismatch        rank 1 makes a variable of another shape: every
  *                            rank fails, naming both
  *   test_mpi silent          rank 1 sleeps through a step: rank 0's step fails
@@ -185,6 +188,72 @@ static int scenario_train(void)
     return check_finish();
 }
 
+/* Steps [0, STEPS) captured at 0, eager at 3 and 4, replayed otherwise; the
+ * losses to loss[]. */
+static nb_status train_captured(model *m, double *loss)
+{
+    int rank = nb_mirrored_world_rank(m->s), size = nb_mirrored_world_size(m->s);
+    nb_mirrored_graph *g = NULL;
+    nb_status st = NB_OK;
+    for (int k = 0; k < STEPS && !st; k++) {
+        int lo, hi;
+        share(k, rank, size, &lo, &hi);
+        nb_scope *sc = nb_scope_begin();
+        nb_tensor *x = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, FEATURES), g_x + lo * FEATURES);
+        nb_tensor *y = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, 1), g_y + lo);
+        nb_tensor *l = NULL;
+        if (k == 0)
+            st = nb_mirrored_capture(m->s, m->opt, NB_VARS(m->w, m->b), step_fn, NULL, NB_TENSORS(x, y),
+                                     NB_REDUCE_MEAN, &l, &g);
+        else if (k == 3 || k == 4)
+            st = nb_mirrored_step(m->s, m->opt, NB_VARS(m->w, m->b), step_fn, NULL, NB_TENSORS(x, y),
+                                  NB_REDUCE_MEAN, &l);
+        else
+            st = nb_mirrored_graph_replay(g, (nb_tensor *[]){x, y}, &l);
+        loss[k] = l ? nb_tensor_item(l) : NAN;
+        nb_scope_end(sc);
+    }
+    nb_mirrored_graph_free(g);
+    return st;
+}
+
+static int scenario_capture(void)
+{
+    double eager[FEATURES + 1], captured[FEATURES + 1], loss_e[STEPS], loss_c[STEPS];
+    model m = {0};
+    CHECK(model_new(&m, true, 0));
+    int rank = nb_mirrored_world_rank(m.s), size = nb_mirrored_world_size(m.s);
+    for (int k = 0; k < STEPS; k++) {
+        int lo, hi;
+        share(k, rank, size, &lo, &hi);
+        nb_scope *sc = nb_scope_begin();
+        nb_tensor *x = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, FEATURES), g_x + lo * FEATURES);
+        nb_tensor *y = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, 1), g_y + lo);
+        nb_tensor *l = NULL;
+        CHECK_OK(nb_mirrored_step(m.s, m.opt, NB_VARS(m.w, m.b), step_fn, NULL, NB_TENSORS(x, y), NB_REDUCE_MEAN,
+                                  &l));
+        loss_e[k] = l ? nb_tensor_item(l) : NAN;
+        nb_scope_end(sc);
+    }
+    values(&m, eager);
+    model_free(&m);
+    m = (model){0};
+    CHECK(model_new(&m, true, 0));
+    CHECK_OK(train_captured(&m, loss_c));
+    values(&m, captured);
+    nb_mirrored_stats stats;
+    CHECK_OK(nb_mirrored_get_stats(m.s, &stats));
+    CHECK(stats.steps == STEPS);
+    model_free(&m);
+    CHECKF(size >= 2, "%d process(es): run under mpirun -np 2 or more", size);
+    CHECK(memcmp(eager, captured, sizeof eager) == 0);
+    CHECK(memcmp(loss_e, loss_c, sizeof loss_e) == 0);
+    CHECK(isfinite(loss_e[STEPS - 1]) && loss_e[STEPS - 1] < loss_e[0]);
+    if (rank == 0 && check_failures == 0)
+        printf("test_mpi: capture OK (%d processes, %d steps captured, replayed and eager)\n", size, STEPS);
+    return check_finish();
+}
+
 static int scenario_mismatch(void)
 {
     model m = {0};
@@ -295,7 +364,7 @@ int main(int argc, char **argv)
     if (argc > 1 && !strcmp(argv[1], "--probe"))
         return 0; /* mpi_run.sh: built with MPI */
     if (argc < 2) {
-        fprintf(stderr, "usage: test_mpi train|mismatch|silent|kill|resume-write DIR|resume-read DIR\n");
+        fprintf(stderr, "usage: test_mpi train|capture|mismatch|silent|kill|resume-write DIR|resume-read DIR\n");
         return 2;
     }
     nb_set_logical_cpu_devices(2);
@@ -305,6 +374,8 @@ int main(int argc, char **argv)
         return scenario_train();
     if (!strcmp(sc, "mismatch"))
         return scenario_mismatch();
+    if (!strcmp(sc, "capture"))
+        return scenario_capture();
     if (!strcmp(sc, "silent") || !strcmp(sc, "kill"))
         return scenario_stop(!strcmp(sc, "kill"));
     if ((!strcmp(sc, "resume-write") || !strcmp(sc, "resume-read")) && argc > 2)

@@ -256,9 +256,11 @@ typedef struct nb_mirrored_graph nb_mirrored_graph;
  * graph; eager steps and other graphs of the strategy may run between its
  * replays. On failure *out is NULL and the error is returned: those of
  * nb_mirrored_step, NB_ERR_SHAPE when a replica would get no rows (every
- * replica records its part), NB_ERR_UNSUPPORTED for a strategy across
- * processes, or for a step function that breaks a capture rule (naming the
- * replica and the call). A failure in the step's capture updates nothing; one
+ * replica records its part), NB_ERR_UNSUPPORTED for a step function that
+ * breaks a capture rule (naming the replica and the call). Across processes
+ * (nb_mirrored_new_world) every process captures, replays and steps eagerly
+ * in the same order, as with nb_mirrored_step; the sum over the processes is
+ * not recorded either. A failure in the step's capture updates nothing; one
  * in the update's recording leaves step 1 applied (perhaps not everywhere). */
 nb_status nb_mirrored_capture(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_variable *const *vars,
                               nb_replica_step_fn fn, void *user, int n_inputs, nb_tensor *const *inputs,

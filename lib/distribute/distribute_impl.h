@@ -187,6 +187,10 @@ bool nb__step_apply(nb_replica_state *rs, nb_step_job *j);
 /* The batch's loss: the replicas' losses weighted as the gradients, as f64 on
  * the current device (owned by the current scope), or NULL with the error. */
 nb_tensor *nb__mirrored_combine_losses(nb_mirrored *s, nb_reduction reduction);
+/* Across processes: the loss of the whole global batch, summed over the
+ * processes whether the caller wants it or not (every rank makes the same
+ * calls), to *loss (when not NULL) as an f64 scalar on the current device. */
+nb_status nb__mirrored_world_loss(nb_mirrored *s, const char *who, nb_reduction reduction, nb_tensor **loss);
 
 /* ---- batch.c ---------------------------------------------------------------- */
 

@@ -1118,7 +1118,7 @@ static nb_status world_rows(nb_mirrored *s, const char *who, int n_vars, nb_redu
  * already weighted by the global rows) summed with the other processes',
  * whether the caller asked for it or not, since every rank must make the same
  * calls. To *loss (when not NULL) as an f64 scalar on the current device. */
-static nb_status world_loss(nb_mirrored *s, const char *who, nb_reduction reduction, nb_tensor **loss)
+nb_status nb__mirrored_world_loss(nb_mirrored *s, const char *who, nb_reduction reduction, nb_tensor **loss)
 {
     double v = 0; /* a process with no rows adds nothing */
     bool had_error = nb_error() != NB_OK;
@@ -1195,7 +1195,7 @@ nb_status nb_mirrored_step(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_var
             s->collective_calls += s->plan.n_buckets;
             s->last_buckets = s->plan.n_buckets;
             if (s->world)
-                st = world_loss(s, who, reduction, loss);
+                st = nb__mirrored_world_loss(s, who, reduction, loss);
             else if (loss && !(*loss = nb__mirrored_combine_losses(s, reduction)))
                 st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
         }

@@ -16,7 +16,10 @@
  *      the replica threads).
  * The graph keeps each replica's bucket tensors of the recording: replays
  * all-reduce those, whatever eager steps did to the strategy's own buckets
- * meanwhile. */
+ * meanwhile. Across processes, the capture and every replay make the calls an
+ * eager step makes (the rows' handshake, the sum over the processes, the
+ * loss's), so the processes may mix captured and eager steps as long as they
+ * all do the same. */
 #include "distribute_impl.h"
 #include "lib/core/capture.h"
 #include "lib/optim/optimizer_impl.h"
@@ -211,7 +214,9 @@ static nb_status finish_step(nb_mirrored_graph *g, nb_status st, nb_tensor **los
         s->steps++;
         s->collective_calls += g->parts[0].n_buckets;
         s->last_buckets = g->parts[0].n_buckets;
-        if (loss && !(*loss = nb__mirrored_combine_losses(s, g->reduction)))
+        if (s->world)
+            st = nb__mirrored_world_loss(s, "nb_mirrored_graph", g->reduction, loss);
+        else if (loss && !(*loss = nb__mirrored_combine_losses(s, g->reduction)))
             st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
     }
     for (int r = 0; r < s->n; r++) {
@@ -235,8 +240,6 @@ nb_status nb_mirrored_capture(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_
     nb_status st = nb__mirrored_step_check(s, opt, n_vars, vars, (const void *)fn, n_inputs, reduction, who);
     if (st)
         return st;
-    if (s->world)
-        return nb__fail(NB_ERR_UNSUPPORTED, "%s: a strategy across processes cannot be captured yet", who);
     nb_mirrored_graph *g = calloc(1, sizeof *g);
     if (!g || !(g->vars = malloc(sizeof *g->vars * (size_t)(n_vars ? n_vars : 1))) ||
         !(g->sig = calloc((size_t)n_inputs, sizeof *g->sig))) {
