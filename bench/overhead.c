@@ -1,6 +1,7 @@
 /* The cost of a tiny op: a one-element add with no tape, the same add recorded by
- * a tape, and forward + backward of (x*x + x).sum() for a 16-element x, beside the
- * same work in PyTorch from Python (bench/overhead.py). On /cpu:0, and on /gpu:0
+ * a tape, and forward + backward of (x*x + x).sum() for a 16-element x (eager,
+ * and captured once with nb_graph_capture then replayed), beside the same work
+ * in PyTorch eager from Python (bench/overhead.py). On /cpu:0, and on /gpu:0
  * too when there is one (or on the one device --device names).
  *
  *   overhead [--device NAME] [--ops K] [--reps R] [--no-peer] [--phases]
@@ -54,6 +55,25 @@ static void fwd_bwd(void)
         nb_tape_gradient(tape, z, 1, &x16, &g);
         nb_scope_end(s);
     }
+    nb_synchronize();
+}
+
+/* fwd_bwd's step, captured: x16 in, its gradient out. */
+static nb_graph *g_fwd_bwd;
+
+static nb_status fwd_bwd_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    (void)user, (void)n_in, (void)n_out;
+    nb_tape *tape = nb_tape_begin();
+    nb_tape_watch(tape, in[0]);
+    nb_tensor *z = nb_sum_all(nb_add(nb_mul(in[0], in[0]), in[0]));
+    return nb_tape_gradient(tape, z, 1, in, out);
+}
+
+static void fwd_bwd_replayed(void)
+{
+    for (int i = 0; i < K / 10; i++)
+        nb_graph_replay(g_fwd_bwd, NULL, NULL);
     nb_synchronize();
 }
 
@@ -123,6 +143,9 @@ static void measure(const char *device, bool peer, bool phases)
     double plain = median_us(add_plain, K);
     double taped = median_us(add_taped, K);
     double fb = median_us(fwd_bwd, K / 10);
+    nb_graph_capture(device, fwd_bwd_step, NULL, 1, &x16, 1, NULL, &g_fwd_bwd);
+    double fb_graph = median_us(fwd_bwd_replayed, K / 10);
+    nb_graph_free(g_fwd_bwd);
 
     bench_peer p;
     bench_peer_run(&p, peer, "overhead.py", "%s %d %d", gpu ? "cuda" : "cpu", K, R);
@@ -133,6 +156,7 @@ static void measure(const char *device, bool peer, bool phases)
     bench_row("add, 1 element, no tape", plain, bench_peer_get(&p, "add_plain"));
     bench_row("add, 1 element, recorded by a tape", taped, bench_peer_get(&p, "add_taped"));
     bench_row("(x*x + x).sum() fwd+bwd, 16 elements", fb, bench_peer_get(&p, "fwd_bwd"));
+    bench_row("the same, captured once and replayed", fb_graph, bench_peer_get(&p, "fwd_bwd"));
     if (phases)
         print_phases(device, plain, taped);
     nb_release(xa);
