@@ -240,9 +240,12 @@ int main(int argc, char **argv)
     nb_set_logical_cpu_devices(3);
     nb_set_deterministic(true);
     if (argc > 1 && !strcmp(argv[1], "--gpu")) {
-        if (nb_device_count(NB_DEVICE_GPU) == 0)
+        /* the split before any device is used: nb_device_count would fix it */
+        if (nb_physical_gpu_count() == 0)
             return check_no_gpu("test_mirrored_graph --gpu");
-        nb_set_logical_gpu_devices(3);
+        CHECK_OK(nb_set_logical_gpu_devices(3));
+        if (nb_device_count(NB_DEVICE_GPU) < 3)
+            return check_no_gpu("test_mirrored_graph --gpu");
         g_kind = "/gpu:";
     }
     RUN(bitwise_two);
