@@ -188,9 +188,9 @@ static int scenario_train(void)
     return check_finish();
 }
 
-/* Steps [0, STEPS) captured at 0, eager at 3 and 4, replayed otherwise; the
- * losses to loss[]. */
-static nb_status train_captured(model *m, double *loss)
+/* Steps [0, STEPS), every one eager, or (captured) captured at 0, eager at 3
+ * and 4 and replayed otherwise; the losses to loss[]. */
+static nb_status train_with_losses(model *m, bool captured, double *loss)
 {
     int rank = nb_mirrored_world_rank(m->s), size = nb_mirrored_world_size(m->s);
     nb_mirrored_graph *g = NULL;
@@ -202,10 +202,10 @@ static nb_status train_captured(model *m, double *loss)
         nb_tensor *x = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, FEATURES), g_x + lo * FEATURES);
         nb_tensor *y = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, 1), g_y + lo);
         nb_tensor *l = NULL;
-        if (k == 0)
+        if (captured && k == 0)
             st = nb_mirrored_capture(m->s, m->opt, NB_VARS(m->w, m->b), step_fn, NULL, NB_TENSORS(x, y),
                                      NB_REDUCE_MEAN, &l, &g);
-        else if (k == 3 || k == 4)
+        else if (!captured || k == 3 || k == 4)
             st = nb_mirrored_step(m->s, m->opt, NB_VARS(m->w, m->b), step_fn, NULL, NB_TENSORS(x, y),
                                   NB_REDUCE_MEAN, &l);
         else
@@ -223,23 +223,12 @@ static int scenario_capture(void)
     model m = {0};
     CHECK(model_new(&m, true, 0));
     int rank = nb_mirrored_world_rank(m.s), size = nb_mirrored_world_size(m.s);
-    for (int k = 0; k < STEPS; k++) {
-        int lo, hi;
-        share(k, rank, size, &lo, &hi);
-        nb_scope *sc = nb_scope_begin();
-        nb_tensor *x = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, FEATURES), g_x + lo * FEATURES);
-        nb_tensor *y = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, 1), g_y + lo);
-        nb_tensor *l = NULL;
-        CHECK_OK(nb_mirrored_step(m.s, m.opt, NB_VARS(m.w, m.b), step_fn, NULL, NB_TENSORS(x, y), NB_REDUCE_MEAN,
-                                  &l));
-        loss_e[k] = l ? nb_tensor_item(l) : NAN;
-        nb_scope_end(sc);
-    }
+    CHECK_OK(train_with_losses(&m, false, loss_e));
     values(&m, eager);
     model_free(&m);
     m = (model){0};
     CHECK(model_new(&m, true, 0));
-    CHECK_OK(train_captured(&m, loss_c));
+    CHECK_OK(train_with_losses(&m, true, loss_c));
     values(&m, captured);
     nb_mirrored_stats stats;
     CHECK_OK(nb_mirrored_get_stats(m.s, &stats));

@@ -146,6 +146,17 @@ bool nb__mirrored_barrier(nb_mirrored *s, bool ok, bool (*last)(nb_mirrored *s, 
 bool nb__replica_failed(nb_replica_state *rs, nb_status code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* A replica's share of a call's inputs: rows [ctx.start, + ctx.rows) of each,
+ * on its device, owned by the current scope (a small array, or a malloc'd one
+ * for many inputs). nb__shares_init returns false after nb__replica_failed;
+ * nb__shares_free frees the array (not the tensors). */
+typedef struct nb_shares {
+    nb_tensor *small[16];
+    nb_tensor **t;
+} nb_shares;
+bool nb__shares_init(nb_shares *sh, nb_replica_state *rs, int n, nb_tensor *const *inputs);
+void nb__shares_free(nb_shares *sh);
+
 /* ---- the training step in parts (mirrored.c), for mirrored_graph.c -------- */
 
 /* One nb_mirrored_step as every replica thread sees it. */

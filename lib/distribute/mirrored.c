@@ -636,13 +636,7 @@ static bool make_shares(nb_replica_state *rs, int n, nb_tensor *const *inputs, n
     return true;
 }
 
-/* Shares live in a small array, or a malloc'd one for many inputs. */
-typedef struct shares {
-    nb_tensor *small[16];
-    nb_tensor **t;
-} shares;
-
-static bool shares_init(shares *sh, nb_replica_state *rs, int n, nb_tensor *const *inputs)
+bool nb__shares_init(nb_shares *sh, nb_replica_state *rs, int n, nb_tensor *const *inputs)
 {
     sh->t = n <= 16 ? sh->small : malloc(sizeof *sh->t * (size_t)n);
     if (!sh->t)
@@ -650,7 +644,7 @@ static bool shares_init(shares *sh, nb_replica_state *rs, int n, nb_tensor *cons
     return make_shares(rs, n, inputs, sh->t);
 }
 
-static void shares_free(shares *sh)
+void nb__shares_free(nb_shares *sh)
 {
     if (sh->t && sh->t != sh->small)
         free(sh->t);
@@ -672,12 +666,12 @@ static void run_on_replica(nb_replica_state *rs, void *arg)
     run_job *j = arg;
     nb_scope *scope = nb_scope_begin();
     nb_tensor **outs = j->outputs ? j->outputs + (size_t)rs->index * (size_t)j->n_outputs : NULL;
-    shares sh = {0};
+    nb_shares sh = {0};
     if (!scope) {
         nb__replica_failed(rs, NB_ERR_OUT_OF_MEMORY, "out of host memory");
         return;
     }
-    if (rs->status == NB_OK && shares_init(&sh, rs, j->n_inputs, j->inputs)) {
+    if (rs->status == NB_OK && nb__shares_init(&sh, rs, j->n_inputs, j->inputs)) {
         nb_status st = j->fn(&rs->ctx, j->n_inputs, sh.t, j->n_outputs, outs, j->user);
         if (st || nb_error())
             nb__replica_failed(rs, st, "the replica function failed");
@@ -685,7 +679,7 @@ static void run_on_replica(nb_replica_state *rs, void *arg)
     /* Outputs outlive the replica's scope: the caller's scope takes them. */
     for (int k = 0; k < j->n_outputs; k++)
         nb__retain(outs[k]);
-    shares_free(&sh);
+    nb__shares_free(&sh);
     nb_scope_end(scope);
 }
 
@@ -910,9 +904,9 @@ bool nb__step_compute_on(nb_replica_state *rs, nb_step_job *j, nb_tensor *const 
 /* Runs the user's step on rs's share and checks what it gave. */
 static bool step_compute(nb_replica_state *rs, step_job *j)
 {
-    shares sh = {0};
-    bool ok = shares_init(&sh, rs, j->n_inputs, j->inputs) && nb__step_compute_on(rs, j, sh.t);
-    shares_free(&sh);
+    nb_shares sh = {0};
+    bool ok = nb__shares_init(&sh, rs, j->n_inputs, j->inputs) && nb__step_compute_on(rs, j, sh.t);
+    nb__shares_free(&sh);
     return ok;
 }
 

@@ -47,15 +47,9 @@ typedef struct input_sig {
 
 struct nb_mirrored_graph {
     nb_mirrored *s;
-    nb_optimizer *opt;
-    int n_vars;
-    nb_variable **vars;
-    nb_replica_step_fn fn;
-    void *user;
-    nb_reduction reduction;
-    int n_inputs;
-    input_sig *sig;
-    nb_step_job job;  /* what the replicas' steps read (inputs: the call's) */
+    nb_variable **vars; /* the job's, owned */
+    input_sig *sig;     /* per input, as captured */
+    nb_step_job job;    /* what the replicas read; inputs: the current call's */
     part parts[NB_MIRRORED_MAX];
 };
 
@@ -126,16 +120,6 @@ static nb_status part_b(void *user, int n_in, nb_tensor *const *in, int n_out, n
 
 /* ---- capture ----------------------------------------------------------------------- */
 
-/* The replica's rows of every input, on its device (owned by the current
- * scope); false after nb__replica_failed. */
-static bool shares_of(nb_replica_state *rs, int n, nb_tensor *const *inputs, nb_tensor **shares)
-{
-    for (int i = 0; i < n; i++)
-        if (!(shares[i] = nb__batch_rows(inputs[i], rs->ctx.start, rs->ctx.rows, rs->dev)))
-            return nb__replica_failed(rs, NB_ERR_INTERNAL, "splitting input %d", i);
-    return true;
-}
-
 static void capture_on_replica(nb_replica_state *rs, void *arg)
 {
     nb_mirrored_graph *g = arg;
@@ -143,13 +127,12 @@ static void capture_on_replica(nb_replica_state *rs, void *arg)
     nb_mirrored *s = rs->s;
     *p = (part){.g = g, .rs = rs};
     nb_scope *scope = nb_scope_begin();
-    nb_tensor **shares = calloc((size_t)g->n_inputs, sizeof *shares);
-    bool ok = rs->status == NB_OK &&
-              ((scope && shares) || nb__replica_failed(rs, NB_ERR_OUT_OF_MEMORY, "out of host memory"));
-    ok = ok && shares_of(rs, g->n_inputs, g->job.inputs, shares);
+    nb_shares sh = {0};
+    bool ok = rs->status == NB_OK && (scope || nb__replica_failed(rs, NB_ERR_OUT_OF_MEMORY, "out of host memory"));
+    ok = ok && nb__shares_init(&sh, rs, g->job.n_inputs, g->job.inputs);
     nb_tensor *loss = NULL;
     if (ok) {
-        nb_status st = nb_graph_capture(rs->dev->name, part_a, p, g->n_inputs, shares, 1, &loss, &p->a);
+        nb_status st = nb_graph_capture(rs->dev->name, part_a, p, g->job.n_inputs, sh.t, 1, &loss, &p->a);
         if (st && p->others_failed && rs->status == NB_OK) {
             nb_error_clear();
             ok = false;
@@ -165,7 +148,7 @@ static void capture_on_replica(nb_replica_state *rs, void *arg)
     if (loss) /* step 1's, for the caller, past the replica's scope */
         nb__retain(loss);
     rs->loss = loss;
-    for (int i = 0; i < g->n_vars; i++)
+    for (int i = 0; i < g->job.n_vars; i++)
         rs->grads[i] = NULL;
     if (nb__all_reduce_buckets(rs, ok, s->plan.n_buckets, rs->cache.tensors, rs->cache.tensors, 1.0)) {
         nb_status st = nb_graph_capture(rs->dev->name, part_b, p, 0, NULL, 0, NULL, &p->b);
@@ -179,7 +162,7 @@ static void capture_on_replica(nb_replica_state *rs, void *arg)
             p->buckets[k] = rs->cache.tensors[k];
         }
     }
-    free(shares);
+    nb__shares_free(&sh);
     if (scope)
         nb_scope_end(scope);
 }
@@ -210,13 +193,13 @@ static nb_status finish_step(nb_mirrored_graph *g, nb_status st, nb_tensor **los
 {
     nb_mirrored *s = g->s;
     if (!st) {
-        nb__optimizer_advance(g->opt);
+        nb__optimizer_advance(g->job.opt);
         s->steps++;
         s->collective_calls += g->parts[0].n_buckets;
         s->last_buckets = g->parts[0].n_buckets;
         if (s->world)
-            st = nb__mirrored_world_loss(s, "nb_mirrored_graph", g->reduction, loss);
-        else if (loss && !(*loss = nb__mirrored_combine_losses(s, g->reduction)))
+            st = nb__mirrored_world_loss(s, "nb_mirrored_graph", g->job.reduction, loss);
+        else if (loss && !(*loss = nb__mirrored_combine_losses(s, g->job.reduction)))
             st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
     }
     for (int r = 0; r < s->n; r++) {
@@ -246,10 +229,10 @@ nb_status nb_mirrored_capture(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_
         nb_mirrored_graph_free(g);
         return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
     }
-    g->s = s, g->opt = opt, g->n_vars = n_vars, g->fn = fn, g->user = user, g->reduction = reduction;
-    g->n_inputs = n_inputs;
+    g->s = s;
     if (n_vars)
         memcpy(g->vars, vars, sizeof *vars * (size_t)n_vars);
+    g->job = (nb_step_job){opt, n_vars, g->vars, fn, user, n_inputs, inputs, reduction, 0, NULL, who};
 
     pthread_mutex_lock(&s->call_lock);
     st = nb__mirrored_step_prepare(s, opt, n_vars, vars, n_inputs, inputs, reduction, who);
@@ -264,12 +247,12 @@ nb_status nb_mirrored_capture(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_
         memcpy(g->sig[i].shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
     }
     if (!st) {
-        g->job = (nb_step_job){opt, n_vars, g->vars, fn, user, n_inputs, inputs, reduction,
-                               nb__optimizer_next_step(opt), NULL, who};
+        g->job.step = nb__optimizer_next_step(opt);
         nb__mirrored_dispatch(s, capture_on_replica, g);
         st = nb__mirrored_raise(s, who);
         st = finish_step(g, st, loss);
     }
+    g->job.inputs = NULL; /* the call's: each replay sets its own */
     pthread_mutex_unlock(&s->call_lock);
     if (st) {
         nb_mirrored_graph_free(g);
@@ -281,24 +264,17 @@ nb_status nb_mirrored_capture(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_
 
 /* ---- replay ------------------------------------------------------------------------ */
 
-typedef struct replay_job {
-    nb_mirrored_graph *g;
-    nb_tensor *const *inputs;
-} replay_job;
-
 static void replay_on_replica(nb_replica_state *rs, void *arg)
 {
-    replay_job *j = arg;
-    nb_mirrored_graph *g = j->g;
+    nb_mirrored_graph *g = arg;
     part *p = &g->parts[rs->index];
     nb_scope *scope = nb_scope_begin();
-    nb_tensor *small[16], **shares = g->n_inputs <= 16 ? small : calloc((size_t)g->n_inputs, sizeof *shares);
-    bool ok = rs->status == NB_OK &&
-              ((scope && shares) || nb__replica_failed(rs, NB_ERR_OUT_OF_MEMORY, "out of host memory"));
-    ok = ok && shares_of(rs, g->n_inputs, j->inputs, shares);
+    nb_shares sh = {0};
+    bool ok = rs->status == NB_OK && (scope || nb__replica_failed(rs, NB_ERR_OUT_OF_MEMORY, "out of host memory"));
+    ok = ok && nb__shares_init(&sh, rs, g->job.n_inputs, g->job.inputs);
     nb_tensor *loss = NULL;
     if (ok) {
-        nb_status st = nb_graph_replay(p->a, shares, &loss);
+        nb_status st = nb_graph_replay(p->a, sh.t, &loss);
         ok = st == NB_OK || nb__replica_failed(rs, st, "replaying the step");
     }
     if (loss)
@@ -309,8 +285,7 @@ static void replay_on_replica(nb_replica_state *rs, void *arg)
         if (st)
             nb__replica_failed(rs, st, "replaying the update (the replicas may now differ)");
     }
-    if (shares != small)
-        free(shares);
+    nb__shares_free(&sh);
     if (scope)
         nb_scope_end(scope);
 }
@@ -324,7 +299,7 @@ nb_status nb_mirrored_graph_replay(nb_mirrored_graph *g, nb_tensor *const *input
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: %s is NULL", who, !g ? "the graph" : "inputs");
     if (nb__capture_check(NULL, who, "a mirrored strategy's call"))
         return nb_error();
-    for (int i = 0; i < g->n_inputs; i++) {
+    for (int i = 0; i < g->job.n_inputs; i++) {
         const nb_tensor *x = inputs[i];
         const input_sig *sg = &g->sig[i];
         if (!x)
@@ -341,10 +316,12 @@ nb_status nb_mirrored_graph_replay(nb_mirrored_graph *g, nb_tensor *const *input
     nb_mirrored *s = g->s;
     pthread_mutex_lock(&s->call_lock);
     /* The same rows per replica as at capture (the shapes are). */
-    nb_status st = nb__mirrored_step_prepare(s, g->opt, g->n_vars, g->vars, g->n_inputs, inputs, g->reduction, who);
+    nb_step_job *j = &g->job;
+    nb_status st = nb__mirrored_step_prepare(s, j->opt, j->n_vars, j->vars, j->n_inputs, inputs, j->reduction, who);
     if (!st) {
-        replay_job j = {g, inputs};
-        nb__mirrored_dispatch(s, replay_on_replica, &j);
+        j->inputs = inputs;
+        nb__mirrored_dispatch(s, replay_on_replica, g);
+        j->inputs = NULL;
         st = nb__mirrored_raise(s, who);
         st = finish_step(g, st, loss);
     }

@@ -331,9 +331,7 @@ typedef struct recorded_update {
 static void recorded_fill(void *ctx, double *params)
 {
     const recorded_update *r = ctx;
-    nb_update_params p = r->opt->params;
-    p.step = r->opt->iterations + 1 + r->order;
-    nb_update_pack(&p, params + r->first);
+    nb__optimizer_pack(r->opt, r->opt->iterations + 1 + r->order, params + r->first);
 }
 
 static void recorded_end(void *ctx, bool kept)

@@ -231,7 +231,14 @@ static nb_status rec_arange(nb_device *dev, const nb_view *out, double start, do
     return NB_OK;
 }
 
-typedef struct { call h; vw out; nb_random_dist dist; double lo, hi; uint64_t seed; const double *seed_add; } random_call;
+typedef struct {
+    call h;
+    vw out;
+    nb_random_dist dist;
+    double lo, hi;
+    uint64_t seed;
+    const double *seed_add;
+} random_call;
 static nb_status run_random(nb_device *dev, const call *c)
 {
     const random_call *a = (const random_call *)c;
