@@ -116,6 +116,15 @@ int64_t nb_graph_nodes(const nb_graph *g);
 /* The device g runs on (a static string), or NULL for NULL. */
 const char *nb_graph_device(const nb_graph *g);
 
+/* Whether devices that record a step fuse its elementwise chains (on by
+ * default): on the CPU, consecutive elementwise calls of one shape run as one
+ * pass over memory in cache-sized tiles, and a result the step lets go of
+ * before any later call is recorded (a temporary of exp((a + b) * c) made in
+ * a scope the step closes) is never written to memory. Fused replays give
+ * the same bits as unfused ones. Applies to graphs captured afterwards;
+ * returns the previous setting. Thread-safe. */
+bool nb_graph_set_fusion(bool on);
+
 /* Waits for g's queued replays, then frees it, its inputs, outputs and private
  * memory. NULL is ignored. */
 void nb_graph_free(nb_graph *g);

@@ -1,5 +1,6 @@
 /* The rules of a captured step and the hooks of its recording (capture.h). */
 #include "capture.h"
+#include <nabla/graph.h>
 
 #include <stdlib.h>
 
@@ -21,6 +22,10 @@ struct nb__capture {
 
 static _Thread_local nb__capture *tl_capture;
 static atomic_uint_fast64_t g_next_id = 1;
+static atomic_bool g_fusion = true;
+
+bool nb_graph_set_fusion(bool on) { return atomic_exchange(&g_fusion, on); }
+bool nb__graph_fusion(void) { return atomic_load_explicit(&g_fusion, memory_order_relaxed); }
 
 nb__capture *nb__capture_current(void) { return tl_capture; }
 uint64_t nb__capture_id(const nb__capture *c) { return c->id; }

@@ -76,6 +76,10 @@ nb_status nb__capture_fail(nb__capture *c, nb_status st);
  * NB_CAPTURE_MAX_PARAMS would be needed. */
 double *nb__capture_params(nb__capture *c, int n, int *first);
 
+/* Whether a device that records a step may fuse its elementwise chains
+ * (nb_graph_set_fusion; on unless set off). */
+bool nb__graph_fusion(void);
+
 /* ---- for lib/graph: running a step under the rules ---- */
 
 /* Enters a capture on dev for the calling thread (recording: the device's

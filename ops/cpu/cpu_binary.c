@@ -72,26 +72,32 @@ static const nb_cpu_loop_fn bin_table[][NB_DTYPE_COUNT] = {
 };
 _Static_assert(sizeof bin_table / sizeof bin_table[0] == NB_BIN_COUNT, "binary table and ops.def disagree");
 
+nb_cpu_loop_fn nb__cpu_binary_loop(nb_binary_op op, nb_dtype out, nb_dtype a, nb_dtype b, bool *heavy)
+{
+    if ((unsigned)op >= NB_BIN_COUNT || (unsigned)a >= NB_DTYPE_COUNT || b != a ||
+        out != (nb__binary_is_comparison(op) ? NB_BOOL : a))
+        return NULL;
+    *heavy = nb__binary_heavy(op) && (a == NB_F32 || a == NB_F64);
+    return bin_table[op][a];
+}
+
 nb_status nb__cpu_binary(nb_device *dev, nb_binary_op op, const nb_view *out, const nb_view *a,
                          const nb_view *b)
 {
     if ((unsigned)op >= NB_BIN_COUNT)
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "binary: unknown op %d", (int)op);
     const char *name = nb__binary_name(op);
-    if ((unsigned)a->dtype >= NB_DTYPE_COUNT)
+    if ((unsigned)a->dtype >= NB_DTYPE_COUNT || !bin_table[op][a->dtype])
         return nb__cpu_unsupported(dev, name, a->dtype);
-    nb_cpu_loop_fn fn = bin_table[op][a->dtype];
+    bool heavy;
+    nb_cpu_loop_fn fn = nb__cpu_binary_loop(op, out->dtype, a->dtype, b->dtype, &heavy);
     if (!fn)
-        return nb__cpu_unsupported(dev, name, a->dtype);
-    nb_dtype want = nb__binary_is_comparison(op) ? NB_BOOL : a->dtype;
-    if (b->dtype != a->dtype || out->dtype != want)
         return nb__fail(NB_ERR_DTYPE, "%s: dtypes %s, %s -> %s do not fit", name,
                         nb_dtype_name(a->dtype), nb_dtype_name(b->dtype),
                         nb_dtype_name(out->dtype));
     nb_cpu_iter it;
     const nb_view *views[3] = {out, a, b};
     nb__cpu_iter_init(&it, 3, views);
-    bool heavy = nb__binary_heavy(op) && (a->dtype == NB_F32 || a->dtype == NB_F64);
     nb__cpu_iter_run(&it, fn, NULL, heavy ? NB_CPU_GRAIN_HEAVY : NB_CPU_GRAIN);
     return NB_OK;
 }

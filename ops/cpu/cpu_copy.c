@@ -35,22 +35,28 @@ FILL_ROW(fill_u16, uint16_t)
 FILL_ROW(fill_u32, uint32_t)
 FILL_ROW(fill_u64, uint64_t)
 
+nb_cpu_loop_fn nb__cpu_fill_loop(nb_dtype dtype, double value, nb_cpu_fill_ctx *v)
+{
+    v->u64 = 0;
+    switch (dtype) {
+    case NB_F32: v->f = (float)value; return fill_u32;
+    case NB_F64: v->d = value; return fill_u64;
+    case NB_I32: v->i = nb_cast_to_i32(value); return fill_u32;
+    case NB_I64: v->l = nb_cast_to_i64(value); return fill_u64;
+    case NB_BOOL: v->u8 = value != 0; return fill_u8;
+    case NB_U8: v->u8 = nb_cast_to_u8(value); return fill_u8;
+    case NB_F16: v->u16 = nb__f16_from_double(value); return fill_u16;
+    case NB_BF16: v->u16 = nb__bf16_from_double(value); return fill_u16;
+    default: return NULL;
+    }
+}
+
 nb_status nb__cpu_fill(nb_device *dev, const nb_view *out, double value)
 {
-    union { uint8_t u8; uint16_t u16; uint32_t u32; uint64_t u64; float f; double d; int32_t i; int64_t l; } v;
-    v.u64 = 0;
-    nb_cpu_loop_fn fn;
-    switch (out->dtype) {
-    case NB_F32: v.f = (float)value; fn = fill_u32; break;
-    case NB_F64: v.d = value; fn = fill_u64; break;
-    case NB_I32: v.i = nb_cast_to_i32(value); fn = fill_u32; break;
-    case NB_I64: v.l = nb_cast_to_i64(value); fn = fill_u64; break;
-    case NB_BOOL: v.u8 = value != 0; fn = fill_u8; break;
-    case NB_U8: v.u8 = nb_cast_to_u8(value); fn = fill_u8; break;
-    case NB_F16: v.u16 = nb__f16_from_double(value); fn = fill_u16; break;
-    case NB_BF16: v.u16 = nb__bf16_from_double(value); fn = fill_u16; break;
-    default: return nb__cpu_unsupported(dev, "fill", out->dtype);
-    }
+    nb_cpu_fill_ctx v;
+    nb_cpu_loop_fn fn = nb__cpu_fill_loop(out->dtype, value, &v);
+    if (!fn)
+        return nb__cpu_unsupported(dev, "fill", out->dtype);
     nb_cpu_iter it;
     const nb_view *views[1] = {out};
     nb__cpu_iter_init(&it, 1, views);

@@ -19,7 +19,9 @@
  * The contract of nb_graph_kernels holds: only the recording thread uses the
  * device while it is recorded (the table swap is seen by it alone in
  * practice); a call from another thread, or on another device, runs as usual. */
+#include "cpu_fuse.h"
 #include "cpu_internal.h"
+#include "lib/core/capture.h"
 #include "lib/core/optim_kernels.h"
 
 #include <pthread.h>
@@ -31,11 +33,14 @@ typedef nb_status (*call_fn)(nb_device *dev, const call *c);
 struct call {
     call *next;
     call_fn run;
+    void (*drop)(call *c); /* frees what the call owns besides itself; NULL: nothing */
+    int64_t index;         /* its position in the recording */
 };
 
 typedef struct block {
     void *p;
     size_t n;
+    int64_t at; /* freed blocks: how many calls were recorded before the free */
 } block;
 
 typedef struct blocks {
@@ -65,7 +70,7 @@ static bool blocks_add(blocks *b, void *p, size_t n)
         b->at = at;
         b->cap = cap;
     }
-    b->at[b->n++] = (block){p, n};
+    b->at[b->n++] = (block){p, n, 0};
     return true;
 }
 
@@ -168,6 +173,7 @@ static void *append(nb_device *dev, size_t size, call_fn run, bool *eager)
         return NULL;
     }
     c->run = run;
+    c->index = r->n_calls;
     *r->tail = c;
     r->tail = &c->next;
     r->n_calls++;
@@ -629,7 +635,9 @@ static void rec_free(nb_device *dev, void *ptr, size_t nbytes)
         nb__cpu_free(dev, ptr, nbytes);
         return;
     }
-    if (!blocks_add(&r->freed, ptr, nbytes)) {
+    if (blocks_add(&r->freed, ptr, nbytes)) {
+        r->freed.at[r->freed.n - 1].at = r->n_calls;
+    } else {
         /* Out of host memory to keep it: leaked rather than handed out again. */
         r->failed = true;
         nb__fail(NB_ERR_OUT_OF_MEMORY, "graph capture: out of host memory recording on %s", dev->name);
@@ -724,12 +732,102 @@ static void table_init(void)
     g_table.conv2d_backward_filter = rec_conv2d_backward_filter;
 }
 
+/* ---- elementwise chains fused (cpu_fuse.h) ------------------------------------------------ */
+
+typedef struct { call h; nb_cpu_fused *plan; } fused_call;
+static nb_status run_fused(nb_device *dev, const call *c)
+{
+    (void)dev;
+    nb__cpu_fused_run(((const fused_call *)c)->plan);
+    return NB_OK;
+}
+static void drop_fused(call *c) { nb__cpu_fused_free(((fused_call *)c)->plan); }
+
+/* v lies in a block made during the recording and freed before any call
+ * after last was recorded: no later call reads it, and nothing outside the
+ * step can (the graph keeps freed blocks, so no later allocation reuses it). */
+static bool dead_after(void *user, const nb_view *v, int64_t last)
+{
+    const cpu_rec *r = user;
+    const char *p = v->data;
+    for (size_t i = 0; i < r->freed.n; i++) {
+        const block *b = &r->freed.at[i];
+        if (p < (const char *)b->p || p >= (const char *)b->p + b->n)
+            continue;
+        if (b->at > last + 1)
+            return false;
+        for (size_t j = 0; j < r->made.n; j++)
+            if (r->made.at[j].p == b->p)
+                return true;
+        return false;
+    }
+    return false;
+}
+
+static bool is_elementwise(const call *c)
+{
+    return c->run == run_unary || c->run == run_binary || c->run == run_fill;
+}
+
+static nb_cpu_fuse_call fuse_call_of(const call *c)
+{
+    if (c->run == run_fill) {
+        const fill_call *a = (const fill_call *)c;
+        return (nb_cpu_fuse_call){NB_CPU_FUSE_FILL, 0, a->value, V(a->out), NULL, NULL, c->index};
+    }
+    if (c->run == run_unary) {
+        const unary_call *a = (const unary_call *)c;
+        return (nb_cpu_fuse_call){NB_CPU_FUSE_UNARY, (int)a->op, a->alpha, V(a->out), V(a->x), NULL, c->index};
+    }
+    const binary_call *a = (const binary_call *)c;
+    return (nb_cpu_fuse_call){NB_CPU_FUSE_BINARY, (int)a->op, 0, V(a->out), V(a->x), V(a->y), c->index};
+}
+
+/* Replaces each run of elementwise calls that fuses by one call. Out of host
+ * memory, a run stays as it was. */
+static void fuse(cpu_rec *r)
+{
+    enum { MAX_RUN = 32 };
+    nb_cpu_fuse_call run[MAX_RUN];
+    call **link = &r->head;
+    while (*link) {
+        int n = 0;
+        for (const call *c = *link; c && is_elementwise(c) && n < MAX_RUN; c = c->next)
+            run[n++] = fuse_call_of(c);
+        nb_cpu_fused *plan = NULL;
+        int k = n >= 2 ? nb__cpu_fuse_plan(run, n, dead_after, r, &plan) : 0;
+        fused_call *f = k >= 2 ? calloc(1, sizeof *f) : NULL;
+        if (!f) {
+            nb__cpu_fused_free(plan);
+            link = &(*link)->next;
+            continue;
+        }
+        f->h.run = run_fused;
+        f->h.drop = drop_fused;
+        f->h.index = (*link)->index;
+        f->plan = plan;
+        call *c = *link;
+        for (int i = 0; i < k; i++) {
+            call *next = c->next;
+            free(c);
+            c = next;
+        }
+        f->h.next = c;
+        *link = &f->h;
+        link = &f->h.next;
+        r->n_calls -= k - 1;
+    }
+    r->tail = link;
+}
+
 /* ---- nb_graph_kernels ------------------------------------------------------------------ */
 
 static void rec_destroy(cpu_rec *r, bool registered)
 {
     for (call *c = r->head, *next; c; c = next) {
         next = c->next;
+        if (c->drop)
+            c->drop(c);
         free(c);
     }
     if (registered)
@@ -776,6 +874,8 @@ static nb_status cpu_graph_end(nb_device *dev, void *rec, bool keep, void **exec
         rec_destroy(r, false);
         return st;
     }
+    if (nb__graph_fusion())
+        fuse(r);
     *exec = r;
     return NB_OK;
 }

@@ -71,7 +71,8 @@ void nb__cpu_alloc_trim(void);
 
 /* ---- strided N-d iteration (cpu_iter.c) --------------------------------------- */
 
-#define NB_CPU_MAX_OPS 4
+/* An elementwise kernel has up to 4 operands; a fused chain (cpu_fuse.c) up to 12. */
+#define NB_CPU_MAX_OPS 12
 
 /* Up to NB_CPU_MAX_OPS operands sharing one shape, their dims coalesced (size-1
  * dims dropped, neighbours merged where every operand allows). ndim >= 1. */
@@ -204,6 +205,32 @@ nb_status nb__cpu_binary(nb_device *dev, nb_binary_op op, const nb_view *out, co
                          const nb_view *b);
 nb_status nb__cpu_where(nb_device *dev, const nb_view *out, const nb_view *cond,
                         const nb_view *a, const nb_view *b);
+
+/* The loop an elementwise kernel runs for (op, dtypes), resolved once: what
+ * nb__cpu_unary and nb__cpu_binary hand to the iteration, so that a fused
+ * chain (cpu_fuse.c) computes the same bits. NULL, with no error recorded,
+ * where the kernel would fail (an unknown op, dtypes that do not fit or are
+ * not supported); *ctx (unary) and *heavy are set otherwise. */
+typedef struct nb_cpu_un_ctx {
+    double alpha;
+    int64_t ialpha; /* alpha saturated to int64, for the integer kernels */
+} nb_cpu_un_ctx;
+nb_cpu_loop_fn nb__cpu_unary_loop(nb_unary_op op, nb_dtype out, nb_dtype x, double alpha, nb_cpu_un_ctx *ctx,
+                                  bool *heavy);
+nb_cpu_loop_fn nb__cpu_binary_loop(nb_binary_op op, nb_dtype out, nb_dtype a, nb_dtype b, bool *heavy);
+/* nb__cpu_fill's loop for dtype, with value converted into *ctx; NULL where
+ * the dtype has no fill. */
+typedef union nb_cpu_fill_ctx {
+    uint8_t u8;
+    uint16_t u16;
+    uint32_t u32;
+    uint64_t u64;
+    float f;
+    double d;
+    int32_t i;
+    int64_t l;
+} nb_cpu_fill_ctx;
+nb_cpu_loop_fn nb__cpu_fill_loop(nb_dtype dtype, double value, nb_cpu_fill_ctx *ctx);
 nb_status nb__cpu_reduce(nb_device *dev, nb_reduce_op op, const nb_view *out, const nb_view *x);
 nb_status nb__cpu_arg_reduce(nb_device *dev, bool is_max, const nb_view *out, const nb_view *x,
                              int axis);

@@ -6,10 +6,7 @@
 #include "cpu_internal.h"
 #include "lib/core/formulas.h"
 
-typedef struct un_ctx {
-    double alpha;
-    int64_t ialpha; /* alpha saturated to int64, for the integer kernels */
-} un_ctx;
+typedef nb_cpu_un_ctx un_ctx;
 
 /* One loop function per (op, dtype): x is the element, alpha the scalar (in T). */
 #define UN_ROW(NAME, T, ALPHA, EXPR)                                                         \
@@ -69,20 +66,16 @@ static const nb_cpu_loop_fn un_int_table[][2] = {
 _Static_assert(sizeof un_float_table / sizeof un_float_table[0] == NB_UN_COUNT &&
                sizeof un_int_table / sizeof un_int_table[0] == NB_UN_COUNT, "unary tables and ops.def disagree");
 
-nb_status nb__cpu_unary(nb_device *dev, nb_unary_op op, const nb_view *out, const nb_view *x,
-                        double alpha)
+nb_cpu_loop_fn nb__cpu_unary_loop(nb_unary_op op, nb_dtype out, nb_dtype x, double alpha, nb_cpu_un_ctx *ctx,
+                                  bool *heavy_out)
 {
-    if ((unsigned)op >= NB_UN_COUNT)
-        return nb__fail(NB_ERR_INVALID_ARGUMENT, "unary: unknown op %d", (int)op);
+    if ((unsigned)op >= NB_UN_COUNT || x != out)
+        return NULL;
     nb_cpu_loop_fn fn = NULL;
     un_ctx c = {alpha, 0};
     bool heavy = nb__unary_heavy(op);
-    const char *name = nb__unary_name(op);
-    if (x->dtype != out->dtype)
-        return nb__fail(NB_ERR_DTYPE, "%s: output dtype %s differs from input dtype %s",
-                        name, nb_dtype_name(out->dtype), nb_dtype_name(x->dtype));
-    if (x->dtype == NB_F32 || x->dtype == NB_F64) {
-        int k = x->dtype == NB_F64;
+    if (x == NB_F32 || x == NB_F64) {
+        int k = x == NB_F64;
         fn = un_float_table[op][k];
         if (op == NB_UN_POW_SCALAR) {
             /* the exponents that are a multiplication or a division: cheap loops */
@@ -97,8 +90,8 @@ nb_status nb__cpu_unary(nb_device *dev, nb_unary_op op, const nb_view *out, cons
                 heavy = false;
             }
         }
-    } else if (x->dtype == NB_I32 || x->dtype == NB_I64) {
-        int k = x->dtype == NB_I64;
+    } else if (x == NB_I32 || x == NB_I64) {
+        int k = x == NB_I64;
         fn = un_int_table[op][k];
         c.ialpha = !(alpha == alpha) ? 0
                    : alpha >= 9223372036854775807.0 ? INT64_MAX
@@ -112,6 +105,23 @@ nb_status nb__cpu_unary(nb_device *dev, nb_unary_op op, const nb_view *out, cons
         }
         heavy = false;
     }
+    *ctx = c;
+    *heavy_out = heavy;
+    return fn;
+}
+
+nb_status nb__cpu_unary(nb_device *dev, nb_unary_op op, const nb_view *out, const nb_view *x,
+                        double alpha)
+{
+    if ((unsigned)op >= NB_UN_COUNT)
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "unary: unknown op %d", (int)op);
+    const char *name = nb__unary_name(op);
+    if (x->dtype != out->dtype)
+        return nb__fail(NB_ERR_DTYPE, "%s: output dtype %s differs from input dtype %s",
+                        name, nb_dtype_name(out->dtype), nb_dtype_name(x->dtype));
+    un_ctx c;
+    bool heavy;
+    nb_cpu_loop_fn fn = nb__cpu_unary_loop(op, out->dtype, x->dtype, alpha, &c, &heavy);
     if (!fn)
         return nb__cpu_unsupported(dev, name, x->dtype);
     nb_cpu_iter it;

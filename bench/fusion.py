@@ -1,0 +1,28 @@
+"""PyTorch side of bench/fusion.c: exp((a + b) * c) and the tanh form of GELU
+on f32 CPU tensors, eager. Arguments: elements, timed repetitions. Prints
+"name milliseconds" lines."""
+from torch_peer import arg, median_wall, need_torch
+
+torch = need_torch()
+N = arg(1, 16 * 1024 * 1024)
+R = arg(2, 20)
+torch.set_grad_enabled(False)
+a = torch.rand(N) * 2 - 1
+b = torch.rand(N) * 2 - 1
+c = torch.rand(N) * 2 - 1
+
+
+def exp_chain():
+    torch.exp((a + b) * c)
+
+
+def gelu():
+    x = a
+    inner = x + (x * x * x) * 0.044715
+    (x * 0.5) * (torch.tanh(inner * 0.7978845608028654) + 1.0)
+
+
+print("version", torch.__version__)
+print("threads", torch.get_num_threads())
+print("exp_chain", median_wall(exp_chain, R, 2, 1e6))
+print("gelu", median_wall(gelu, R, 2, 1e6))
