@@ -769,18 +769,18 @@ static bool is_elementwise(const call *c)
     return c->run == run_unary || c->run == run_binary || c->run == run_fill;
 }
 
-static nb_cpu_fuse_call fuse_call_of(const call *c)
+static nb_fuse_call fuse_call_of(const call *c)
 {
     if (c->run == run_fill) {
         const fill_call *a = (const fill_call *)c;
-        return (nb_cpu_fuse_call){NB_CPU_FUSE_FILL, 0, a->value, V(a->out), NULL, NULL, c->index};
+        return (nb_fuse_call){NB_FUSE_FILL, 0, a->value, V(a->out), NULL, NULL, c->index};
     }
     if (c->run == run_unary) {
         const unary_call *a = (const unary_call *)c;
-        return (nb_cpu_fuse_call){NB_CPU_FUSE_UNARY, (int)a->op, a->alpha, V(a->out), V(a->x), NULL, c->index};
+        return (nb_fuse_call){NB_FUSE_UNARY, (int)a->op, a->alpha, V(a->out), V(a->x), NULL, c->index};
     }
     const binary_call *a = (const binary_call *)c;
-    return (nb_cpu_fuse_call){NB_CPU_FUSE_BINARY, (int)a->op, 0, V(a->out), V(a->x), V(a->y), c->index};
+    return (nb_fuse_call){NB_FUSE_BINARY, (int)a->op, 0, V(a->out), V(a->x), V(a->y), c->index};
 }
 
 /* Replaces each run of elementwise calls that fuses by one call. Out of host
@@ -788,7 +788,7 @@ static nb_cpu_fuse_call fuse_call_of(const call *c)
 static void fuse(cpu_rec *r)
 {
     enum { MAX_RUN = 32 };
-    nb_cpu_fuse_call run[MAX_RUN];
+    nb_fuse_call run[MAX_RUN];
     call **link = &r->head;
     while (*link) {
         int n = 0;

@@ -1,0 +1,73 @@
+/* nabla internal — elementwise chains of a recorded step, planned for fusion
+ * on any device (the CPU runs a plan in cache-sized tiles, ops/cpu/cpu_fuse.c;
+ * a GPU compiles it into one kernel, gpu/gpu_fuse.c).
+ *
+ * A recorded step such as exp((a + b) * c) is three kernel calls, each a pass
+ * over memory. A plan runs them as one: every element goes through the whole
+ * chain before the next is read, and a result the chain makes that nothing
+ * reads after it (its tensor was let go) is never written to memory. Each
+ * call keeps its own formula and dtypes, so a fused chain computes the same
+ * bits as its calls one by one. */
+#ifndef NB_CORE_FUSION_H
+#define NB_CORE_FUSION_H
+
+#include "core.h"
+
+typedef enum nb_fuse_kind { NB_FUSE_FILL, NB_FUSE_UNARY, NB_FUSE_BINARY } nb_fuse_kind;
+
+/* A recorded fill, unary or binary call. */
+typedef struct nb_fuse_call {
+    nb_fuse_kind kind;
+    int op;       /* nb_unary_op or nb_binary_op */
+    double alpha; /* unary: the scalar; fill: the value */
+    const nb_view *out, *x, *y; /* x: not for a fill; y: binary only */
+    int64_t index; /* the call's position in its recording */
+} nb_fuse_call;
+
+enum {
+    NB_FUSE_MAX_CALLS = 32,
+    NB_FUSE_MAX_SLOTS = 12, /* distinct operands of a chain */
+};
+
+/* A distinct operand of a chain. */
+typedef struct nb_fuse_slot {
+    nb_view v;
+    char *lo, *hi;    /* the bytes it spans */
+    bool first_write; /* the chain writes it before it reads it */
+    bool internal;    /* never read or written in memory: it lives in the chain */
+} nb_fuse_slot;
+
+typedef struct nb_fuse_step {
+    nb_fuse_kind kind;
+    int op;
+    double alpha;
+    int n_ops;   /* out[, x[, y]]: 1, 2 or 3 */
+    int slot[3]; /* the operands' slots, out first */
+} nb_fuse_step;
+
+typedef struct nb_fuse_plan {
+    int n_steps, n_slots, n_internal;
+    nb_fuse_step steps[NB_FUSE_MAX_CALLS];
+    nb_fuse_slot slots[NB_FUSE_MAX_SLOTS];
+} nb_fuse_plan;
+
+/* Whether the device can run c inside a chain (its kernel exists for c's ops
+ * and dtypes). */
+typedef bool (*nb_fuse_supported_fn)(void *user, const nb_fuse_call *c);
+/* Whether the memory under v is dead once the recording's call number last
+ * has run: nothing reads it afterwards and nothing outside the step sees it. */
+typedef bool (*nb_fuse_dead_fn)(void *user, const nb_view *v, int64_t last);
+
+/* Plans the longest head of calls[0 .. n) that runs as one chain: the calls
+ * share one shape and at least one element (no broadcast between them; an
+ * operand may be broadcast into it), every one is supported, any two of their
+ * operands that share memory are the same view (in-place calls are), and the
+ * chain has at most NB_FUSE_MAX_CALLS calls and max_slots distinct operands
+ * (<= NB_FUSE_MAX_SLOTS). A result the chain writes before reading it and
+ * that dead says is dead after the chain's last call is internal, except
+ * that one result at least stays in memory. Returns the chain's length k
+ * (the plan in *out) when k >= 2, else 0. Records no error. */
+int nb__fuse_plan(const nb_fuse_call *calls, int n, int max_slots, nb_fuse_supported_fn supported,
+                  nb_fuse_dead_fn dead, void *user, nb_fuse_plan *out);
+
+#endif
