@@ -1,5 +1,6 @@
 /* The GPU's kernel table: each entry makes its device current (creating its
  * stream on first use) and hands over to the kernel file that does the work. */
+#include "gpu_fuse.h"
 #include "gpu_internal.h"
 #include "nb_config.h"
 
@@ -11,6 +12,20 @@
             return st_;                                                                \
     } while (0)
 
+/* While this thread records a step with fusion on, an elementwise call joins
+ * the pending chain instead of launching (gpu_fuse.h). */
+#define DEFER(dev, ...)                                                                \
+    do {                                                                               \
+        nb_gpu_ctx *dc_ = (dev)->ctx;                                                  \
+        if (nb__gpu_fuse_deferring(dc_)) {                                             \
+            bool deferred_;                                                            \
+            nb_fuse_call call_ = __VA_ARGS__;                                          \
+            nb_status sd_ = nb__gpu_fuse_defer(dc_, &call_, &deferred_);               \
+            if (sd_ || deferred_)                                                      \
+                return sd_;                                                            \
+        }                                                                              \
+    } while (0)
+
 static void *gpu_alloc(nb_device *dev, size_t nbytes)
 {
     /* A block from the cache takes no CUDA call, so the card need not be made
@@ -19,17 +34,21 @@ static void *gpu_alloc(nb_device *dev, size_t nbytes)
     nb_gpu_ctx *c = dev->ctx;
     if (!__atomic_load_n(&c->ready, __ATOMIC_ACQUIRE) && nb__gpu_enter(dev, "alloc", &c) != NB_OK)
         return NULL;
-    return nb__gpu_malloc(c, nbytes);
+    void *p = nb__gpu_malloc(c, nbytes);
+    nb__gpu_fuse_note_alloc(c, p, nbytes);
+    return p;
 }
 
 static void gpu_free(nb_device *dev, void *ptr, size_t nbytes)
 {
-    (void)nbytes; /* the allocator knows the block's size */
+    /* the allocator knows the block's size; a pending chain wants it */
+    nb__gpu_fuse_note_free(dev->ctx, ptr, nbytes);
     nb__gpu_free(dev->ctx, ptr);
 }
 
 static nb_status gpu_fill(nb_device *dev, const nb_view *out, double value)
 {
+    DEFER(dev, {NB_FUSE_FILL, 0, value, out, NULL, NULL, 0});
     ENTER(dev, "fill");
     return nb__gpu_fill(c, out, value);
 }
@@ -55,6 +74,7 @@ static nb_status gpu_copy(nb_device *dev, const nb_view *out, const nb_view *in)
 
 static nb_status gpu_unary(nb_device *dev, nb_unary_op op, const nb_view *out, const nb_view *x, double alpha)
 {
+    DEFER(dev, {NB_FUSE_UNARY, (int)op, alpha, out, x, NULL, 0});
     ENTER(dev, "unary");
     return nb__gpu_unary(c, op, out, x, alpha);
 }
@@ -62,6 +82,7 @@ static nb_status gpu_unary(nb_device *dev, nb_unary_op op, const nb_view *out, c
 static nb_status gpu_binary(nb_device *dev, nb_binary_op op, const nb_view *out, const nb_view *a,
                             const nb_view *b)
 {
+    DEFER(dev, {NB_FUSE_BINARY, (int)op, 0, out, a, b, 0});
     ENTER(dev, "binary");
     return nb__gpu_binary(c, op, out, a, b);
 }

@@ -1,4 +1,5 @@
 /* GPU discovery, per-device contexts (stream, events) and CUDA error helpers. */
+#include "gpu_fuse.h"
 #include "gpu_internal.h"
 #include "lib/core/op_phases.h"
 
@@ -201,6 +202,8 @@ nb_status nb__gpu_enter(nb_device *dev, const char *who, nb_gpu_ctx **out)
     if (!st && !__atomic_load_n(&c->ready, __ATOMIC_ACQUIRE))
         st = ctx_create(c);
     nb__phase_leave(phase);
+    if (!st) /* a recording's pending elementwise chain runs before anything else on c */
+        st = nb__gpu_fuse_flush(c);
     if (st)
         return st;
     *out = c;

@@ -13,6 +13,7 @@
 // label check) is armed again at each replay, so the next synchronising call
 // reports a bad index as an eager step would.
 #include "gpu_kernels.cuh"
+#include "gpu_fuse.h" // after: core.h needs gpu_internal.h's atomics in C++
 
 #include <cstdlib>
 
@@ -70,6 +71,7 @@ nb_status begin(nb_device *dev, void **out)
         free(r);
         return nb__gpu_cuda_fail(e, "cudaStreamBeginCapture", dev->name);
     }
+    nb__gpu_fuse_start(c); // elementwise chains recorded from here on may fuse
     *out = r;
     return NB_OK;
 }
@@ -90,6 +92,10 @@ nb_status end(nb_device *dev, void *rec, bool keep, void **out)
     Rec *r = static_cast<Rec *>(rec);
     nb_gpu_ctx *c = r->c;
     cudaGraph_t g = nullptr;
+    // the pending chain is recorded last; one that fails to launch fails the recording
+    const nb_status fused = nb__gpu_fuse_stop(c, keep);
+    if (fused != NB_OK)
+        keep = false;
     cudaError_t e = cudaStreamEndCapture(c->stream, &g);
     nb__gpu_pool_stop(c);
     const bool armed = __atomic_exchange_n(&c->index_armed, r->armed_before, __ATOMIC_RELAXED) != 0;
@@ -124,7 +130,7 @@ nb_status end(nb_device *dev, void *rec, bool keep, void **out)
             (void)cudaGraphExecDestroy(exec);
         release_after_stream(c, r->pool);
         free(r);
-        return st;
+        return st ? st : fused;
     }
     x->exec = exec;
     x->pool = r->pool;

@@ -89,15 +89,15 @@ int nb__fuse_plan(const nb_fuse_call *calls, int n, int max_slots, nb_fuse_suppo
         k++;
     if (k < 2)
         return 0;
-    int last_written = -1;
+    int last_written = -1, n_written = 0;
     for (int i = 0; i < p->n_slots; i++) {
         nb_fuse_slot *sl = &p->slots[i];
         if (sl->first_write)
-            last_written = i;
+            last_written = i, n_written++;
         sl->internal = sl->first_write && dead(user, &sl->v, calls[k - 1].index);
         p->n_internal += sl->internal;
     }
-    if (p->n_internal == p->n_slots) { /* nothing would be seen: keep the last result */
+    if (n_written > 0 && p->n_internal == n_written) { /* nothing would be seen: keep the last result */
         p->slots[last_written].internal = false;
         p->n_internal--;
     }

@@ -65,7 +65,7 @@ typedef bool (*nb_fuse_dead_fn)(void *user, const nb_view *v, int64_t last);
  * chain has at most NB_FUSE_MAX_CALLS calls and max_slots distinct operands
  * (<= NB_FUSE_MAX_SLOTS). A result the chain writes before reading it and
  * that dead says is dead after the chain's last call is internal, except
- * that one result at least stays in memory. Returns the chain's length k
+ * that of the results the chain writes first one at least stays in memory. Returns the chain's length k
  * (the plan in *out) when k >= 2, else 0. Records no error. */
 int nb__fuse_plan(const nb_fuse_call *calls, int n, int max_slots, nb_fuse_supported_fn supported,
                   nb_fuse_dead_fn dead, void *user, nb_fuse_plan *out);

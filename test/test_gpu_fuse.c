@@ -1,0 +1,254 @@
+/* The kernels of fused elementwise chains on a GPU (gpu/gpu_fuse.h), made
+ * and compiled without one: for every op and dtype a chain may hold (each
+ * unary op in f32, f64, f16, bf16, i32, i64; each binary op, comparisons on
+ * bool and u8 too; fills of edge values; a fractional integer scalar), the
+ * source generated from the plan compiles with NVRTC for sm_90 and sm_100;
+ * the iteration coalesces dims and keeps broadcast and transposed operands'
+ * strides; results a chain lets go of are neither read nor stored. Skips (77)
+ * where NVRTC cannot be loaded. Whether the kernels compute the unfused bits
+ * is test_graph_fusion --gpu's work, on a GPU. */
+#include "check.h"
+
+#include "gpu/gpu_fuse.h"
+#include "lib/core/backend.h"
+
+static const int g_arch[] = {90, 100};
+
+/* A dense view of shape dims at a made-up address: the planner and the
+ * generator only compare addresses, nothing is read. */
+static nb_view view_at(uintptr_t at, nb_dtype dt, int ndim, const int64_t *dims)
+{
+    nb_view v = {.data = (void *)at, .dtype = dt, .ndim = ndim, .contiguous = true, .numel = 1};
+    int64_t stride = (int64_t)nb_dtype_size(dt);
+    for (int d = ndim - 1; d >= 0; d--) {
+        v.shape[d] = dims[d];
+        v.strides[d] = stride;
+        stride *= dims[d];
+        v.numel *= dims[d];
+    }
+    return v;
+}
+
+static bool always_dead(void *user, const nb_view *v, int64_t last)
+{
+    (void)user, (void)v, (void)last;
+    return true;
+}
+
+static bool never_dead(void *user, const nb_view *v, int64_t last)
+{
+    (void)user, (void)v, (void)last;
+    return false;
+}
+
+static bool gpu_supported(void *user, const nb_fuse_call *c)
+{
+    (void)user;
+    return nb__gpu_fuse_supported(c);
+}
+
+static int g_compiled;
+
+/* Plans calls[0 .. n) as one chain, generates its kernel and compiles it for
+ * every architecture; the source in *src_out when wanted. */
+static void compile_chain(const char *what, const nb_fuse_call *calls, int n, bool dead, nb_gpu_fuse_geo *geo,
+                          char **src_out)
+{
+    nb_fuse_plan plan;
+    int k = nb__fuse_plan(calls, n, NB_FUSE_MAX_SLOTS, gpu_supported, dead ? always_dead : never_dead, NULL, &plan);
+    CHECKF(k == n, "%s: %d of %d calls planned", what, k, n);
+    if (k != n)
+        return;
+    nb_gpu_fuse_geo g;
+    nb_gpu_fuse_args a;
+    nb__gpu_fuse_geometry(&plan, &g, &a);
+    char *src = nb__gpu_fuse_source(&plan, &g);
+    CHECK(src != NULL);
+    for (size_t i = 0; src && i < sizeof g_arch / sizeof *g_arch; i++) {
+        void *cubin = NULL;
+        size_t size = 0;
+        nb_status st = nb__gpu_fuse_compile(src, g_arch[i], &cubin, &size);
+        CHECKF(st == NB_OK && cubin && size > 0, "%s for sm_%d: %s\n%s", what, g_arch[i], nb_error_message(), src);
+        nb_error_clear();
+        free(cubin);
+        g_compiled++;
+    }
+    if (geo)
+        *geo = g;
+    if (src_out)
+        *src_out = src;
+    else
+        free(src);
+}
+
+static const nb_dtype k_floats[] = {NB_F32, NB_F64, NB_F16, NB_BF16};
+static const nb_dtype k_ints[] = {NB_I32, NB_I64};
+
+/* Every unary op the dtype allows, in place on one tensor. */
+static void unary_ops(void)
+{
+    int64_t dims[1] = {1000};
+    for (int f = 0; f < 2; f++) {
+        const nb_dtype *dts = f ? k_ints : k_floats;
+        int n_dt = f ? 2 : 4;
+        for (int d = 0; d < n_dt; d++) {
+            nb_view x = view_at(0x100000, dts[d], 1, dims);
+            nb_fuse_call calls[NB_FUSE_MAX_CALLS];
+            int n = 0;
+            for (int op = 0; op < NB_UN_COUNT; op++) {
+                if (!(nb__unary_dtypes((nb_unary_op)op) & NB_MASK(dts[d])))
+                    continue;
+                /* a scalar that is not a whole number: integers apply it in double */
+                double alpha = op == NB_UN_LEAKY_RELU ? 0.01 : op == NB_UN_POW_SCALAR ? 1.5 : 2.5;
+                calls[n++] = (nb_fuse_call){NB_FUSE_UNARY, op, alpha, &x, &x, NULL, n};
+            }
+            CHECK(n >= (f ? 7 : 25));
+            char what[64];
+            snprintf(what, sizeof what, "unary ops on %s", nb_dtype_name(dts[d]));
+            compile_chain(what, calls, n, false, NULL, NULL);
+        }
+    }
+}
+
+/* Every binary op the dtype allows: arithmetic in place, comparisons into a bool. */
+static void binary_ops(void)
+{
+    int64_t dims[2] = {7, 9};
+    static const nb_dtype all[] = {NB_F32, NB_F64, NB_F16, NB_BF16, NB_I32, NB_I64, NB_BOOL, NB_U8};
+    for (size_t d = 0; d < sizeof all / sizeof *all; d++) {
+        nb_dtype dt = all[d];
+        nb_view a = view_at(0x100000, dt, 2, dims), b = view_at(0x200000, dt, 2, dims);
+        nb_view c = view_at(0x300000, NB_BOOL, 2, dims);
+        nb_fuse_call calls[NB_FUSE_MAX_CALLS];
+        int n = 0;
+        for (int op = 0; op < NB_BIN_COUNT; op++) {
+            if (!(nb__binary_dtypes((nb_binary_op)op) & NB_MASK(dt)))
+                continue;
+            bool cmp = nb__binary_is_comparison((nb_binary_op)op);
+            calls[n++] = (nb_fuse_call){NB_FUSE_BINARY, op, 0, cmp ? &c : &a, &a, &b, n};
+        }
+        CHECK(n >= 6);
+        char what[64];
+        snprintf(what, sizeof what, "binary ops on %s", nb_dtype_name(dt));
+        compile_chain(what, calls, n, false, NULL, NULL);
+    }
+}
+
+/* Fills of edge values in every dtype, then one use each. */
+static void fills(void)
+{
+    static const nb_dtype all[] = {NB_F32, NB_F64, NB_F16, NB_BF16, NB_I32, NB_I64, NB_BOOL, NB_U8};
+    static const double values[] = {0.0, -0.0, 1e300, -1e300, 65520.0, 1e-40, 3.7, NAN, INFINITY, -INFINITY};
+    int64_t dims[1] = {33};
+    for (size_t d = 0; d < sizeof all / sizeof *all; d++) {
+        nb_view v = view_at(0x100000, all[d], 1, dims), w = view_at(0x200000, all[d], 1, dims);
+        nb_view same = view_at(0x300000, NB_BOOL, 1, dims);
+        nb_fuse_call calls[NB_FUSE_MAX_CALLS];
+        int n = 0;
+        for (size_t i = 0; i < sizeof values / sizeof *values; i++)
+            calls[n++] = (nb_fuse_call){NB_FUSE_FILL, 0, values[i], i % 2 ? &w : &v, NULL, NULL, n};
+        calls[n++] = (nb_fuse_call){NB_FUSE_BINARY, NB_BIN_EQ, 0, &same, &v, &w, n};
+        char what[64];
+        snprintf(what, sizeof what, "fills of %s", nb_dtype_name(all[d]));
+        compile_chain(what, calls, n, false, NULL, NULL);
+    }
+}
+
+/* exp((a + b) * c) with its temporaries dead: four operands in memory, one store. */
+static void dead_results(void)
+{
+    int64_t dims[1] = {4096};
+    nb_view a = view_at(0x100000, NB_F32, 1, dims), b = view_at(0x200000, NB_F32, 1, dims);
+    nb_view c = view_at(0x300000, NB_F32, 1, dims), t1 = view_at(0x400000, NB_F32, 1, dims);
+    nb_view t2 = view_at(0x500000, NB_F32, 1, dims), r = view_at(0x600000, NB_F32, 1, dims);
+    nb_fuse_call calls[3] = {{NB_FUSE_BINARY, NB_BIN_ADD, 0, &t1, &a, &b, 0},
+                             {NB_FUSE_BINARY, NB_BIN_MUL, 0, &t2, &t1, &c, 1},
+                             {NB_FUSE_UNARY, NB_UN_EXP, 0, &r, &t2, NULL, 2}};
+    nb_gpu_fuse_geo g;
+    char *src = NULL;
+    compile_chain("exp((a + b) * c)", calls, 3, true, &g, &src);
+    CHECKF(g.n_mem == 4 && g.nd == 1, "%d operands in memory, %d dims", g.n_mem, g.nd);
+    int stores = 0;
+    for (const char *s = src; s && (s = strstr(s, "*(float *)(a.p[")); s++)
+        stores++;
+    CHECKF(stores == 1, "%d stores in\n%s", stores, src ? src : "(none)");
+    free(src);
+    /* alive: three stores */
+    compile_chain("exp((a + b) * c), kept", calls, 3, false, &g, &src);
+    stores = 0;
+    for (const char *s = src; s && (s = strstr(s, "*(float *)(a.p[")); s++)
+        stores++;
+    CHECKF(g.n_mem == 6 && stores == 3, "%d operands, %d stores", g.n_mem, stores);
+    free(src);
+}
+
+/* A bias broadcast over rows, a transposed operand: the strided iteration. */
+static void strided(void)
+{
+    int64_t dims[2] = {6, 10};
+    nb_view x = view_at(0x100000, NB_F16, 2, dims), out = view_at(0x200000, NB_F16, 2, dims);
+    nb_view bias = x;
+    bias.data = (void *)0x300000;
+    bias.strides[0] = 0; /* [10] broadcast over 6 rows */
+    bias.contiguous = false;
+    nb_view xt = x;
+    xt.data = (void *)0x400000;
+    xt.strides[0] = 2, xt.strides[1] = 12; /* a [10, 6] tensor transposed */
+    xt.contiguous = false;
+    nb_fuse_call calls[3] = {{NB_FUSE_BINARY, NB_BIN_ADD, 0, &out, &x, &bias, 0},
+                             {NB_FUSE_UNARY, NB_UN_RELU, 0, &out, &out, NULL, 1},
+                             {NB_FUSE_BINARY, NB_BIN_MUL, 0, &out, &out, &xt, 2}};
+    nb_gpu_fuse_geo g;
+    compile_chain("relu(x + bias) * x.T", calls, 3, false, &g, NULL);
+    CHECKF(g.nd == 2 && g.shape[0] == 6 && g.shape[1] == 10, "%d dims", g.nd);
+    /* a dense chain coalesces to one dim */
+    int64_t d3[3] = {2, 3, 5};
+    nb_view p = view_at(0x100000, NB_F64, 3, d3), q = view_at(0x200000, NB_F64, 3, d3);
+    nb_fuse_call dense[2] = {{NB_FUSE_UNARY, NB_UN_TANH, 0, &q, &p, NULL, 0},
+                             {NB_FUSE_BINARY, NB_BIN_SUB, 0, &q, &q, &p, 1}};
+    compile_chain("tanh(p) - p", dense, 2, false, &g, NULL);
+    CHECKF(g.nd == 1 && g.shape[0] == 30, "%d dims of %lld", g.nd, (long long)g.shape[0]);
+}
+
+/* What a chain refuses: another shape, a partial overlap, an op NVRTC has no
+ * formula for in that dtype. */
+static void refusals(void)
+{
+    int64_t dims[1] = {100}, half[1] = {50};
+    nb_view a = view_at(0x100000, NB_F32, 1, dims), b = view_at(0x200000, NB_F32, 1, dims);
+    nb_view small = view_at(0x300000, NB_F32, 1, half), shifted = view_at(0x100000 + 8, NB_F32, 1, dims);
+    nb_fuse_plan plan;
+    nb_fuse_call other_shape[2] = {{NB_FUSE_UNARY, NB_UN_EXP, 0, &b, &a, NULL, 0},
+                                   {NB_FUSE_UNARY, NB_UN_EXP, 0, &small, &small, NULL, 1}};
+    CHECK(nb__fuse_plan(other_shape, 2, NB_FUSE_MAX_SLOTS, gpu_supported, never_dead, NULL, &plan) == 0);
+    nb_fuse_call overlap[2] = {{NB_FUSE_UNARY, NB_UN_EXP, 0, &b, &a, NULL, 0},
+                               {NB_FUSE_UNARY, NB_UN_NEG, 0, &shifted, &b, NULL, 1}};
+    CHECK(nb__fuse_plan(overlap, 2, NB_FUSE_MAX_SLOTS, gpu_supported, never_dead, NULL, &plan) == 0);
+    nb_view i = view_at(0x400000, NB_I32, 1, dims);
+    nb_fuse_call no_formula = {NB_FUSE_UNARY, NB_UN_EXP, 0, &i, &i, NULL, 0};
+    CHECK(!nb__gpu_fuse_supported(&no_formula));
+    nb_view h = view_at(0x500000, NB_F16, 1, dims);
+    nb_fuse_call mixed = {NB_FUSE_BINARY, NB_BIN_ADD, 0, &a, &a, &h, 0};
+    CHECK(!nb__gpu_fuse_supported(&mixed));
+}
+
+int main(void)
+{
+    void *cubin = NULL;
+    size_t size = 0;
+    if (nb__gpu_fuse_compile("extern \"C\" __global__ void nb_fused() {}", 90, &cubin, &size) ==
+        NB_ERR_UNSUPPORTED) {
+        printf("test_gpu_fuse: skipped (%s)\n", nb_error_message());
+        return 77;
+    }
+    nb_error_clear();
+    free(cubin);
+    RUN(unary_ops);
+    RUN(binary_ops);
+    RUN(fills);
+    RUN(dead_results);
+    RUN(strided);
+    RUN(refusals);
+    printf("%d kernels compiled\n", g_compiled);
+    return check_finish();
+}
