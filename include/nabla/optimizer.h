@@ -95,7 +95,8 @@ typedef struct nb_loss_scaler nb_loss_scaler;
 /* A scaler starting at initial_scale (torch's defaults: 65536, 2, 0.5, 2000).
  * The caller frees it with nb_loss_scaler_free. NULL and
  * NB_ERR_INVALID_ARGUMENT for an initial scale outside [2^-64, 2^64], growth
- * <= 1 or not finite, backoff outside (0, 1), or growth_interval < 1. */
+ * <= 1 or not finite, backoff outside (0, 1), or growth_interval outside
+ * [1, 2^53] (a captured step counts in device doubles). */
 nb_loss_scaler *nb_loss_scaler_new(double initial_scale, double growth, double backoff, int64_t growth_interval);
 
 /* loss times the scale (an op, recorded on the tapes that watch loss), owned
