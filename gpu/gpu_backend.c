@@ -260,9 +260,17 @@ static nb_status gpu_adam_update(nb_device *dev, const nb_view *param, const nb_
     return nb__gpu_adam_update(c, param, grad, slot1, slot2, p);
 }
 
+static nb_status gpu_scaler_update(nb_device *dev, double *state, const double *check, double *count,
+                                   const nb_scaler_params *p)
+{
+    ENTER(dev, "scaler_update");
+    return nb__gpu_scaler_update(c, state, check, count, p);
+}
+
 static const nb_optim_kernels gpu_optim = {
     .sgd_update = gpu_sgd_update,
     .adam_update = gpu_adam_update,
+    .scaler_update = gpu_scaler_update,
 };
 
 const nb_backend nb__gpu_backend = {

@@ -313,6 +313,8 @@ nb_status nb__gpu_sgd_update(nb_gpu_ctx *c, const nb_view *param, const nb_view 
 nb_status nb__gpu_adam_update(nb_gpu_ctx *c, const nb_view *param, const nb_view *grad,
                               const nb_view *slot1, const nb_view *slot2,
                               const nb_update_params *p);
+nb_status nb__gpu_scaler_update(nb_gpu_ctx *c, double *state, const double *check, double *count,
+                                const nb_scaler_params *p);
 
 #ifdef __cplusplus
 }

@@ -11,6 +11,11 @@
 // f16/bf16/f32 compute in float, f64 in double; the bias corrections are
 // computed once on the host in double (nb_update_pack), and come from device
 // memory instead in a recorded graph (nb_update_params.device_params).
+// A loss scaler's captured step adds two device doubles: a skip flag (not 0:
+// the update only copies its source to param) and the count of applied
+// updates, from which Adam's bias corrections are worked out on the device
+// (nb_update_bias, the host's own arithmetic). scaler_update advances the
+// scaler's state there (nb_scaler_advance).
 #include "gpu_kernels.cuh"
 
 using namespace nbg;
@@ -25,11 +30,27 @@ struct Upd {
 
 __device__ inline double upd(const Upd &a, const double *dp, int i) { return dp ? dp[i] : a.v[i]; }
 
+// Whether a set skip flag stops the update; param then gets the source's
+// values (a fresh buffer must still hold the parameter).
+template <class T>
+__device__ inline bool skipped(const double *skip, T *param, const T *source, int64_t n)
+{
+    if (!skip || *skip == 0)
+        return false;
+    if (source != param)
+        for (int64_t i = gtid(); i < n; i += gstride())
+            param[i] = source[i];
+    return true;
+}
+
 template <nb_dtype D>
 __global__ void __launch_bounds__(kThreads) k_sgd(T_of<D> *param, const T_of<D> *source, const T_of<D> *grad,
-                                                  T_of<D> *mom, int64_t n, Upd a, const double *dp, bool nesterov)
+                                                  T_of<D> *mom, int64_t n, Upd a, const double *dp, bool nesterov,
+                                                  const double *skip)
 {
     using C = typename DT<D>::Acc;
+    if (skipped(skip, param, source, n))
+        return;
     const C lr = (C)upd(a, dp, NB_UPD_LR), momentum = (C)upd(a, dp, NB_UPD_MOMENTUM),
             wd = (C)upd(a, dp, NB_UPD_WEIGHT_DECAY);
     for (int64_t i = gtid(); i < n; i += gstride()) {
@@ -47,13 +68,17 @@ __global__ void __launch_bounds__(kThreads) k_sgd(T_of<D> *param, const T_of<D> 
 template <nb_dtype D>
 __global__ void __launch_bounds__(kThreads)
     k_adam(T_of<D> *param, const T_of<D> *source, const T_of<D> *grad, T_of<D> *m1, T_of<D> *m2, int64_t n, Upd a,
-           const double *dp)
+           const double *dp, const double *skip, const double *count)
 {
     using C = typename DT<D>::Acc;
+    if (skipped(skip, param, source, n))
+        return;
     const double b1_ = upd(a, dp, NB_UPD_BETA1), b2_ = upd(a, dp, NB_UPD_BETA2);
+    const int64_t step = count ? (int64_t)*count + 1 : 0;
     const C lr = (C)upd(a, dp, NB_UPD_LR), b1 = (C)b1_, b2 = (C)b2_, eps = (C)upd(a, dp, NB_UPD_EPSILON),
             wd = (C)upd(a, dp, NB_UPD_WEIGHT_DECAY);
-    const C inv_bc1 = (C)(1.0 / upd(a, dp, NB_UPD_BC1)), inv_bc2 = (C)(1.0 / upd(a, dp, NB_UPD_BC2));
+    const C inv_bc1 = (C)(1.0 / (count ? nb_update_bias(b1_, step) : upd(a, dp, NB_UPD_BC1))),
+            inv_bc2 = (C)(1.0 / (count ? nb_update_bias(b2_, step) : upd(a, dp, NB_UPD_BC2)));
     const C c1 = (C)(1.0 - b1_), c2 = (C)(1.0 - b2_); // in double, as the CPU
     for (int64_t i = gtid(); i < n; i += gstride()) {
         const C p = ld<D>(source[i]), g = ld<D>(grad[i]);
@@ -64,6 +89,14 @@ __global__ void __launch_bounds__(kThreads)
         const C step = (m * inv_bc1) / (m_sqrt(v * inv_bc2) + eps);
         param[i] = st<D>(p - lr * step - lr * wd * p);
     }
+}
+
+__global__ void k_scaler(double *state, const double *check, double *count, nb_scaler_params p)
+{
+    const bool finite = *check == 0;
+    nb_scaler_advance(state, finite, &p);
+    if (count && finite)
+        *count += 1;
 }
 
 Upd packed(const nb_update_params *p)
@@ -106,7 +139,7 @@ extern "C" nb_status nb__gpu_sgd_update(nb_gpu_ctx *c, const nb_view *param, con
         constexpr nb_dtype D = decltype(tag)::value;
         k_sgd<D><<<grid_for(c, n), kThreads, 0, c->stream>>>(out_ptr<D>(param), source_of<D>(param, p),
                                                              in_ptr<D>(grad), out_ptr<D>(slot1), n, packed(p),
-                                                             p->device_params, p->nesterov);
+                                                             p->device_params, p->nesterov, p->skip);
     });
 }
 
@@ -129,6 +162,13 @@ extern "C" nb_status nb__gpu_adam_update(nb_gpu_ctx *c, const nb_view *param, co
         constexpr nb_dtype D = decltype(tag)::value;
         k_adam<D><<<grid_for(c, n), kThreads, 0, c->stream>>>(out_ptr<D>(param), source_of<D>(param, p),
                                                               in_ptr<D>(grad), out_ptr<D>(slot1), out_ptr<D>(slot2), n,
-                                                              packed(p), p->device_params);
+                                                              packed(p), p->device_params, p->skip,
+                                                              p->device_count);
     });
+}
+
+extern "C" nb_status nb__gpu_scaler_update(nb_gpu_ctx *c, double *state, const double *check, double *count,
+                                           const nb_scaler_params *p)
+{
+    return launch(c, "scaler_update", k_scaler, 1, 1, state, check, count, *p);
 }

@@ -1313,6 +1313,90 @@ static void test_half_conversions(void)
 
 /* ---- dtypes the CPU does not take -------------------------------------------------------------- */
 
+/* A loss scaler's captured step: a device step count gives the host step's
+ * bits, a set skip flag changes nothing (an out-of-place update copies its
+ * source), and scaler_update runs the scaler's rule. */
+static void test_optim_scaled(void)
+{
+    current = "optim scaled";
+    int64_t shape[1] = {41};
+    for (int di = 0; di < 2; di++)
+        for (int adam = 0; adam < 2; adam++) {
+            nb_dtype dt = di ? NB_F64 : NB_F32;
+            size_t bytes = (size_t)shape[0] * nb_dtype_size(dt);
+            arr p[2], m[2], v[2], g = arr_c(dt, 1, shape), src = arr_c(dt, 1, shape);
+            p[0] = arr_c(dt, 1, shape), m[0] = arr_c(dt, 1, shape), v[0] = arr_c(dt, 1, shape);
+            arr_rand(&p[0], 0.1, 1), arr_rand(&m[0], 0.1, 1), arr_rand(&v[0], 0.1, 1), arr_rand(&src, 0.1, 1);
+            for (int k = 1; k < 2; k++) {
+                p[k] = arr_c(dt, 1, shape), m[k] = arr_c(dt, 1, shape), v[k] = arr_c(dt, 1, shape);
+                memcpy(p[k].v.data, p[0].v.data, bytes), memcpy(m[k].v.data, m[0].v.data, bytes);
+                memcpy(v[k].v.data, v[0].v.data, bytes);
+            }
+            nb_update_params hp = {0};
+            hp.lr = 0.01, hp.momentum = 0.9, hp.beta1 = 0.9, hp.beta2 = 0.999, hp.epsilon = 1e-7;
+            double count = 0, go = 0, stop = NAN;
+            for (int step = 1; step <= 7; step++) {
+                arr_rand(&g, 0.1, 1);
+                hp.step = step;
+                /* [0]: the host's step; [1]: the device's count of the steps before */
+                nb_update_params dp = hp;
+                dp.step = 0, dp.skip = &go, dp.device_count = &count;
+                count = step - 1;
+                for (int k = 0; k < 2; k++) {
+                    const nb_update_params *q = k ? &dp : &hp;
+                    EXPECT_OK(adam ? B->optim->adam_update(DEV, &p[k].v, &g.v, &m[k].v, &v[k].v, q)
+                                   : B->optim->sgd_update(DEV, &p[k].v, &g.v, &m[k].v, q));
+                }
+                EXPECT(!memcmp(p[0].v.data, p[1].v.data, bytes) && !memcmp(m[0].v.data, m[1].v.data, bytes) &&
+                           !memcmp(v[0].v.data, v[1].v.data, bytes),
+                       "%s %s step %d: the device count's update differs from the host step's", nb_dtype_name(dt),
+                       adam ? "adam" : "momentum", step);
+                /* skipped in place (a NaN flag): nothing moves */
+                dp.skip = &stop;
+                EXPECT_OK(adam ? B->optim->adam_update(DEV, &p[1].v, &g.v, &m[1].v, &v[1].v, &dp)
+                               : B->optim->sgd_update(DEV, &p[1].v, &g.v, &m[1].v, &dp));
+                EXPECT(!memcmp(p[0].v.data, p[1].v.data, bytes) && !memcmp(m[0].v.data, m[1].v.data, bytes) &&
+                           !memcmp(v[0].v.data, v[1].v.data, bytes),
+                       "%s %s step %d: a skipped update changed something", nb_dtype_name(dt),
+                       adam ? "adam" : "momentum", step);
+            }
+            /* skipped out of place: param gets the source, the slots stay */
+            double one = 1;
+            nb_update_params dp = hp;
+            dp.skip = &one, dp.device_count = &count, dp.source = src.v.data;
+            for (int64_t i = 0; i < shape[0]; i++)
+                set(&p[1], i, NAN);
+            EXPECT_OK(adam ? B->optim->adam_update(DEV, &p[1].v, &g.v, &m[1].v, &v[1].v, &dp)
+                           : B->optim->sgd_update(DEV, &p[1].v, &g.v, &m[1].v, &dp));
+            EXPECT(!memcmp(p[1].v.data, src.v.data, bytes) && !memcmp(m[0].v.data, m[1].v.data, bytes),
+                   "%s %s: a skipped out-of-place update did not copy its source", nb_dtype_name(dt),
+                   adam ? "adam" : "momentum");
+            for (int k = 0; k < 2; k++)
+                arr_free(&p[k]), arr_free(&m[k]), arr_free(&v[k]);
+            arr_free(&g), arr_free(&src);
+        }
+
+    /* the scaler's rule: growth after `interval` good steps (capped), backoff (floored) and a skip */
+    nb_scaler_params sp = {2, 0.5, 0x1p-64, 0x1p64, 3};
+    struct {
+        double before[NB_LS_COUNT], check, count_before;
+        double after[NB_LS_COUNT], count_after;
+    } cases[] = {
+        {{1024, 0, 5}, 0, 7, {1024, 1, 5}, 8},
+        {{1024, 2, 5}, 0, 7, {2048, 0, 5}, 8},
+        {{0x1p64, 2, 0}, 0, 0, {0x1p64, 0, 0}, 1},
+        {{1024, 2, 5}, NAN, 7, {512, 0, 6}, 7},
+        {{0x1p-64, 1, 0}, INFINITY, 3, {0x1p-64, 0, 1}, 3},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        double st[NB_LS_COUNT], count = cases[i].count_before;
+        memcpy(st, cases[i].before, sizeof st);
+        EXPECT_OK(B->optim->scaler_update(DEV, st, &cases[i].check, &count, &sp));
+        EXPECT(!memcmp(st, cases[i].after, sizeof st) && count == cases[i].count_after,
+               "scaler_update case %zu: scale %g, good %g, skipped %g, count %g", i, st[0], st[1], st[2], count);
+    }
+}
+
 static void test_unsupported(void)
 {
     current = "unsupported";
@@ -1374,6 +1458,7 @@ int main(void)
     test_softmax();
     test_index();
     test_optim();
+    test_optim_scaled();
     test_half_conversions();
     test_unsupported();
     if (failures) {

@@ -4,8 +4,10 @@
  * its variables by copy-on-write and one that updates them in place; a
  * dropout layer applied twice per step; eager steps between replays, one of
  * them moving a variable), on the CPU (the step runs again) and, where there is a GPU, on it (recorded into a
- * CUDA graph); every rule of a captured step is refused with its message; a
- * replay checks its inputs.
+ * CUDA graph); with a loss scaler and f16 products, from a scale so large
+ * that the first steps overflow, and with infinite inputs at some steps, the
+ * scale, the skipped and good steps and the optimizer's count too; every rule
+ * of a captured step is refused with its message; a replay checks its inputs.
  *
  *   test_graph [--gpu]     (--gpu: the GPU cases only; 77 without a GPU) */
 #include "check.h"
@@ -24,6 +26,7 @@ typedef struct model {
     bool free_tape_first; /* update in place (no read holds the values) */
     bool dropout;         /* apply drop to the hidden layer, twice */
     nb_dropout_layer drop;
+    nb_loss_scaler *scaler; /* NULL, or the loss scaling (with f16 products for f32) */
     int calls;            /* how many times the step ran */
 } model;
 
@@ -41,6 +44,7 @@ static void model_init(model *m, nb_dtype dt, opt_kind k, const char *device)
                                                                 : nb_adam_new(0.01, 0.9, 0.999, 1e-7);
     m->calls = 0;
     m->free_tape_first = m->dropout = false;
+    m->scaler = NULL;
     nb_dropout_init(&m->drop, 0.25, 77);
 }
 
@@ -49,10 +53,23 @@ static void model_free(model *m)
     for (int i = 0; i < 4; i++)
         nb_variable_free(m->v[i]);
     nb_optimizer_free(m->opt);
+    nb_loss_scaler_free(m->scaler);
 }
 
-/* Batch i: features and labels that differ from step to step (on the CPU). */
-static void batch(int i, nb_dtype dt, nb_tensor **x, nb_tensor **y)
+/* The scaled runs: 2^40 overflows f16's products at first (so the first steps
+ * are skipped, backing off), and growth every 4 good steps overflows again. */
+static void model_scale(model *m)
+{
+    m->scaler = nb_loss_scaler_new(0x1p40, 2, 0.5, 4);
+}
+
+/* An infinite feature at these steps of a scaled run: a skipped step whatever
+ * the scale. */
+static bool poisoned(int i) { return i % 13 == 7; }
+
+/* Batch i: features and labels that differ from step to step (on the CPU);
+ * with inf, one feature infinite. */
+static void batch_v(int i, nb_dtype dt, bool inf, nb_tensor **x, nb_tensor **y)
 {
     int64_t labels[BATCH];
     for (int r = 0; r < BATCH; r++)
@@ -62,7 +79,23 @@ static void batch(int i, nb_dtype dt, nb_tensor **x, nb_tensor **y)
     nb_device_push("/cpu:0");
     *x = nb_cast(nb_random_normal(NB_F64, NB_SHAPE(BATCH, FEAT), 0, 1, 1000 + (uint64_t)i), dt);
     *y = nb_from_buffer(NB_I64, NB_SHAPE(BATCH), labels);
+    if (inf) {
+        double spike[FEAT] = {[3] = INFINITY};
+        *x = nb_add(*x, nb_cast(nb_from_buffer(NB_F64, NB_SHAPE(FEAT), spike), dt)); /* column 3, every row */
+    }
     nb_device_pop();
+}
+
+
+/* A product as f16 layers compute it on the CPU: operands and result rounded
+ * to f16 (where a scaled gradient overflows), for f32 under a scaler. */
+static nb_tensor *product(const model *m, nb_tensor *a, nb_tensor *b)
+{
+    if (!m->scaler || nb_tensor_dtype(a) != NB_F32)
+        return nb_matmul(a, b);
+#define F16(t) nb_cast(nb_cast((t), NB_F16), NB_F32)
+    return F16(nb_matmul(F16(a), F16(b)));
+#undef F16
 }
 
 /* One training step: forward, loss, gradients, update; the loss is the output. */
@@ -73,13 +106,14 @@ static nb_status train_step(void *user, int n_in, nb_tensor *const *in, int n_ou
     (void)n_out;
     m->calls++;
     nb_tape *tape = nb_tape_begin();
-    nb_tensor *h = nb_tanh(nb_add(nb_matmul(in[0], nb_read(m->v[0])), nb_read(m->v[1])));
+    nb_tensor *h = nb_tanh(nb_add(product(m, in[0], nb_read(m->v[0])), nb_read(m->v[1])));
     if (m->dropout) /* two masks of one layer in a step: each replay draws both anew */
         h = nb_dropout_apply(&m->drop, nb_dropout_apply(&m->drop, h, true), true);
-    nb_tensor *logits = nb_add(nb_matmul(h, nb_read(m->v[2])), nb_read(m->v[3]));
+    nb_tensor *logits = nb_add(product(m, h, nb_read(m->v[2])), nb_read(m->v[3]));
     nb_tensor *loss = nb_mean_all(nb_sparse_softmax_cross_entropy(logits, in[1]));
     nb_tensor *g[4];
-    nb_status st = nb_tape_gradient_vars(tape, loss, 4, m->v, g);
+    nb_tensor *target = m->scaler ? nb_loss_scaler_scale(m->scaler, loss) : loss;
+    nb_status st = nb_tape_gradient_vars(tape, target, 4, m->v, g);
     if (st)
         return st;
     if (m->free_tape_first) {
@@ -87,7 +121,8 @@ static nb_status train_step(void *user, int n_in, nb_tensor *const *in, int n_ou
         nb_tape_free(tape);
         h = logits = NULL;
     }
-    if ((st = nb_optimizer_apply(m->opt, 4, m->v, g)))
+    if ((st = m->scaler ? nb_loss_scaler_step(m->scaler, m->opt, 4, m->v, g, NULL)
+                        : nb_optimizer_apply(m->opt, 4, m->v, g)))
         return st;
     out[0] = loss;
     return NB_OK;
@@ -113,7 +148,21 @@ typedef struct variant {
     bool dropout;  /* the step applies a dropout layer twice */
     bool mixed;    /* steps 40-44 of the graph's run are eager ones, one of
                       them holding a read (the variables move) */
+    bool scaled;   /* a loss scaler (model_scale), infinite inputs at the
+                      poisoned steps */
 } variant;
+
+/* A scaled run's end: the scaler's state and the optimizer's count. */
+typedef struct scaler_end {
+    double scale;
+    int64_t skipped, good, iterations;
+} scaler_end;
+
+static scaler_end scaler_end_of(const model *m)
+{
+    return (scaler_end){nb_loss_scaler_get_scale(m->scaler), nb_loss_scaler_skipped(m->scaler),
+                        nb_loss_scaler_good_steps(m->scaler), nb_optimizer_iterations(m->opt)};
+}
 
 /* 100 eager steps against a capture and 99 replays, from the same start. */
 static void same_as_eager_v(const char *device, nb_dtype dt, opt_kind k, variant var)
@@ -126,13 +175,17 @@ static void same_as_eager_v(const char *device, nb_dtype dt, opt_kind k, variant
     model_init(&m, dt, k, device);
     m.free_tape_first = var.in_place;
     m.dropout = var.dropout;
+    if (var.scaled)
+        model_scale(&m);
     nb_device_push(device);
     for (int i = 0; i < STEPS; i++) {
         nb_scope *s = nb_scope_begin();
         if (i == 60)
             nb_optimizer_set_learning_rate(m.opt, nb_optimizer_learning_rate(m.opt) * 0.5);
+        if (i == 50 && var.scaled) /* between replays: the next one starts from it */
+            CHECK_OK(nb_loss_scaler_set_state(m.scaler, 0x1p30, 3));
         nb_tensor *x, *y, *loss = NULL;
-        batch(i, dt, &x, &y);
+        batch_v(i, dt, var.scaled && poisoned(i), &x, &y);
         nb_tensor *in[2] = {nb_to_device(x, device), nb_to_device(y, device)};
         CHECK_OK(train_step(&m, 2, in, 1, &loss));
         loss_eager[i] = loss ? nb_tensor_item(loss) : NAN;
@@ -140,6 +193,7 @@ static void same_as_eager_v(const char *device, nb_dtype dt, opt_kind k, variant
     }
     nb_device_pop();
     int64_t iters = nb_optimizer_iterations(m.opt);
+    scaler_end end_eager = var.scaled ? scaler_end_of(&m) : (scaler_end){0};
     size_t na = read_vars(&m, a, sizeof a);
     model_free(&m);
 
@@ -147,14 +201,18 @@ static void same_as_eager_v(const char *device, nb_dtype dt, opt_kind k, variant
     model_init(&m, dt, k, device);
     m.free_tape_first = var.in_place;
     m.dropout = var.dropout;
+    if (var.scaled)
+        model_scale(&m);
     nb_graph *g = NULL;
     int eager_steps = 0;
     for (int i = 0; i < STEPS; i++) {
         nb_scope *s = nb_scope_begin();
         if (i == 60)
             nb_optimizer_set_learning_rate(m.opt, nb_optimizer_learning_rate(m.opt) * 0.5);
+        if (i == 50 && var.scaled) /* between replays: the next one starts from it */
+            CHECK_OK(nb_loss_scaler_set_state(m.scaler, 0x1p30, 3));
         nb_tensor *x, *y, *loss = NULL;
-        batch(i, dt, &x, &y); /* on the CPU: the graph copies them over */
+        batch_v(i, dt, var.scaled && poisoned(i), &x, &y); /* on the CPU: the graph copies them over */
         nb_tensor *in[2] = {x, y};
         if (i == 0) {
             CHECK_OK(nb_graph_capture(device, train_step, &m, 2, in, 1, &loss, &g));
@@ -177,6 +235,19 @@ static void same_as_eager_v(const char *device, nb_dtype dt, opt_kind k, variant
             break;
     }
     CHECK(nb_optimizer_iterations(m.opt) == iters);
+    if (var.scaled) {
+        /* read back from the device after the replays: as the eager run left them */
+        scaler_end e = scaler_end_of(&m);
+        CHECKF(e.scale == end_eager.scale && e.skipped == end_eager.skipped && e.good == end_eager.good &&
+                   e.iterations == end_eager.iterations,
+               "eager: scale %g, %lld skipped, %lld good, %lld updates; graph: %g, %lld, %lld, %lld", end_eager.scale,
+               (long long)end_eager.skipped, (long long)end_eager.good, (long long)end_eager.iterations, e.scale,
+               (long long)e.skipped, (long long)e.good, (long long)e.iterations);
+        /* the poisoned steps were skipped, and in f16 the overflows of the first ones */
+        int64_t floor = (STEPS + 5) / 13 + (dt == NB_F32 ? 10 : 0);
+        CHECKF(e.skipped >= floor && e.iterations == STEPS - e.skipped, "%lld skipped, %lld updates",
+               (long long)e.skipped, (long long)e.iterations);
+    }
     bool recorded = nb_graph_recorded(g);
     CHECK(recorded); /* a CUDA graph on a GPU, a list of kernel calls on the CPU */
     CHECK(!recorded || nb_graph_nodes(g) > 10);
@@ -242,6 +313,97 @@ static void bitwise_mixed(void)
 {
     same_as_eager_v(g_device, NB_F32, OPT_ADAM, (variant){.mixed = true});
     same_as_eager_v(g_device, NB_F64, OPT_MOMENTUM, (variant){.mixed = true, .dropout = true});
+}
+
+/* A loss scaler in the step (f16 products for f32): the overflowing steps
+ * are skipped on the device as eager steps skip them, with momentum and Adam,
+ * updates in place and by copy-on-write, and eager steps between replays. */
+static void bitwise_scaled(void)
+{
+    same_as_eager_v(g_device, NB_F32, OPT_MOMENTUM, (variant){.scaled = true});
+    same_as_eager_v(g_device, NB_F32, OPT_ADAM, (variant){.scaled = true});
+    same_as_eager_v(g_device, NB_F32, OPT_ADAM, (variant){.scaled = true, .in_place = true});
+    same_as_eager_v(g_device, NB_F32, OPT_SGD, (variant){.scaled = true, .mixed = true, .dropout = true});
+    same_as_eager_v(g_device, NB_F64, OPT_ADAM, (variant){.scaled = true, .mixed = true});
+}
+
+/* A step that uses its scaler from its second run on (the recording), or
+ * sets its state. */
+typedef struct late_scaler {
+    nb_loss_scaler *ls;
+    int runs;
+    bool set_state;
+} late_scaler;
+
+static nb_status late_scaler_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    late_scaler *l = user;
+    (void)n_in, (void)n_out;
+    if (l->set_state)
+        return nb_loss_scaler_set_state(l->ls, 8, 0);
+    out[0] = l->runs++ ? nb_loss_scaler_scale(l->ls, in[0]) : nb_mul_scalar(in[0], 2.0);
+    return out[0] ? NB_OK : nb_error();
+}
+
+/* What a scaler refuses in a captured step, and its state read back after
+ * replays of a step without gradients (every step a good one). */
+static void scaler_rules(void)
+{
+    nb_tensor *x = nb_ones(NB_F32, NB_SHAPE(3)), *out = NULL;
+    late_scaler l = {nb_loss_scaler_new(64, 2, 0.5, 2), 0, false};
+    nb_graph *g = NULL;
+    /* The state is placed on the device by the run before the recording. */
+    CHECK(nb_graph_capture(g_device, late_scaler_step, &l, 1, &x, 1, &out, &g) == NB_ERR_UNSUPPORTED);
+    CHECK_ERROR(NB_ERR_UNSUPPORTED, "nb_loss_scaler_scale", "placed on", g_device);
+    CHECK(g == NULL && out == NULL && l.runs == 2);
+    l.set_state = true;
+    CHECK(nb_graph_capture(g_device, late_scaler_step, &l, 1, &x, 1, &out, &g) == NB_ERR_UNSUPPORTED);
+    CHECK_ERROR(NB_ERR_UNSUPPORTED, "nb_loss_scaler_set_state", "captured on");
+    CHECK(nb_loss_scaler_get_scale(l.ls) == 64 && nb_loss_scaler_good_steps(l.ls) == 0);
+    nb_loss_scaler_free(l.ls);
+}
+
+/* A step of a scaler and an optimizer with no gradients: each is a good step. */
+typedef struct empty_step {
+    nb_loss_scaler *ls;
+    nb_optimizer *opt;
+    bool stepped;
+} empty_step;
+
+static nb_status empty_scaled_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    empty_step *e = user;
+    (void)n_in, (void)n_out;
+    e->stepped = true;
+    out[0] = nb_loss_scaler_scale(e->ls, in[0]);
+    return out[0] ? nb_loss_scaler_step(e->ls, e->opt, 0, NULL, NULL, &e->stepped) : nb_error();
+}
+
+static void scaler_readback(void)
+{
+    nb_tensor *x = nb_ones(NB_F64, NB_SHAPE(2)), *out = NULL;
+    empty_step e = {nb_loss_scaler_new(64, 2, 0.5, 3), nb_sgd_new(0.1), true};
+    nb_graph *g = NULL;
+    CHECK_OK(nb_graph_capture(g_device, empty_scaled_step, &e, 1, &x, 1, &out, &g));
+    CHECK(!e.stepped); /* inside a captured step the outcome stays on the device */
+    CHECK(out && nb_tensor_get(nb_to_device(out, "/cpu:0"), 1) == 64);
+    for (int i = 0; i < 4; i++)
+        CHECK_OK(nb_graph_replay(g, NULL, NULL));
+    /* 5 good steps: the scale doubled after the third, 2 good since */
+    CHECK(nb_loss_scaler_get_scale(e.ls) == 128 && nb_loss_scaler_good_steps(e.ls) == 2);
+    CHECK(nb_loss_scaler_skipped(e.ls) == 0 && nb_optimizer_iterations(e.opt) == 5);
+    /* an eager step between replays, then a replay that starts from it */
+    nb_device_push(g_device);
+    CHECK_OK(nb_loss_scaler_step(e.ls, e.opt, 0, NULL, NULL, &e.stepped));
+    nb_device_pop();
+    CHECK(e.stepped && nb_loss_scaler_get_scale(e.ls) == 256 && nb_loss_scaler_good_steps(e.ls) == 0);
+    CHECK_OK(nb_optimizer_set_iterations(e.opt, 40));
+    CHECK_OK(nb_graph_replay(g, NULL, &out));
+    CHECK(out && nb_tensor_get(nb_to_device(out, "/cpu:0"), 0) == 256);
+    CHECK(nb_loss_scaler_good_steps(e.ls) == 1 && nb_optimizer_iterations(e.opt) == 41);
+    nb_graph_free(g);
+    nb_optimizer_free(e.opt);
+    nb_loss_scaler_free(e.ls);
 }
 
 /* ---- op by op: a replay gives each op's eager bits ------------------------------------ */
@@ -548,6 +710,9 @@ int main(int argc, char **argv)
     RUN(bitwise_in_place);
     RUN(bitwise_dropout);
     RUN(bitwise_mixed);
+    RUN(bitwise_scaled);
+    RUN(scaler_rules);
+    RUN(scaler_readback);
     RUN(refusals);
     RUN(replay_checks);
     if (!gpu_only) /* a GPU's index errors surface later, at a synchronising call */

@@ -681,6 +681,8 @@ static void test_loss_scaler(void)
     CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_loss_scaler_new", "backoff 1");
     CHECK(nb_loss_scaler_new(8, 2, 0.5, 0) == NULL);
     CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_loss_scaler_new", "interval 0");
+    CHECK(nb_loss_scaler_new(8, 2, 0.5, ((int64_t)1 << 53) + 1) == NULL); /* counted in doubles on a device */
+    CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_loss_scaler_new", "interval 9007199254740993", "2^53");
     CHECK(nb_loss_scaler_step(NULL, opt, 1, &w, &one, NULL) == NB_ERR_INVALID_ARGUMENT);
     CHECK_ERROR(NB_ERR_INVALID_ARGUMENT, "nb_loss_scaler_step", "scaler is NULL");
     CHECK(nb_loss_scaler_step(ls, NULL, 1, &w, &one, NULL) == NB_ERR_INVALID_ARGUMENT);

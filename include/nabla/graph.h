@@ -29,7 +29,10 @@
  * seeds (a recorded dropout layer draws its mask from a seed in device memory,
  * so each replay draws the mask an eager step would), and copies the outputs
  * into new tensors. 100 replays give the same variables, bit for bit, as 100
- * eager steps. The CPU and the GPU record alike (the same hooks refresh and
+ * eager steps. A loss scaler (nabla/optimizer.h) in the step keeps its state,
+ * its check of the gradients and the optimizer's step count in device memory
+ * there, so a replay whose gradients overflow is skipped on the device as an
+ * eager step would be, and the host reads the outcome back only when asked. The CPU and the GPU record alike (the same hooks refresh and
  * advance the same host state), so a step that captures on the CPU captures
  * on a GPU; a device kind that cannot record would run the step again at each
  * replay, under the same rules.

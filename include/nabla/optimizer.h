@@ -30,7 +30,10 @@ nb_status nb_optimizer_apply(nb_optimizer *opt, int n, nb_variable *const *vars,
 
 nb_status nb_optimizer_set_learning_rate(nb_optimizer *opt, double learning_rate);
 double nb_optimizer_learning_rate(const nb_optimizer *opt);
-/* Number of apply calls so far. */
+/* Number of updates applied so far (apply calls, and steps a loss scaler did
+ * not skip). After captured steps under a loss scaler, read back from their
+ * device (waiting for it); a failed read records its error and gives the
+ * last count the host had. */
 int64_t nb_optimizer_iterations(const nb_optimizer *opt);
 
 /* ---- state, for checkpoints ------------------------------------------------------ */
@@ -77,13 +80,23 @@ void nb_optimizer_free(nb_optimizer *opt);
  *     nb_tape_gradient_vars(tape, nb_loss_scaler_scale(ls, loss), n, vars, g);
  *     bool stepped;
  *     nb_loss_scaler_step(ls, opt, n, vars, g, &stepped);
- */
+ *
+ * Such a step can be captured (nabla/graph.h): inside a captured step the
+ * scaler keeps its scale, good and skipped steps in device memory on the
+ * step's device, the check and the skip stay there too (a skipped replay
+ * changes no variable, slot or step count: the optimizer's count of applied
+ * steps, which Adam's bias corrections follow, then lives on that device as
+ * well), and nothing is read back. The accessors below and
+ * nb_optimizer_iterations read the state back when next asked (waiting for
+ * the device); eager steps and replays may alternate. The scaler must outlive
+ * the graphs that use it. */
 typedef struct nb_loss_scaler nb_loss_scaler;
 
 /* A scaler starting at initial_scale (torch's defaults: 65536, 2, 0.5, 2000).
  * The caller frees it with nb_loss_scaler_free. NULL and
  * NB_ERR_INVALID_ARGUMENT for an initial scale outside [2^-64, 2^64], growth
- * <= 1 or not finite, backoff outside (0, 1), or growth_interval < 1. */
+ * <= 1 or not finite, backoff outside (0, 1), or growth_interval outside
+ * [1, 2^53] (a captured step counts in device doubles). */
 nb_loss_scaler *nb_loss_scaler_new(double initial_scale, double growth, double backoff, int64_t growth_interval);
 
 /* loss times the scale (an op, recorded on the tapes that watch loss), owned
@@ -94,22 +107,30 @@ nb_tensor *nb_loss_scaler_scale(nb_loss_scaler *ls, const nb_tensor *loss);
 /* Divides the gradients of the scaled loss by the scale and, when every one
  * is finite, applies them with opt (nb_optimizer_apply: NULL gradients are
  * skipped); otherwise applies nothing. Then adapts the scale. *stepped, when
- * not NULL, says whether the update was applied. Reads one number back from
- * the gradients' device (the check). Returns NB_OK (a skipped step is not an
- * error), NB_ERR_INVALID_ARGUMENT for a NULL scaler, optimizer or array, or
- * the error of the unscaling or the update (the scale then unchanged). */
+ * not NULL, says whether the update was applied (always false inside a
+ * captured step, where the outcome stays on the device). An eager step reads
+ * one number back from the gradients' device (the check). Returns NB_OK (a
+ * skipped step is not an error), NB_ERR_INVALID_ARGUMENT for a NULL scaler,
+ * optimizer or array, NB_ERR_UNSUPPORTED in a step recorded on a device where
+ * the step run before the recording did not use the scaler, or the error of
+ * the unscaling or the update (the scale then unchanged). */
 nb_status nb_loss_scaler_step(nb_loss_scaler *ls, nb_optimizer *opt, int n, nb_variable *const *vars,
                               nb_tensor *const *grads, bool *stepped);
 
-/* The current scale (0 for NULL). */
+/* The current scale (0 for NULL). After captured steps, read back from
+ * their device (a failed read records its error and gives the last value the
+ * host had); inside a captured step, the value before it. */
 double nb_loss_scaler_get_scale(const nb_loss_scaler *ls);
-/* Steps skipped so far (0 for NULL). */
+/* Steps skipped so far (0 for NULL); read as nb_loss_scaler_get_scale. */
 int64_t nb_loss_scaler_skipped(const nb_loss_scaler *ls);
 /* Sets the scale and the count of applied steps since the last change (a
- * checkpoint's restore). NB_OK, or NB_ERR_INVALID_ARGUMENT for NULL, a scale
- * outside [2^-64, 2^64] or a negative count. */
+ * checkpoint's restore); the next replay starts from them. NB_OK, or
+ * NB_ERR_INVALID_ARGUMENT for NULL, a scale outside [2^-64, 2^64] or a
+ * negative count, NB_ERR_UNSUPPORTED inside a captured step, or the error of
+ * reading back the skipped count. */
 nb_status nb_loss_scaler_set_state(nb_loss_scaler *ls, double scale, int64_t good_steps);
-/* The count of applied steps since the scale last changed (0 for NULL). */
+/* The count of applied steps since the scale last changed (0 for NULL); read
+ * as nb_loss_scaler_get_scale. */
 int64_t nb_loss_scaler_good_steps(const nb_loss_scaler *ls);
 /* Frees the scaler. NULL is ignored. */
 void nb_loss_scaler_free(nb_loss_scaler *ls);

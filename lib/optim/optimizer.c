@@ -13,7 +13,13 @@
  * step count, and each copy keeps its own slots on its own device. The mirrored
  * strategy drives the same machinery in three parts (optimizer_impl.h): slots
  * are made first on one thread, then each replica updates its own copies
- * concurrently, then the iteration is counted once. */
+ * concurrently, then the iteration is counted once.
+ *
+ * Under a loss scaler, a captured step's update may be skipped on the device
+ * (its gradients were not finite), which the host learns only by reading
+ * back: there the count of applied updates lives on the device (dev_count),
+ * advanced by the scaler's kernel, and is read back when the host next asks
+ * for it (iterations_now). */
 #include "optimizer_impl.h"
 
 #include "lib/core/backend.h"
@@ -38,6 +44,9 @@ struct nb_optimizer {
     const char *kind_name; /* "sgd", "momentum", "adam", "adamw" */
     nb_update_params params;
     int64_t iterations;
+    nb_tensor *dev_count;  /* NULL, or f64 [1]: the count on the device of a loss scaler's captured step */
+    bool count_newer;      /* dev_count holds updates iterations lacks (replays ran) */
+    bool count_stale;      /* iterations changed since dev_count was written */
     uint64_t recorded_in;  /* the recording (capture id) its last recorded update belongs to */
     int recorded_updates;  /* updates recorded in it so far */
     slot_entry *slots; /* open addressing on uid; capacity a power of two */
@@ -128,7 +137,30 @@ void nb_optimizer_free(nb_optimizer *opt)
         nb__release(opt->slots[i].s2);
     }
     free(opt->slots);
+    nb__release(opt->dev_count);
     free(opt);
+}
+
+/* The count of applied updates, read back first where the device's is newer
+ * (which waits for it). When the read fails, the host's count and the error. */
+static int64_t iterations_now(nb_optimizer *opt)
+{
+    if (opt->count_newer) {
+        double v = 0;
+        nb_device *dev = opt->dev_count->device;
+        if (dev->backend->copy_to_host(dev, &v, nb__data(opt->dev_count), sizeof v) == NB_OK) {
+            opt->iterations = (int64_t)v;
+            opt->count_newer = false;
+        }
+    }
+    return opt->iterations;
+}
+
+static void set_iterations(nb_optimizer *opt, int64_t n)
+{
+    opt->iterations = n;
+    opt->count_newer = false;
+    opt->count_stale = true;
 }
 
 /* ---- settings ------------------------------------------------------------------- */
@@ -146,7 +178,10 @@ nb_status nb_optimizer_set_learning_rate(nb_optimizer *opt, double learning_rate
 
 double nb_optimizer_learning_rate(const nb_optimizer *opt) { return opt ? opt->params.lr : NAN; }
 
-int64_t nb_optimizer_iterations(const nb_optimizer *opt) { return opt ? opt->iterations : 0; }
+int64_t nb_optimizer_iterations(const nb_optimizer *opt)
+{
+    return opt ? iterations_now((nb_optimizer *)opt) : 0; /* the read-back is a cache's refresh */
+}
 
 /* ---- slots ---------------------------------------------------------------------- */
 
@@ -310,9 +345,9 @@ nb_status nb__optimizer_prepare(nb_optimizer *opt, int n, nb_variable *const *va
     return st;
 }
 
-void nb__optimizer_advance(nb_optimizer *opt) { opt->iterations++; }
+void nb__optimizer_advance(nb_optimizer *opt) { set_iterations(opt, iterations_now(opt) + 1); }
 
-int64_t nb__optimizer_next_step(const nb_optimizer *opt) { return opt->iterations + 1; }
+int64_t nb__optimizer_next_step(const nb_optimizer *opt) { return iterations_now((nb_optimizer *)opt) + 1; }
 
 /* ---- inside a recorded step -------------------------------------------------------
  * The recording runs nothing, and a replay repeats the recorded kernels: the
@@ -331,20 +366,49 @@ typedef struct recorded_update {
 static void recorded_fill(void *ctx, double *params)
 {
     const recorded_update *r = ctx;
-    nb__optimizer_pack(r->opt, r->opt->iterations + 1 + r->order, params + r->first);
+    nb__optimizer_pack(r->opt, iterations_now(r->opt) + 1 + r->order, params + r->first);
 }
 
 static void recorded_end(void *ctx, bool kept)
 {
     (void)kept;
     recorded_update *r = ctx;
-    r->opt->iterations = r->before; /* the hooks end in reverse: the first leaves the oldest */
+    set_iterations(r->opt, r->before); /* the hooks end in reverse: the first leaves the oldest */
 }
 
-static void recorded_advance(void *ctx) { ((recorded_update *)ctx)->opt->iterations++; }
+static void recorded_advance(void *ctx)
+{
+    recorded_update *r = ctx;
+    set_iterations(r->opt, iterations_now(r->opt) + 1);
+}
 
-/* The device doubles an update recorded now reads, or NULL with the error. */
-static const double *record_update(nb_optimizer *opt, nb__capture *c)
+/* Writes the host's count to the device's where the host's is newer. */
+static nb_status push_count(nb_optimizer *opt)
+{
+    if (!opt->count_stale)
+        return NB_OK;
+    nb_device *dev = opt->dev_count->device;
+    nb_view v = nb__view(opt->dev_count);
+    nb_status st = dev->backend->fill(dev, &v, (double)opt->iterations);
+    if (!st)
+        opt->count_stale = false;
+    return st;
+}
+
+/* An update under a loss scaler, before each replay: its numbers (the step
+ * comes from the device's count, which the host's replaces where newer); the
+ * replay then advances the device's count, or not. */
+static void scaled_fill(void *ctx, double *params)
+{
+    const recorded_update *r = ctx;
+    nb__optimizer_pack(r->opt, 1, params + r->first); /* the bias corrections are the device's */
+    if (push_count(r->opt) == NB_OK)
+        r->opt->count_newer = true;
+}
+
+/* The device doubles an update recorded now reads, or NULL with the error;
+ * scaled: an update under a loss scaler, whose count stays on the device. */
+static const double *record_update(nb_optimizer *opt, nb__capture *c, bool scaled)
 {
     recorded_update *r = malloc(sizeof *r);
     if (!r)
@@ -361,16 +425,27 @@ static const double *record_update(nb_optimizer *opt, nb__capture *c)
     }
     static const nb__capture_hooks hooks = {
         .at_end = recorded_end, .before_replay = recorded_fill, .after_replay = recorded_advance, .release = free};
-    if (nb__capture_hook(c, &hooks, r) != NB_OK)
+    static const nb__capture_hooks scaled_hooks = {.before_replay = scaled_fill, .release = free};
+    if (nb__capture_hook(c, scaled ? &scaled_hooks : &hooks, r) != NB_OK)
         return NULL;
     opt->recorded_updates++;
     return dp;
 }
 
+static nb_status update_impl(nb_optimizer *opt, int n, nb_variable *const *vars, nb_tensor *const *grads,
+                             int64_t step, const double *device_params, const double *skip, const double *count,
+                             const char *who);
+
 nb_status nb__optimizer_update(nb_optimizer *opt, int n, nb_variable *const *vars, nb_tensor *const *grads,
                                int64_t step, const char *who)
 {
-    return nb__optimizer_update_at(opt, n, vars, grads, step, NULL, who);
+    return update_impl(opt, n, vars, grads, step, NULL, NULL, NULL, who);
+}
+
+nb_status nb__optimizer_update_at(nb_optimizer *opt, int n, nb_variable *const *vars, nb_tensor *const *grads,
+                                  int64_t step, const double *device_params, const char *who)
+{
+    return update_impl(opt, n, vars, grads, step, device_params, NULL, NULL, who);
 }
 
 void nb__optimizer_pack(const nb_optimizer *opt, int64_t step, double out[NB_UPD_COUNT])
@@ -380,8 +455,10 @@ void nb__optimizer_pack(const nb_optimizer *opt, int64_t step, double out[NB_UPD
     nb_update_pack(&p, out);
 }
 
-nb_status nb__optimizer_update_at(nb_optimizer *opt, int n, nb_variable *const *vars, nb_tensor *const *grads,
-                                  int64_t step, const double *device_params, const char *who)
+/* The update; skip and count (device doubles, or NULL) as in nb_update_params. */
+static nb_status update_impl(nb_optimizer *opt, int n, nb_variable *const *vars, nb_tensor *const *grads,
+                             int64_t step, const double *device_params, const double *skip, const double *count,
+                             const char *who)
 {
     /* Gradients on their variables' devices, slots found, values writable: what
      * can fail for want of memory fails here, before any variable moves. */
@@ -427,7 +504,9 @@ nb_status nb__optimizer_update_at(nb_optimizer *opt, int n, nb_variable *const *
     p.step = step;
     nb__capture *rec = nb__capture_current();
     p.device_params = device_params;
-    if (!st && !device_params && nb__capture_recording(rec) && !(p.device_params = record_update(opt, rec)))
+    p.skip = skip;
+    p.device_count = count;
+    if (!st && !device_params && nb__capture_recording(rec) && !(p.device_params = record_update(opt, rec, skip)))
         st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
     for (int i = 0; i < n && !st; i++) {
         if (!ready[i])
@@ -468,9 +547,39 @@ nb_status nb__optimizer_update_at(nb_optimizer *opt, int n, nb_variable *const *
     return st;
 }
 
-nb_status nb_optimizer_apply(nb_optimizer *opt, int n, nb_variable *const *vars, nb_tensor *const *grads)
+/* The device's count of opt on dev, made or refreshed from the host's
+ * where needed, which the captured step about to run (or each replay of the
+ * one recorded now) advances on the device; NULL with the error. */
+static double *device_count(nb_optimizer *opt, nb_device *dev, const char *who)
 {
-    const char *who = "nb_optimizer_apply";
+    bool recording = nb__capture_recording(nb__capture_current());
+    if ((!opt->dev_count || opt->dev_count->device != dev || opt->count_stale) && recording)
+        return nb__fail_null(NB_ERR_UNSUPPORTED,
+                             "%s: the step count of a %s optimizer under a loss scaler is placed on %s by the step "
+                             "that runs before the recording; update it in every step", who, opt->kind_name,
+                             dev->name);
+    if (!opt->dev_count || opt->dev_count->device != dev) {
+        int64_t n = iterations_now(opt); /* from another device's count: a read while nothing records */
+        nb_tensor *t = nb__tensor_new(who, dev, NB_F64, 1, (int64_t[]){1});
+        if (!t)
+            return NULL;
+        nb__release(opt->dev_count);
+        opt->dev_count = t;
+        set_iterations(opt, n);
+    }
+    if (push_count(opt) != NB_OK)
+        return NULL;
+    if (!recording)
+        opt->count_newer = true; /* the step runs now */
+    return nb__data(opt->dev_count);
+}
+
+/* nb_optimizer_apply; skip: NULL, or (in a captured step under a loss
+ * scaler) the device flag that makes the update do nothing, the count then
+ * kept on the device and handed to *count. */
+static nb_status apply(nb_optimizer *opt, int n, nb_variable *const *vars, nb_tensor *const *grads,
+                       const double *skip, double **count, const char *who)
+{
     nb_status st = check_apply(who, opt, n, vars, grads);
     if (st)
         return st;
@@ -509,15 +618,39 @@ nb_status nb_optimizer_apply(nb_optimizer *opt, int n, nb_variable *const *vars,
         }
     }
     st = nb__optimizer_prepare(opt, total, pv, who);
-    if (!st)
-        st = nb__optimizer_update(opt, total, pv, pg, opt->iterations + 1, who);
-    if (!st)
-        opt->iterations++;
+    if (skip) {
+        nb__capture *c = nb__capture_current();
+        double *dc = NULL;
+        if (!st && !(dc = device_count(opt, nb__capture_device(c), who)))
+            st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
+        if (!st)
+            st = update_impl(opt, total, pv, pg, 0, NULL, skip, dc, who);
+        if (!st)
+            *count = dc;
+    } else {
+        if (!st)
+            st = nb__optimizer_update(opt, total, pv, pg, iterations_now(opt) + 1, who);
+        if (!st)
+            set_iterations(opt, opt->iterations + 1);
+    }
     if (pv != (nb_variable **)vars && pv != small_vars)
         free(pv);
     if (pg != (nb_tensor **)grads && pg != small_grads)
         free(pg);
     return st;
+}
+
+nb_status nb_optimizer_apply(nb_optimizer *opt, int n, nb_variable *const *vars, nb_tensor *const *grads)
+{
+    return apply(opt, n, vars, grads, NULL, NULL, "nb_optimizer_apply");
+}
+
+nb_status nb__optimizer_apply_unless(nb_optimizer *opt, int n, nb_variable *const *vars, nb_tensor *const *grads,
+                                     const double *skip, double **count, const char *who)
+{
+    if (!nb__capture_current() || !skip || !count)
+        return nb__fail(NB_ERR_INTERNAL, "%s: a skippable update outside a captured step", who);
+    return apply(opt, n, vars, grads, skip, count, who);
 }
 
 /* ---- state, for checkpoints ----------------------------------------------------- */
@@ -648,6 +781,6 @@ nb_status nb_optimizer_set_iterations(nb_optimizer *opt, int64_t iterations)
     if (!opt || iterations < 0)
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_optimizer_set_iterations: %s", !opt ? "optimizer is NULL"
                                                                                           : "iterations < 0");
-    opt->iterations = iterations;
+    set_iterations(opt, iterations);
     return NB_OK;
 }

@@ -30,6 +30,17 @@ nb_status nb__optimizer_update_at(nb_optimizer *opt, int n, nb_variable *const *
 /* The numbers update number step reads, as nb_update_pack lays them out. */
 void nb__optimizer_pack(const nb_optimizer *opt, int64_t step, double out[NB_UPD_COUNT]);
 
+/* nb_optimizer_apply inside a captured step under a loss scaler (on the
+ * capture's device): each update does nothing where *skip (a device double
+ * there) is not 0, and takes its step from the optimizer's count of applied
+ * updates kept on that device, made or refreshed from the host's here. *count
+ * gets that count's address, for the scaler's kernel to advance on a good
+ * step; the host's count is read back from it when next asked. NB_OK or the
+ * error (NB_ERR_UNSUPPORTED where the count is not on the device when a step
+ * is recorded: the warm-up step puts it there). */
+nb_status nb__optimizer_apply_unless(nb_optimizer *opt, int n, nb_variable *const *vars, nb_tensor *const *grads,
+                                     const double *skip, double **count, const char *who);
+
 /* The step number the next update takes; nb__optimizer_advance counts one. */
 int64_t nb__optimizer_next_step(const nb_optimizer *opt);
 void nb__optimizer_advance(nb_optimizer *opt);

@@ -51,6 +51,7 @@ static bool cpu_supports(const nb_device *dev, nb_kernel k, int variant, nb_dtyp
 static const nb_optim_kernels cpu_optim = {
     .sgd_update = nb__cpu_sgd_update,
     .adam_update = nb__cpu_adam_update,
+    .scaler_update = nb__cpu_scaler_update,
 };
 
 const nb_backend nb__cpu_backend = {

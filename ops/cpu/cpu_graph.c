@@ -611,6 +611,20 @@ static nb_status rec_adam_update(nb_device *dev, const nb_view *param, const nb_
     return NB_OK;
 }
 
+typedef struct { call h; double *state, *count; const double *check; nb_scaler_params p; } scaler_call;
+static nb_status run_scaler_update(nb_device *dev, const call *c)
+{
+    const scaler_call *a = (const scaler_call *)c;
+    return CPU->optim->scaler_update(dev, a->state, a->check, a->count, &a->p);
+}
+static nb_status rec_scaler_update(nb_device *dev, double *state, const double *check, double *count,
+                                   const nb_scaler_params *p)
+{
+    RECORD(scaler_call, run_scaler_update, CPU->optim->scaler_update(dev, state, check, count, p));
+    a->state = state, a->check = check, a->count = count, a->p = *p;
+    return NB_OK;
+}
+
 /* ---- memory while recording ---- */
 
 static void *rec_alloc(nb_device *dev, size_t nbytes)
@@ -696,7 +710,8 @@ static pthread_once_t g_table_once = PTHREAD_ONCE_INIT;
 static void table_init(void)
 {
     g_table = nb__cpu_backend;
-    g_optim = (nb_optim_kernels){.sgd_update = rec_sgd_update, .adam_update = rec_adam_update};
+    g_optim = (nb_optim_kernels){
+        .sgd_update = rec_sgd_update, .adam_update = rec_adam_update, .scaler_update = rec_scaler_update};
     g_table.optim = &g_optim;
     g_table.alloc = rec_alloc;
     g_table.free = rec_free;

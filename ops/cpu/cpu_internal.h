@@ -288,6 +288,8 @@ nb_status nb__cpu_sgd_update(nb_device *dev, const nb_view *param, const nb_view
 nb_status nb__cpu_adam_update(nb_device *dev, const nb_view *param, const nb_view *grad,
                               const nb_view *slot1, const nb_view *slot2,
                               const nb_update_params *p);
+nb_status nb__cpu_scaler_update(nb_device *dev, double *state, const double *check, double *count,
+                                const nb_scaler_params *p);
 
 /* Philox4x32-10 (cpu_random.c): the uniform double in [0, 1) and the standard
  * normal that element i of a random tensor with seed draws on its first try. */

@@ -4,10 +4,14 @@
  *       g' + momentum * m : m); without one: p -= lr * g'.
  * adam: m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2; mhat = m / (1 - b1^t),
  *       vhat = v / (1 - b2^t); p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p)
- *       (decoupled, AdamW, decay). step < 1 counts as 1. f32 works in float. */
+ *       (decoupled, AdamW, decay). step < 1 counts as 1. f32 works in float.
+ * A set skip flag (a loss scaler's check, read when the kernel runs) makes
+ * an update copy its source to param and change nothing else.
+ * scaler_update: a loss scaler's state after its step (nb_scaler_advance). */
 #include "cpu_internal.h"
 
 #include <math.h>
+#include <string.h>
 
 typedef struct opt_job {
     char *p;
@@ -80,6 +84,17 @@ static nb_status check_same(const char *op, const nb_view *param, const nb_view 
     return NB_OK;
 }
 
+/* Whether p's skip flag is set; then param takes the source's values (a
+ * fresh buffer must still hold the parameter). */
+static bool skipped(const nb_view *param, const nb_update_params *p)
+{
+    if (!p->skip || *p->skip == 0)
+        return false;
+    if (p->source && p->source != param->data)
+        memcpy(param->data, p->source, (size_t)param->numel * nb_dtype_size(param->dtype));
+    return true;
+}
+
 static void run(nb_range_fn fn, opt_job *j, int64_t n)
 {
     if (n < 2 * NB_CPU_GRAIN)
@@ -98,6 +113,8 @@ nb_status nb__cpu_sgd_update(nb_device *dev, const nb_view *param, const nb_view
         (st = check_same("sgd_update", param, grad, "gradient")) ||
         (slot1 && (st = check_same("sgd_update", param, slot1, "momentum slot"))))
         return st;
+    if (skipped(param, p))
+        return NB_OK;
     opt_job j = {0};
     j.p = param->data;
     j.src = p->source ? p->source : param->data;
@@ -127,7 +144,10 @@ nb_status nb__cpu_adam_update(nb_device *dev, const nb_view *param, const nb_vie
         (st = check_same("adam_update", param, slot1, "first-moment slot")) ||
         (st = check_same("adam_update", param, slot2, "second-moment slot")))
         return st;
-    double t = p->step < 1 ? 1.0 : (double)p->step;
+    if (skipped(param, p))
+        return NB_OK;
+    /* the step: the device count's (a loss scaler's captured step) or the host's */
+    int64_t step = p->device_count ? (int64_t)*p->device_count + 1 : p->step;
     opt_job j = {0};
     j.p = param->data;
     j.src = p->source ? p->source : param->data;
@@ -141,17 +161,28 @@ nb_status nb__cpu_adam_update(nb_device *dev, const nb_view *param, const nb_vie
         j.b1 = dp[NB_UPD_BETA1];
         j.b2 = dp[NB_UPD_BETA2];
         j.eps = dp[NB_UPD_EPSILON];
-        j.bc1 = 1.0 / dp[NB_UPD_BC1]; /* 1 - beta1^step, worked out as below */
-        j.bc2 = 1.0 / dp[NB_UPD_BC2];
+        j.bc1 = 1.0 / (p->device_count ? nb_update_bias(j.b1, step) : dp[NB_UPD_BC1]);
+        j.bc2 = 1.0 / (p->device_count ? nb_update_bias(j.b2, step) : dp[NB_UPD_BC2]);
     } else {
         j.lr = p->lr;
         j.wd = p->weight_decay;
         j.b1 = p->beta1;
         j.b2 = p->beta2;
         j.eps = p->epsilon;
-        j.bc1 = 1.0 / (1.0 - pow(p->beta1, t));
-        j.bc2 = 1.0 / (1.0 - pow(p->beta2, t));
+        j.bc1 = 1.0 / nb_update_bias(p->beta1, step);
+        j.bc2 = 1.0 / nb_update_bias(p->beta2, step);
     }
     run(param->dtype == NB_F32 ? sgd_f32_adam : sgd_f64_adam, &j, param->numel);
+    return NB_OK;
+}
+
+nb_status nb__cpu_scaler_update(nb_device *dev, double *state, const double *check, double *count,
+                                const nb_scaler_params *p)
+{
+    (void)dev;
+    bool finite = *check == 0;
+    nb_scaler_advance(state, finite, p);
+    if (count && finite)
+        *count += 1;
     return NB_OK;
 }
