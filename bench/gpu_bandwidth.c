@@ -10,7 +10,9 @@
  * (after a warm-up), timed by the host clock between two nb_synchronize() calls,
  * per op. GB/s count the bytes each op reads plus the bytes it writes; the
  * three-op chain runs as three kernels (add, mul, exp) that move 8 tensors' worth
- * of bytes in all. Inputs are uniform random, and every op's output is checked
+ * of bytes in all; captured into a graph (nb_graph_capture) it is one kernel
+ * fused at the recording, which moves 4 (its replays are timed too, and their
+ * output must equal the eager chain's bit for bit). Inputs are uniform random, and every op's output is checked
  * against a double-precision reference (outputs poisoned with NaN first) before
  * anything is timed. Prints why and exits 0 where there is no GPU (1 with NB_REQUIRE_GPU=1). */
 #include "bench_util.h"
@@ -43,6 +45,38 @@ static void op_batch(void *ctx)
         run_op(kind);
         nb_scope_end(s);
     }
+}
+
+/* The chain as a captured step, its temporaries let go inside it. */
+static nb_status chain_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    (void)user, (void)n_in, (void)n_out;
+    nb_scope *s = nb_scope_begin();
+    out[0] = nb_keep(nb_exp(nb_mul(nb_add(in[0], in[1]), in[2])));
+    nb_scope_end(s);
+    return out[0] ? NB_OK : nb_error();
+}
+
+static nb_graph *g_chain;
+
+static void replay_batch(void *ctx)
+{
+    (void)ctx;
+    for (int i = 0; i < B; i++)
+        nb_graph_replay(g_chain, NULL, NULL);
+}
+
+/* Whether the captured chain's output has the eager chain's bits. */
+static bool fused_matches(float *h1, float *h2)
+{
+    nb_scope *s = nb_scope_begin();
+    nb_tensor *replayed = NULL;
+    nb_graph_replay(g_chain, NULL, &replayed);
+    size_t bytes = (size_t)N * sizeof(float);
+    bool same = !nb_tensor_read(replayed, h1, bytes) && !nb_tensor_read(run_op(K_CHAIN), h2, bytes) &&
+                !memcmp(h1, h2, bytes);
+    nb_scope_end(s);
+    return same;
 }
 
 /* Median milliseconds per op of that kind, timed in batches of B. */
@@ -126,6 +160,10 @@ int main(int argc, char **argv)
     nb_tensor_read(a, ha, bytes);
     nb_tensor_read(b, hb, bytes);
     nb_tensor_read(c, hc, bytes);
+    nb_tensor *first = NULL;
+    nb_graph_capture("/gpu:0", chain_step, NULL, 3, (nb_tensor *[]){a, b, c}, 1, &first, &g_chain);
+    nb_release(first);
+    bool fused_same = fused_matches(ha, hout);
     const char *names[4] = {"copy", "x * 2", "a + b", "exp((a + b) * c)"};
     double err[4];
     bool ok = true;
@@ -142,6 +180,9 @@ int main(int argc, char **argv)
     double t_scale = median_ms(K_SCALE);
     double t_add = median_ms(K_ADD);
     double t_chain = median_ms(K_CHAIN);
+    double t_fused = bench_median_ms(replay_batch, NULL, 3, R) / B;
+    int64_t fused_nodes = nb_graph_nodes(g_chain);
+    nb_graph_free(g_chain);
 
     bench_peer p;
     if (peer)
@@ -157,6 +198,7 @@ int main(int argc, char **argv)
     bench_row("x * 2 (nb_mul_scalar)", t_scale, bench_peer_get(&p, "scale"));
     bench_row("a + b (nb_add)", t_add, bench_peer_get(&p, "add"));
     bench_row("exp((a + b) * c): 3 ops", t_chain, bench_peer_get(&p, "chain"));
+    bench_row("the same, captured (fused)", t_fused, bench_peer_get(&p, "chain"));
 
     /* The ceiling: the faster of the two copies (both one cudaMemcpyAsync). */
     double tb = (double)bytes;
@@ -170,11 +212,14 @@ int main(int argc, char **argv)
     gbs_row("x * 2 (1 read, 1 write)", 2 * tb, t_scale, bench_peer_get(&p, "scale"), roof);
     gbs_row("a + b (2 reads, 1 write)", 3 * tb, t_add, bench_peer_get(&p, "add"), roof);
     gbs_row("exp((a + b) * c) (5 reads, 3 writes)", 8 * tb, t_chain, bench_peer_get(&p, "chain"), roof);
-    printf("(fused into one kernel the chain would move 4 tensors: %.3f ms at the ceiling)\n",
+    gbs_row("the same, captured (3 reads, 1 write)", 4 * tb, t_fused, -1, roof);
+    printf("(the captured chain: %lld kernel%s, %s the eager chain's bits; 4 tensors at the ceiling: %.3f ms)\n",
+           (long long)fused_nodes, fused_nodes == 1 ? "" : "s", fused_same ? "the same as" : "NOT",
            4 * tb / (roof * 1e9) * 1e3);
     printf("check, ||nabla - f64 reference|| / ||reference||:");
     for (int k = 0; k < 4; k++)
         printf("%s %s %.1e", k ? "," : "", names[k], err[k]);
+    ok = ok && fused_same;
     printf("\n%s\n", ok ? "(all under 1e-5)" : "CHECK FAILED: an output is wrong; the times above mean nothing");
 
     nb_release(a);
