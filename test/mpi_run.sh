@@ -5,7 +5,8 @@
 # the build has no MPI, or the build runs under ThreadSanitizer (which cannot
 # see into OpenMPI's threads). Every mpirun runs under timeout, so a hang fails.
 #
-#   test/mpi_run.sh TEST_MPI SCENARIO      SCENARIO: train, capture, mismatch, silent, kill, resume (test_mpi),
+#   test/mpi_run.sh TEST_MPI SCENARIO      SCENARIO: train, capture, mismatch, silent, kill, capture-kill,
+#                                          replay-kill, resume (test_mpi),
 #                                          async-train, async-kill-worker, async-slow, async-kill-server (test_mpi_async)
 set -uo pipefail
 exe="${1:?usage: mpi_run.sh TEST_MPI SCENARIO}"
@@ -55,6 +56,20 @@ case "$scenario" in
   silent) run 2 -- silent; expect silent ;;
   # without --enable-recovery mpirun itself would end every rank when one is killed
   kill) run 2 --enable-recovery -- kill; expect kill ;;
+  # rank 1 of 3 dies at each point of the call in turn (0: in the step
+  # function's recording, or between replays; k: before its k-th message)
+  # until it says k is past the call's end; both survivors must fail well
+  capture-kill|replay-kill)
+    k=0
+    while :; do
+      run 3 --enable-recovery -- "$scenario" "$k"
+      grep -q "test_mpi: $scenario $k past the end" "$log" && break
+      [ "$(grep -c "test_mpi: $scenario OK" "$log")" -eq 2 ] || { echo "mpi_run.sh: rank 1 died at $k: not every survivor failed well"; exit 1; }
+      k=$((k + 1))
+      [ $k -le 64 ] || { echo "mpi_run.sh: the call sends more than 64 messages"; exit 1; }
+    done
+    [ $k -ge 2 ] || { echo "mpi_run.sh: the call sent fewer messages than a handshake"; exit 1; }
+    echo "mpi_run.sh: rank 1 died at each of $k points: every survivor failed well" ;;
   async-train) run 4 -- async-train; ok $?; expect async-train ;;
   async-kill-worker) run 3 --enable-recovery -- async-kill-worker; expect async-kill-worker ;;
   async-slow)

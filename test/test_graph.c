@@ -693,6 +693,47 @@ static void cpu_recording(void)
     nb_device_pop();
 }
 
+/* Two graphs keep blocks while they live: the first freed (which rebuilds
+ * the filter nb__cpu_free reads of the blocks still kept), the second's
+ * recorded tensor let go afterwards must still become the second graph's, not
+ * the allocator's: eager tensors of its size made next keep their values
+ * through the second graph's replays, which write that block. */
+static void cpu_kept_after_another_graph(void)
+{
+    nb_device_push(g_device);
+    nb_tensor *table = nb_reshape(nb_arange(NB_F64, 0, 12, 1), NB_SHAPE(4, 3));
+    int64_t idx[2] = {1, 3};
+    nb_tensor *ok_idx = nb_from_buffer(NB_I64, NB_SHAPE(2), idx);
+    saving s1 = {{NULL, NULL}, 0}, s2 = {{NULL, NULL}, 0};
+    nb_graph *g1 = NULL, *g2 = NULL;
+    nb_tensor *sum = NULL;
+    nb_scope *held2 = nb_scope_begin(); /* the tensors each step keeps */
+    CHECK_OK(nb_graph_capture(g_device, gather_step, &s2, 2, (nb_tensor *[]){table, ok_idx}, 1, &sum, &g2));
+    nb_scope *held1 = nb_scope_begin();
+    CHECK_OK(nb_graph_capture(g_device, gather_step, &s1, 2, (nb_tensor *[]){table, ok_idx}, 1, &sum, &g1));
+    nb_scope_end(held1); /* g1's recorded tensor goes to g1 */
+    nb_graph_free(g1);
+    nb_scope_end(held2); /* g2's goes to g2 */
+    enum { N = 64 };
+    nb_tensor *eager[N];
+    for (int i = 0; i < N; i++)
+        eager[i] = nb_full(NB_F64, NB_SHAPE(2, 3), -1.0); /* the size of the kept block */
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(nb_graph_replay(g2, (nb_tensor *[]){table, ok_idx}, &sum));
+        CHECK(sum && nb_tensor_item(sum) == 126);
+    }
+    int changed = 0;
+    for (int i = 0; i < N; i++) {
+        double v[6] = {0};
+        CHECK_OK(nb_tensor_read(eager[i], v, sizeof v));
+        for (int j = 0; j < 6; j++)
+            changed += v[j] != -1.0;
+    }
+    CHECKF(changed == 0, "%d elements of eager tensors written by the replays", changed);
+    nb_graph_free(g2);
+    nb_device_pop();
+}
+
 int main(int argc, char **argv)
 {
     bool gpu_only = argc > 1 && !strcmp(argv[1], "--gpu");
@@ -717,5 +758,7 @@ int main(int argc, char **argv)
     RUN(replay_checks);
     if (!gpu_only) /* a GPU's index errors surface later, at a synchronising call */
         RUN(cpu_recording);
+    if (!gpu_only)
+        RUN(cpu_kept_after_another_graph);
     return check_finish();
 }

@@ -13,6 +13,18 @@
  *                            with NB_ERR_TIMEOUT naming rank 1, within the
  *                            timeout
  *   test_mpi kill            rank 1 is killed in its step function: the same
+ *   test_mpi capture-kill K  (3 processes) rank 1 dies during nb_mirrored_capture:
+ *                            in its step function's recording (K = 0) or just
+ *                            before its K-th message to another rank; ranks 0
+ *                            and 2 must fail with NB_ERR_TIMEOUT naming the
+ *                            call and a rank, within the deadline, get no
+ *                            graph, and end with no tensor alive
+ *   test_mpi replay-kill K   (3 processes) rank 1 dies between replays 2 and 3
+ *                            (K = 0) or inside replay 3, just before its K-th
+ *                            message: the survivors' replay 3 fails so, the
+ *                            next fails at once, and the graph is freed
+ *                            A K past the call's last message: rank 1 says so
+ *                            ("past the end") instead of dying
  *   test_mpi resume-write DIR   trains 2K steps, rank 0 checkpointing after K,
  *                            and rank 0 writes the final variables to DIR
  *   test_mpi resume-read DIR    on any number of processes: resumes from DIR's
@@ -32,8 +44,13 @@
 #include <nabla/distribute.h>
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <time.h>
 #include <unistd.h>
+
+#if NB_HAVE_MPI
+#include <mpi.h>
+#endif
 
 #define ROWS 240
 #define FEATURES 5
@@ -73,11 +90,31 @@ typedef struct model {
 
 static int g_kill_at = -1, g_sleep_at = -1, g_step;
 
+/* Rank 1's death inside a call: armed, it dies in the step function's
+ * g_die_at_call-th run, or just before its g_die_at_send-th message. */
+static atomic_bool g_die_armed;
+static atomic_int g_fn_calls, g_sends;
+static int g_die_at_call = -1, g_die_at_send = -1;
+
+#if NB_HAVE_MPI
+/* Every message the library sends to another rank starts here (the MPI
+ * profiling interface): counted, and the point where rank 1 may die. */
+int MPI_Isend(const void *buf, int count, MPI_Datatype type, int dest, int tag, MPI_Comm comm, MPI_Request *req)
+{
+    int n = atomic_fetch_add(&g_sends, 1) + 1;
+    if (atomic_load(&g_die_armed) && n == g_die_at_send)
+        raise(SIGKILL);
+    return PMPI_Isend(buf, count, type, dest, tag, comm, req);
+}
+#endif
+
 static nb_status step_fn(nb_replica *r, int n_in, nb_tensor *const *in, int n_vars, nb_variable *const *vars,
                          nb_tensor **loss, nb_tensor **grads, void *user)
 {
     (void)r, (void)n_in, (void)user;
     if (g_step == g_kill_at)
+        raise(SIGKILL);
+    if (atomic_fetch_add(&g_fn_calls, 1) + 1 == g_die_at_call && atomic_load(&g_die_armed))
         raise(SIGKILL);
     nb_tape *t = nb_tape_begin();
     nb_tensor *pred = nb_add(nb_matmul(in[0], nb_read(vars[0])), nb_read(vars[1]));
@@ -295,6 +332,131 @@ static int scenario_stop(bool kill_it)
     return rank == 0 ? check_finish() : 0;
 }
 
+static double seconds_since(const struct timespec *t0)
+{
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+/* Whether msg names a rank other than me before "(this is rank me)". */
+static bool names_another_rank(const char *msg, int me)
+{
+    const char *end = strstr(msg, "(this is");
+    for (const char *p = strstr(msg, "rank "); p && (!end || p < end); p = strstr(p + 5, "rank ")) {
+        char *after;
+        long r = strtol(p + 5, &after, 10);
+        if (after != p + 5 && r != me)
+            return true;
+    }
+    return false;
+}
+
+/* Rank 1 dies inside the capture (in_capture) or inside replay 3 (k == 0:
+ * before it): captured at step 0, replayed from step 1 on. The others' call
+ * must fail within the deadline, naming the call and a rank that stopped
+ * answering (rank 1, or a survivor stuck waiting for it), or, where rank 1
+ * had sent this rank all it needed before it died (its last messages go to
+ * rank 2 alone), succeed, and then the next call fails so; later calls fail
+ * at once; the graph is freed and nothing stays alive. */
+static int scenario_die(bool in_capture, int k)
+{
+    const char *name = in_capture ? "capture-kill" : "replay-kill";
+    const int die_step = in_capture ? 0 : 3;
+    const double timeout = 2;
+    model m = {0};
+    if (!model_new(&m, true, 0))
+        return 1;
+    nb_mirrored_set_timeout(m.s, timeout);
+    int rank = nb_mirrored_world_rank(m.s), size = nb_mirrored_world_size(m.s);
+    nb_mirrored_graph *g = NULL;
+    nb_status st = NB_OK;
+    int failed_at = -1, sent = 0;
+    double waited = 0;
+    for (int step = 0; step < STEPS && !st; step++) {
+        int lo, hi;
+        share(step, rank, size, &lo, &hi);
+        nb_scope *sc = nb_scope_begin();
+        nb_tensor *x = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, FEATURES), g_x + lo * FEATURES);
+        nb_tensor *y = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, 1), g_y + lo);
+        if (rank == 1 && step == die_step) {
+            if (k == 0 && !in_capture)
+                raise(SIGKILL); /* between replays 2 and 3 */
+            atomic_store(&g_sends, 0);
+            atomic_store(&g_fn_calls, 0);
+            /* the step function runs once per replica (two) for step 1, then again for the recording */
+            g_die_at_call = k == 0 ? 3 : -1;
+            g_die_at_send = k;
+            atomic_store(&g_die_armed, true);
+        }
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        if (step == 0)
+            st = nb_mirrored_capture(m.s, m.opt, NB_VARS(m.w, m.b), step_fn, NULL, NB_TENSORS(x, y), NB_REDUCE_MEAN,
+                                     NULL, &g);
+        else
+            st = nb_mirrored_graph_replay(g, (nb_tensor *[]){x, y}, NULL);
+        waited = seconds_since(&t0);
+        if (step == die_step) {
+            atomic_store(&g_die_armed, false);
+            sent = atomic_load(&g_sends);
+        }
+        if (st)
+            failed_at = step;
+        nb_scope_end(sc);
+    }
+    if (rank == 1) { /* alive: k was past the call's last message */
+        printf("test_mpi: %s %d past the end (the call sent %d messages)\n", name, k, sent);
+        nb_error_clear();
+        nb_mirrored_graph_free(g);
+        model_free(&m);
+        return 0;
+    }
+    CHECKF(size == 3, "%d processes: run under mpirun -np 3", size);
+    if (failed_at < 0) { /* rank 1 lived (k past the end): every rank ends well */
+        CHECKF(false, "rank %d: no call failed", rank);
+        nb_mirrored_graph_free(g);
+        model_free(&m);
+        return check_finish();
+    }
+    const char *msg = nb_error_message();
+    CHECKF(failed_at == die_step || failed_at == die_step + 1, "rank %d: step %d failed (rank 1 died in step %d): %s",
+           rank, failed_at, die_step, msg);
+    const char *who = failed_at == 0 ? "nb_mirrored_capture" : "nb_mirrored_graph_replay";
+    CHECKF(st == NB_ERR_TIMEOUT, "rank %d: %s: %s", rank, nb_status_name(st), msg);
+    CHECKF(strstr(msg, who) && names_another_rank(msg, rank) && strstr(msg, "died or stopped answering"),
+           "rank %d: %s", rank, msg);
+    /* two deadlines at most: a survivor may wait for one that waited for rank 1 */
+    CHECKF(waited < 2 * timeout + 3, "rank %d waited %.1f s", rank, waited);
+    CHECK(failed_at == 0 ? g == NULL : g != NULL);
+    char first[512];
+    snprintf(first, sizeof first, "%s", msg);
+    nb_error_clear();
+    if (g) { /* the world is broken for good: the next replay fails at once */
+        nb_scope *sc = nb_scope_begin();
+        int lo, hi;
+        share(failed_at + 1, rank, size, &lo, &hi);
+        nb_tensor *x = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, FEATURES), g_x + lo * FEATURES);
+        nb_tensor *y = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, 1), g_y + lo);
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        nb_status again = nb_mirrored_graph_replay(g, (nb_tensor *[]){x, y}, NULL);
+        double at_once = seconds_since(&t0);
+        CHECKF(again == NB_ERR_TIMEOUT && strstr(nb_error_message(), "no longer work together"), "rank %d: %s: %s",
+               rank, nb_status_name(again), nb_error_message());
+        CHECKF(at_once < 1, "rank %d: the replay after the failure took %.1f s", rank, at_once);
+        nb_error_clear();
+        nb_scope_end(sc);
+    }
+    nb_mirrored_graph_free(g);
+    model_free(&m);
+    int failures = check_finish(); /* also: no tensor alive */
+    if (failures == 0)
+        printf("test_mpi: %s OK on rank %d (rank 1 died at %d; step %d failed after %.1f s: %s)\n", name, rank, k,
+               failed_at, waited, first);
+    return failures;
+}
+
 static int scenario_resume(bool write, const char *dir)
 {
     char path[1024];
@@ -353,7 +515,8 @@ int main(int argc, char **argv)
     if (argc > 1 && !strcmp(argv[1], "--probe"))
         return 0; /* mpi_run.sh: built with MPI */
     if (argc < 2) {
-        fprintf(stderr, "usage: test_mpi train|capture|mismatch|silent|kill|resume-write DIR|resume-read DIR\n");
+        fprintf(stderr, "usage: test_mpi train|capture|mismatch|silent|kill|capture-kill K|replay-kill K|"
+                        "resume-write DIR|resume-read DIR\n");
         return 2;
     }
     nb_set_logical_cpu_devices(2);
@@ -367,6 +530,8 @@ int main(int argc, char **argv)
         return scenario_capture();
     if (!strcmp(sc, "silent") || !strcmp(sc, "kill"))
         return scenario_stop(!strcmp(sc, "kill"));
+    if ((!strcmp(sc, "capture-kill") || !strcmp(sc, "replay-kill")) && argc > 2)
+        return scenario_die(!strcmp(sc, "capture-kill"), atoi(argv[2]));
     if ((!strcmp(sc, "resume-write") || !strcmp(sc, "resume-read")) && argc > 2)
         return scenario_resume(!strcmp(sc, "resume-write"), argv[2]);
     fprintf(stderr, "test_mpi: unknown scenario %s\n", sc);

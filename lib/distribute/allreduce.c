@@ -332,10 +332,9 @@ static bool all_reduce_local(nb_replica_state *rs, bool ok, int n_buckets, nb_te
 /* Replica 0's part through the processes' collective (NCCL): one call per run
  * of buckets of one dtype, after a handshake that checks every process is
  * there with the same buckets. */
-static nb_status world_sum_collective(nb_replica_state *rs, int n_buckets, nb_tensor *const *dst)
+static nb_status world_sum_collective(nb_replica_state *rs, const char *who, int n_buckets, nb_tensor *const *dst)
 {
     nb_mirrored *s = rs->s;
-    const char *who = "nb_mirrored_step";
     char desc[64];
     int64_t total = 0;
     for (int k = 0; k < n_buckets; k++)
@@ -355,13 +354,12 @@ static nb_status world_sum_collective(nb_replica_state *rs, int n_buckets, nb_te
 /* Replica 0's part: every bucket of dst summed with the other processes', in
  * host memory (a device's buckets through a staging buffer), or through the
  * processes' collective where the strategy has one. */
-static nb_status world_sum_buckets(nb_replica_state *rs, int n_buckets, nb_tensor *const *dst)
+static nb_status world_sum_buckets(nb_replica_state *rs, const char *who, int n_buckets, nb_tensor *const *dst)
 {
     nb_mirrored *s = rs->s;
     nb_device *dev = rs->dev;
-    const char *who = "nb_mirrored_step";
     if (s->world_comm)
-        return world_sum_collective(rs, n_buckets, dst);
+        return world_sum_collective(rs, who, n_buckets, dst);
     for (int k = 0; k < n_buckets; k++) {
         nb_tensor *b = dst[k];
         size_t bytes = (size_t)b->numel * nb_dtype_size(b->dtype);
@@ -405,14 +403,14 @@ static nb_status copy_from_first(nb_replica_state *rs, int n_buckets, nb_tensor 
 }
 
 /* After the process's own all-reduce: the sum with the other processes. */
-static bool all_reduce_world(nb_replica_state *rs, int n_buckets, nb_tensor *const *dst)
+static bool all_reduce_world(nb_replica_state *rs, const char *who, int n_buckets, nb_tensor *const *dst)
 {
     nb_mirrored *s = rs->s;
     bool ok = true;
     if (rs->index == 0) {
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        nb_status st = world_sum_buckets(rs, n_buckets, dst);
+        nb_status st = world_sum_buckets(rs, who, n_buckets, dst);
         clock_gettime(CLOCK_MONOTONIC, &t1);
         s->world_ns += (int64_t)(t1.tv_sec - t0.tv_sec) * 1000000000 + (t1.tv_nsec - t0.tv_nsec);
         s->world_sums++;
@@ -427,12 +425,12 @@ static bool all_reduce_world(nb_replica_state *rs, int n_buckets, nb_tensor *con
     return nb__mirrored_barrier(s, ok, NULL, NULL);
 }
 
-bool nb__all_reduce_buckets(nb_replica_state *rs, bool ok, int n_buckets, nb_tensor *const *src,
+bool nb__all_reduce_buckets(nb_replica_state *rs, const char *who, bool ok, int n_buckets, nb_tensor *const *src,
                             nb_tensor *const *dst, double scale)
 {
     if (!all_reduce_local(rs, ok, n_buckets, src, dst, scale))
         return false;
-    return !rs->s->world || all_reduce_world(rs, n_buckets, dst);
+    return !rs->s->world || all_reduce_world(rs, who, n_buckets, dst);
 }
 
 /* The all-reduce among this process's replicas. */

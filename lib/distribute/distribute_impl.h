@@ -230,13 +230,14 @@ nb_status nb__bucket_cache_fit(nb_replica_state *rs, const nb_bucket_plan *plan)
 void nb__bucket_cache_free(nb_bucket_cache *cache);
 
 /* Sums bucket tensors across replicas, called by every replica thread at once
- * (ok: whether this replica is fine so far; if any is not, nothing is summed):
+ * (who: the public call, which a failure across processes names; ok: whether
+ * this replica is fine so far; if any is not, nothing is summed):
  * afterwards dst of every replica holds sum over replicas of src, times scale
  * (src == dst is in place). src[k] and dst[k] are contiguous 1-d tensors, bucket k
  * of this replica, on its device; every replica passes the same layout. Uses the
  * strategy's collective when it has one, else reduce-scatter then all-gather
  * through device copies. Returns whether every replica succeeded (all agree). */
-bool nb__all_reduce_buckets(nb_replica_state *rs, bool ok, int n_buckets, nb_tensor *const *src,
+bool nb__all_reduce_buckets(nb_replica_state *rs, const char *who, bool ok, int n_buckets, nb_tensor *const *src,
                             nb_tensor *const *dst, double scale);
 
 #endif

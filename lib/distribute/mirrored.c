@@ -810,7 +810,7 @@ static void all_reduce_on_replica(nb_replica_state *rs, void *arg)
         y = x ? nb__tensor_new("nb_mirrored_all_reduce", rs->dev, x->dtype, x->ndim, x->shape) : NULL;
         ok = y || nb__replica_failed(rs, NB_ERR_INTERNAL, "preparing the buffers");
     }
-    ok = nb__all_reduce_buckets(rs, ok, 1, &x, &y, j->scale);
+    ok = nb__all_reduce_buckets(rs, "nb_mirrored_all_reduce", ok, 1, &x, &y, j->scale);
     if (ok)
         j->out[rs->index] = y; /* the reference nb__tensor_new gave */
     else
@@ -1007,7 +1007,7 @@ static void step_on_replica(nb_replica_state *rs, void *arg)
     if (!nb__mirrored_barrier(s, ok, nb__step_plan, j))
         goto out;
     ok = nb__step_pack(rs, j);
-    if (!nb__all_reduce_buckets(rs, ok, s->plan.n_buckets, rs->cache.tensors, rs->cache.tensors, 1.0))
+    if (!nb__all_reduce_buckets(rs, j->who, ok, s->plan.n_buckets, rs->cache.tensors, rs->cache.tensors, 1.0))
         goto out;
     nb__step_apply(rs, j);
 out:

@@ -150,7 +150,7 @@ static void capture_on_replica(nb_replica_state *rs, void *arg)
     rs->loss = loss;
     for (int i = 0; i < g->job.n_vars; i++)
         rs->grads[i] = NULL;
-    if (nb__all_reduce_buckets(rs, ok, s->plan.n_buckets, rs->cache.tensors, rs->cache.tensors, 1.0)) {
+    if (nb__all_reduce_buckets(rs, g->job.who, ok, s->plan.n_buckets, rs->cache.tensors, rs->cache.tensors, 1.0)) {
         nb_status st = nb_graph_capture(rs->dev->name, part_b, p, 0, NULL, 0, NULL, &p->b);
         ok = st == NB_OK || nb__replica_failed(rs, st, "capturing the update (the replicas may now differ)");
         p->n_buckets = s->plan.n_buckets;
@@ -188,8 +188,9 @@ void nb_mirrored_graph_free(nb_mirrored_graph *g)
     free(g);
 }
 
-/* The combined loss and the replicas' losses released; the step counted. */
-static nb_status finish_step(nb_mirrored_graph *g, nb_status st, nb_tensor **loss)
+/* The combined loss and the replicas' losses released; the step counted. who:
+ * the public call, for messages. */
+static nb_status finish_step(nb_mirrored_graph *g, const char *who, nb_status st, nb_tensor **loss)
 {
     nb_mirrored *s = g->s;
     if (!st) {
@@ -198,7 +199,7 @@ static nb_status finish_step(nb_mirrored_graph *g, nb_status st, nb_tensor **los
         s->collective_calls += g->parts[0].n_buckets;
         s->last_buckets = g->parts[0].n_buckets;
         if (s->world)
-            st = nb__mirrored_world_loss(s, "nb_mirrored_graph", g->job.reduction, loss);
+            st = nb__mirrored_world_loss(s, who, g->job.reduction, loss);
         else if (loss && !(*loss = nb__mirrored_combine_losses(s, g->job.reduction)))
             st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
     }
@@ -250,7 +251,7 @@ nb_status nb_mirrored_capture(nb_mirrored *s, nb_optimizer *opt, int n_vars, nb_
         g->job.step = nb__optimizer_next_step(opt);
         nb__mirrored_dispatch(s, capture_on_replica, g);
         st = nb__mirrored_raise(s, who);
-        st = finish_step(g, st, loss);
+        st = finish_step(g, who, st, loss);
     }
     g->job.inputs = NULL; /* the call's: each replay sets its own */
     pthread_mutex_unlock(&s->call_lock);
@@ -280,7 +281,7 @@ static void replay_on_replica(nb_replica_state *rs, void *arg)
     if (loss)
         nb__retain(loss);
     rs->loss = loss;
-    if (nb__all_reduce_buckets(rs, ok, p->n_buckets, p->buckets, p->buckets, 1.0)) {
+    if (nb__all_reduce_buckets(rs, g->job.who, ok, p->n_buckets, p->buckets, p->buckets, 1.0)) {
         nb_status st = nb_graph_replay(p->b, NULL, NULL);
         if (st)
             nb__replica_failed(rs, st, "replaying the update (the replicas may now differ)");
@@ -320,10 +321,11 @@ nb_status nb_mirrored_graph_replay(nb_mirrored_graph *g, nb_tensor *const *input
     nb_status st = nb__mirrored_step_prepare(s, j->opt, j->n_vars, j->vars, j->n_inputs, inputs, j->reduction, who);
     if (!st) {
         j->inputs = inputs;
+        j->who = who; /* the replay's failures name it, not the capture */
         nb__mirrored_dispatch(s, replay_on_replica, g);
         j->inputs = NULL;
         st = nb__mirrored_raise(s, who);
-        st = finish_step(g, st, loss);
+        st = finish_step(g, who, st, loss);
     }
     pthread_mutex_unlock(&s->call_lock);
     return st;

@@ -247,14 +247,17 @@ nb_status nb__world_handshake(const char *who, const char *kind, const char *des
     } else if (!wait_all(2 * n, reqs, done, now_s() + t)) {
         char names[160] = "";
         int missing = 0;
-        for (int r = 0; r < n; r++)
-            if (r != me && !done[2 * r]) {
-                size_t len = strlen(names);
-                if (missing++ < 8)
-                    snprintf(names + len, sizeof names - len, "%s%d", len ? ", " : "", r);
-            }
-        /* the sends may be stuck too when nobody answered; a rank that was not
-         * heard from is the one to name */
+        /* A rank not heard from is the one to name (the sends may be stuck
+         * too when nobody answered); when every rank was heard from, the one
+         * that never took this rank's header: it died just after sending its
+         * own. */
+        for (int pass = 0; pass < 2 && !missing; pass++)
+            for (int r = 0; r < n; r++)
+                if (r != me && !done[2 * r + pass]) {
+                    size_t len = strlen(names);
+                    if (missing++ < 8)
+                        snprintf(names + len, sizeof names - len, "%s%d", len ? ", " : "", r);
+                }
         st = world_fail(NB_ERR_TIMEOUT,
                         "%s: rank %s of %d did not answer within %g s at %s (call %lld): it died or stopped "
                         "answering (this is rank %d)",

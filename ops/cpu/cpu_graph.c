@@ -86,11 +86,29 @@ typedef struct kept {
 static pthread_mutex_t g_kept_lock = PTHREAD_MUTEX_INITIALIZER;
 static kept *g_kept;
 static size_t g_n_kept, g_cap_kept;
-static atomic_size_t g_any_kept; /* g_n_kept, read without the lock by nb__cpu_free */
+
+/* Every nb__cpu_free asks whether a graph keeps its block. While any graph
+ * lived, asking under the lock (a scan of the list) made a one-element eager
+ * add half as slow again with 256 blocks kept, and made the replicas' threads
+ * queue on one lock. So a filter of the kept addresses, one bit per address
+ * hash, is read first without the lock: a clear bit (the common case) means
+ * no graph keeps the block; a set bit may be another's, and the list decides.
+ * Bits are set, under the lock, before a block is registered, and when a
+ * graph lets go the filter is rebuilt from the blocks left, whose bits were
+ * set before and stay set, so a kept block's bit never reads clear. */
+#define FILTER_BITS_LOG2 13
+#define FILTER_WORDS ((1u << FILTER_BITS_LOG2) / 64)
+static _Atomic uint64_t g_filter[FILTER_WORDS];
+
+static size_t filter_bit(const void *p)
+{
+    return (size_t)(((uint64_t)(uintptr_t)p * 0x9E3779B97F4A7C15ull) >> (64 - FILTER_BITS_LOG2));
+}
 
 bool nb__cpu_graph_keeps(void *p)
 {
-    if (atomic_load_explicit(&g_any_kept, memory_order_acquire) == 0)
+    size_t b = filter_bit(p);
+    if (!(atomic_load_explicit(&g_filter[b / 64], memory_order_acquire) & ((uint64_t)1 << (b % 64))))
         return false;
     bool keeps = false;
     pthread_mutex_lock(&g_kept_lock);
@@ -128,10 +146,12 @@ static bool keep_alive(const cpu_rec *r)
         bool freed = false;
         for (size_t j = 0; j < r->freed.n && !freed; j++)
             freed = r->freed.at[j].p == r->made.at[i].p;
-        if (!freed)
+        if (!freed) {
+            size_t b = filter_bit(r->made.at[i].p);
+            atomic_fetch_or_explicit(&g_filter[b / 64], (uint64_t)1 << (b % 64), memory_order_release);
             g_kept[g_n_kept++] = (kept){r->made.at[i].p, r->made.at[i].n, r, false};
+        }
     }
-    atomic_store_explicit(&g_any_kept, g_n_kept, memory_order_release);
     pthread_mutex_unlock(&g_kept_lock);
     return ok;
 }
@@ -149,7 +169,13 @@ static void let_go(const cpu_rec *r)
             g_kept[w++] = g_kept[i]; /* no memory to list it: stays kept (leaks) rather than be lost */
     }
     g_n_kept = w;
-    atomic_store_explicit(&g_any_kept, g_n_kept, memory_order_release);
+    uint64_t filter[FILTER_WORDS] = {0};
+    for (size_t i = 0; i < g_n_kept; i++) {
+        size_t b = filter_bit(g_kept[i].p);
+        filter[b / 64] |= (uint64_t)1 << (b % 64);
+    }
+    for (size_t i = 0; i < FILTER_WORDS; i++) /* a subset of each word's bits: the kept ones stay set */
+        atomic_store_explicit(&g_filter[i], filter[i], memory_order_release);
     pthread_mutex_unlock(&g_kept_lock);
     for (size_t i = 0; i < to_free.n; i++)
         nb__cpu_free(r->dev, to_free.at[i].p, to_free.at[i].n);
