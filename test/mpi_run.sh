@@ -6,7 +6,7 @@
 # see into OpenMPI's threads). Every mpirun runs under timeout, so a hang fails.
 #
 #   test/mpi_run.sh TEST_MPI SCENARIO      SCENARIO: train, capture, mismatch, silent, kill, capture-kill,
-#                                          replay-kill, resume (test_mpi),
+#                                          replay-kill, slow, resume (test_mpi),
 #                                          async-train, async-kill-worker, async-slow, async-kill-server (test_mpi_async)
 set -uo pipefail
 exe="${1:?usage: mpi_run.sh TEST_MPI SCENARIO}"
@@ -70,6 +70,14 @@ case "$scenario" in
     done
     [ $k -ge 2 ] || { echo "mpi_run.sh: the call sent fewer messages than a handshake"; exit 1; }
     echo "mpi_run.sh: rank 1 died at each of $k points: every survivor failed well" ;;
+  # rank 1 stalls past the deadline inside the all-reduce, then sends on
+  # (--enable-recovery: neither rank finalises MPI, so either may end first);
+  # both ranks must fail well, rank 0's memory untouched by the late message
+  slow)
+    for how in eager replay; do
+      run 2 --enable-recovery -- slow "$how"
+      [ "$(grep -c "test_mpi: slow $how OK" "$log")" -eq 2 ] || { echo "mpi_run.sh: slow $how: not every rank failed well"; exit 1; }
+    done ;;
   async-train) run 4 -- async-train; ok $?; expect async-train ;;
   async-kill-worker) run 3 --enable-recovery -- async-kill-worker; expect async-kill-worker ;;
   async-slow)

@@ -25,6 +25,14 @@
  *                            next fails at once, and the graph is freed
  *                            A K past the call's last message: rank 1 says so
  *                            ("past the end") instead of dying
+ *   test_mpi slow eager|replay  rank 1 stalls past the deadline in the middle
+ *                            of step 3's all-reduce (eager, or a replay of the
+ *                            captured step), then sends on: rank 0 fails with
+ *                            NB_ERR_TIMEOUT within the deadline, frees the
+ *                            strategy (and graph), fills canary tensors and
+ *                            drives MPI while rank 1's late messages arrive,
+ *                            and finds the canaries intact; rank 1 fails with
+ *                            NB_ERR_TIMEOUT too, and both end
  *   test_mpi resume-write DIR   trains 2K steps, rank 0 checkpointing after K,
  *                            and rank 0 writes the final variables to DIR
  *   test_mpi resume-read DIR    on any number of processes: resumes from DIR's
@@ -96,6 +104,13 @@ static atomic_bool g_die_armed;
 static atomic_int g_fn_calls, g_sends;
 static int g_die_at_call = -1, g_die_at_send = -1;
 
+/* Rank 1's stall: armed, its first all-gather message of the ring that sums a
+ * bucket (tag 7402 in lib/distribute/world.c; more than one element, which
+ * the loss's parts never are) waits g_stall_s before it goes. */
+#define RING_GATHER_TAG 7402
+static atomic_bool g_stall_armed;
+static double g_stall_s;
+
 #if NB_HAVE_MPI
 /* Every message the library sends to another rank starts here (the MPI
  * profiling interface): counted, and the point where rank 1 may die. */
@@ -104,6 +119,10 @@ int MPI_Isend(const void *buf, int count, MPI_Datatype type, int dest, int tag, 
     int n = atomic_fetch_add(&g_sends, 1) + 1;
     if (atomic_load(&g_die_armed) && n == g_die_at_send)
         raise(SIGKILL);
+    if (tag == RING_GATHER_TAG && count > 1 && atomic_exchange(&g_stall_armed, false)) {
+        struct timespec ts = {(time_t)g_stall_s, (long)((g_stall_s - (double)(time_t)g_stall_s) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
     return PMPI_Isend(buf, count, type, dest, tag, comm, req);
 }
 #endif
@@ -457,6 +476,163 @@ static int scenario_die(bool in_capture, int k)
     return failures;
 }
 
+#if NB_HAVE_MPI
+/* Rank 0 and rank 1 tell each other they are done (tag 991, outside the
+ * library): rank 0 waits for rank 1's word while it drives MPI, so every late
+ * message of rank 1's has arrived by then; each waits at most limit seconds. */
+#define DONE_TAG 991
+static bool exchange_done(int rank, double limit)
+{
+    static int word = 1, got = 0; /* static: a request given up on may still name them */
+    MPI_Request req;
+    if (rank == 1) /* past the stall above */
+        PMPI_Isend(&word, 1, MPI_INT, 0, DONE_TAG, MPI_COMM_WORLD, &req);
+    else
+        MPI_Irecv(&got, 1, MPI_INT, 1, DONE_TAG, MPI_COMM_WORLD, &req);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        int flag = 0, probed = 0;
+        MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+        /* also a look at everything that came: what makes MPI deliver */
+        MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &probed, MPI_STATUS_IGNORE);
+        if (flag)
+            return true;
+        if (seconds_since(&t0) > limit) {
+            if (rank == 0)
+                MPI_Cancel(&req);
+            MPI_Request_free(&req);
+            return false;
+        }
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
+    }
+}
+#endif
+
+/* Rank 1 stalls for twice the deadline before its first all-gather message of
+ * step 3 (an eager step, or with captured, replay 3 of the step captured at
+ * 0), then sends it and goes on. Rank 0 must fail with NB_ERR_TIMEOUT within
+ * the deadline and a little, free everything, and then own memory that rank
+ * 1's late message must not reach: canary tensors of the freed bucket's size
+ * class (the CPU allocator hands its blocks back), filled before rank 1
+ * resumes and read after rank 1 said it was done, MPI driven all the while.
+ * Rank 1 must fail with NB_ERR_TIMEOUT naming rank 0 within its stall and a
+ * deadline. */
+static int scenario_slow(bool captured)
+{
+#if NB_HAVE_MPI
+    const char *name = captured ? "slow replay" : "slow eager";
+    const double timeout = 2;
+    model m = {0};
+    if (!model_new(&m, true, 0))
+        return 1;
+    nb_mirrored_set_timeout(m.s, timeout);
+    int rank = nb_mirrored_world_rank(m.s), size = nb_mirrored_world_size(m.s);
+    CHECKF(size == 2, "%d processes: run under mpirun -np 2", size);
+    g_stall_s = 2 * timeout;
+    nb_mirrored_graph *g = NULL;
+    nb_status st = NB_OK;
+    int failed_at = -1;
+    double waited = 0;
+    for (int step = 0; step < STEPS && !st; step++) {
+        int lo, hi;
+        share(step, rank, size, &lo, &hi);
+        nb_scope *sc = nb_scope_begin();
+        nb_tensor *x = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, FEATURES), g_x + lo * FEATURES);
+        nb_tensor *y = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, 1), g_y + lo);
+        if (rank == 1 && step == 3)
+            atomic_store(&g_stall_armed, true);
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        if (captured && step == 0)
+            st = nb_mirrored_capture(m.s, m.opt, NB_VARS(m.w, m.b), step_fn, NULL, NB_TENSORS(x, y), NB_REDUCE_MEAN,
+                                     NULL, &g);
+        else if (captured)
+            st = nb_mirrored_graph_replay(g, (nb_tensor *[]){x, y}, NULL);
+        else
+            st = nb_mirrored_step(m.s, m.opt, NB_VARS(m.w, m.b), step_fn, NULL, NB_TENSORS(x, y), NB_REDUCE_MEAN,
+                                  NULL);
+        waited = seconds_since(&t0);
+        if (st)
+            failed_at = step;
+        nb_scope_end(sc);
+    }
+    CHECKF(!atomic_load(&g_stall_armed), "rank %d: the stall never came", rank);
+    char first[512];
+    snprintf(first, sizeof first, "%s", nb_error_message());
+    CHECKF(st == NB_ERR_TIMEOUT, "rank %d: %s: %s", rank, nb_status_name(st), first);
+    CHECKF(names_another_rank(first, rank) && strstr(first, "died or stopped answering"), "rank %d: %s", rank, first);
+    if (rank == 0) {
+        CHECKF(failed_at == 3, "rank 0 failed at step %d, not 3", failed_at);
+        CHECKF(waited < timeout + 2.5, "rank 0 waited %.1f s (deadline %g s)", waited, timeout);
+    } else {
+        /* its own step 3 or 4 waits for rank 0 after the stall */
+        CHECKF(failed_at == 3 || failed_at == 4, "rank 1 failed at step %d", failed_at);
+        CHECKF(waited < g_stall_s + timeout + 2.5, "rank 1 waited %.1f s", waited);
+    }
+    nb_error_clear();
+    /* the world is broken for good: the next call fails at once */
+    {
+        nb_scope *sc = nb_scope_begin();
+        nb_tensor *x = nb_from_buffer(NB_F64, NB_SHAPE(1, FEATURES), g_x);
+        nb_tensor *y = nb_from_buffer(NB_F64, NB_SHAPE(1, 1), g_y);
+        struct timespec t0;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        nb_status again = nb_mirrored_step(m.s, m.opt, NB_VARS(m.w, m.b), step_fn, NULL, NB_TENSORS(x, y),
+                                           NB_REDUCE_MEAN, NULL);
+        CHECKF(again == NB_ERR_TIMEOUT && strstr(nb_error_message(), "no longer work together"), "rank %d: %s: %s",
+               rank, nb_status_name(again), nb_error_message());
+        CHECKF(seconds_since(&t0) < 1, "rank %d: the step after the failure took %.1f s", rank, seconds_since(&t0));
+        nb_error_clear();
+        nb_scope_end(sc);
+    }
+    nb_mirrored_graph_free(g);
+    model_free(&m);
+    if (rank == 0) {
+        /* memory made after the free: the blocks of the freed buckets among it */
+        enum { CANARIES = 4096, PLAIN = 256 };
+        const double mark = -1234.5678;
+        nb_scope *sc = nb_scope_begin();
+        nb_tensor **canary = malloc(sizeof *canary * CANARIES);
+        unsigned char *plain[PLAIN];
+        CHECK(canary != NULL);
+        for (int i = 0; canary && i < CANARIES; i++)
+            canary[i] = nb_full(NB_F64, NB_SHAPE(6 + i % 3), mark); /* 48 to 64 bytes: the bucket's class */
+        for (int i = 0; i < PLAIN; i++)
+            if ((plain[i] = malloc((size_t)(8 + i % 64))))
+                memset(plain[i], 0xA5, (size_t)(8 + i % 64));
+        bool heard = exchange_done(0, g_stall_s + 3 * timeout + 10);
+        CHECKF(heard, "rank 0: rank 1 never said it was done");
+        int bad = 0;
+        for (int i = 0; canary && i < CANARIES; i++) {
+            double v[8];
+            int64_t n = nb_tensor_numel(canary[i]);
+            CHECK_OK(nb_tensor_read(canary[i], v, sizeof(double) * (size_t)n));
+            for (int64_t j = 0; j < n; j++)
+                bad += v[j] != mark;
+        }
+        for (int i = 0; i < PLAIN; i++) {
+            for (int j = 0; plain[i] && j < 8 + i % 64; j++)
+                bad += plain[i][j] != 0xA5;
+            free(plain[i]);
+        }
+        CHECKF(bad == 0, "rank 0: %d canary elements changed after the strategy was freed", bad);
+        free(canary);
+        nb_scope_end(sc);
+    } else {
+        CHECKF(exchange_done(1, 2 * timeout + 10), "rank 1: rank 0 never took its word");
+    }
+    int failures = check_finish();
+    if (failures == 0)
+        printf("test_mpi: %s OK on rank %d (step %d failed after %.1f s: %s)\n", name, rank, failed_at, waited, first);
+    fflush(stdout);
+    return failures;
+#else
+    (void)captured;
+    return 77;
+#endif
+}
+
 static int scenario_resume(bool write, const char *dir)
 {
     char path[1024];
@@ -516,7 +692,7 @@ int main(int argc, char **argv)
         return 0; /* mpi_run.sh: built with MPI */
     if (argc < 2) {
         fprintf(stderr, "usage: test_mpi train|capture|mismatch|silent|kill|capture-kill K|replay-kill K|"
-                        "resume-write DIR|resume-read DIR\n");
+                        "slow eager|replay|resume-write DIR|resume-read DIR\n");
         return 2;
     }
     nb_set_logical_cpu_devices(2);
@@ -532,6 +708,8 @@ int main(int argc, char **argv)
         return scenario_stop(!strcmp(sc, "kill"));
     if ((!strcmp(sc, "capture-kill") || !strcmp(sc, "replay-kill")) && argc > 2)
         return scenario_die(!strcmp(sc, "capture-kill"), atoi(argv[2]));
+    if (!strcmp(sc, "slow") && argc > 2)
+        return scenario_slow(!strcmp(argv[2], "replay"));
     if ((!strcmp(sc, "resume-write") || !strcmp(sc, "resume-read")) && argc > 2)
         return scenario_resume(!strcmp(sc, "resume-write"), argv[2]);
     fprintf(stderr, "test_mpi: unknown scenario %s\n", sc);

@@ -90,7 +90,11 @@ nb_mirrored *nb_mirrored_new(int n, const char *const *devices);
  * NB_ERR_TIMEOUT naming its rank where it is known, and from then on every
  * call across processes fails at once (MPI is then not finalised at exit, since
  * that would wait for the dead process; mpirun needs --enable-recovery for the
- * others to outlive one that was killed). Returns the strategy, or NULL with
+ * others to outlive one that was killed). A process that was only slow and
+ * sends after the deadline cannot reach memory the others freed (their
+ * pending receives are cancelled; what a pending send still reads is kept to
+ * the end of the process), so freeing the strategy after such a failure is
+ * safe. Returns the strategy, or NULL with
  * the error (NB_ERR_BACKEND when MPI cannot start, NB_ERR_TIMEOUT or
  * NB_ERR_INVALID_ARGUMENT when the processes do not agree to start). */
 nb_mirrored *nb_mirrored_new_world(int n, const char *const *devices);

@@ -363,8 +363,15 @@ static nb_status world_sum_buckets(nb_replica_state *rs, const char *who, int n_
     for (int k = 0; k < n_buckets; k++) {
         nb_tensor *b = dst[k];
         size_t bytes = (size_t)b->numel * nb_dtype_size(b->dtype);
+        bool kept = false;
         if (dev->kind == NB_DEVICE_CPU) {
-            nb_status st = nb__world_sum(who, nb__data(b), b->numel, b->dtype);
+            /* in the bucket itself (no copy); a late message may land in it
+             * after a timeout, so its storage then outlives the bucket */
+            nb_status st = nb__world_sum(who, nb__data(b), b->numel, b->dtype, &kept);
+            if (kept) {
+                atomic_fetch_add(&b->storage->refs, 1);
+                nb__world_keep(b->storage);
+            }
             if (st)
                 return st;
             continue;
@@ -378,7 +385,12 @@ static nb_status world_sum_buckets(nb_replica_state *rs, const char *who, int n_
         }
         nb_status st = dev->backend->copy_to_host(dev, s->host, nb__data(b), bytes);
         if (!st)
-            st = nb__world_sum(who, s->host, b->numel, b->dtype);
+            st = nb__world_sum(who, s->host, b->numel, b->dtype, &kept);
+        if (kept) { /* the staging buffer is the world's now */
+            nb__world_keep(s->host);
+            s->host = NULL;
+            s->host_bytes = 0;
+        }
         if (!st)
             st = dev->backend->copy_from_host(dev, nb__data(b), s->host, bytes);
         if (st)

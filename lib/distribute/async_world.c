@@ -258,8 +258,9 @@ static nb_status take_reply(nb_async *a, int s, int tag, reply *r, char *buf, si
     if (!msgbuf)
         return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
     nb_status st;
+    bool kept = false;
     do {
-        st = nb__world_recv(who, s, tag, msgbuf, sizeof *r + bytes, &got);
+        st = nb__world_recv(who, s, tag, msgbuf, sizeof *r + bytes, &got, &kept);
         if (!st && got >= sizeof *r)
             memcpy(r, msgbuf, sizeof *r);
     } while (!st && got == sizeof *r && r->wait);
@@ -271,7 +272,10 @@ static nb_status take_reply(nb_async *a, int s, int tag, reply *r, char *buf, si
         if (bytes)
             memcpy(buf, msgbuf + sizeof *r, bytes);
     }
-    free(msgbuf);
+    if (kept) /* a receive into it may still complete */
+        nb__world_keep(msgbuf);
+    else
+        free(msgbuf);
     return st;
 }
 
@@ -724,7 +728,13 @@ nb_status nb__async_world_serve(nb_async *a, const char *who)
             cap = bytes;
         }
         size_t got = 0;
-        st = nb__world_recv(who, src, TAG_REQUEST, buf, bytes, &got);
+        bool kept = false;
+        st = nb__world_recv(who, src, TAG_REQUEST, buf, bytes, &got, &kept);
+        if (kept) { /* a receive into it may still complete: the world's now */
+            nb__world_keep(buf);
+            buf = NULL;
+            cap = 0;
+        }
         if (!st) {
             w->heard[src] = now_s();
             st = handle(a, src, buf, got, who);

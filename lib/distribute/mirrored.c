@@ -1123,7 +1123,7 @@ nb_status nb__mirrored_world_loss(nb_mirrored *s, const char *who, nb_reduction 
     nb_scope_end(scope);
     nb_status st = had_error ? NB_OK : nb_error();
     if (!st)
-        st = nb__world_sum(who, &v, 1, NB_F64);
+        st = nb__world_sum(who, &v, 1, NB_F64, NULL); /* v is on this stack: the world's copy */
     if (!st && loss && !(*loss = nb_scalar(NB_F64, v)))
         st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
     return st;

@@ -11,6 +11,11 @@
  * answering, MPI_Finalize is not called at exit either (it would wait for the
  * dead rank for ever).
  *
+ * A timeout leaves no MPI operation pending on memory anybody frees: pending
+ * receives are cancelled, and what a pending operation may still touch is the
+ * world's own memory, or the caller's when the call says so through *kept
+ * (the caller then hands it to nb__world_keep rather than freeing it).
+ *
  * Built without MPI, or run without mpirun, the world is one process and every
  * call is a local no-op. */
 #ifndef NB_DISTRIBUTE_WORLD_H
@@ -42,10 +47,21 @@ nb_status nb__world_handshake(const char *who, const char *kind, const char *des
                               int64_t *min);
 
 /* In place: buf (count elements of dtype: f32, f64, i32, i64) becomes the sum
- * over the ranks. Host memory. */
-nb_status nb__world_sum(const char *who, void *buf, int64_t count, nb_dtype dtype);
+ * over the ranks. Host memory. With kept, MPI works on buf itself, and on a
+ * failure *kept says whether an operation that may still read or write buf
+ * stayed pending (a rank that is only slow may answer later): buf must then
+ * never be freed or reused, but handed to nb__world_keep. With kept NULL (a
+ * small buffer, or one the caller cannot keep, such as its stack), the sum
+ * runs in a copy the world owns and buf is free whatever happens. */
+nb_status nb__world_sum(const char *who, void *buf, int64_t count, nb_dtype dtype, bool *kept);
 
-/* In place: rank 0's bytes to every rank. Host memory. */
+/* Keeps p (memory, or an object holding memory, a pending MPI operation may
+ * still touch) reachable until the process ends: it is never freed. Call it
+ * in place of the free that *kept forbade. */
+void nb__world_keep(void *p);
+
+/* In place: rank 0's bytes to every rank. Host memory, through a copy the
+ * world owns: buf is the caller's again when it returns, whatever happened. */
 nb_status nb__world_broadcast(const char *who, void *buf, size_t bytes);
 
 /* ---- messages between two ranks ----------------------------------------------
@@ -54,13 +70,17 @@ nb_status nb__world_broadcast(const char *who, void *buf, size_t bytes);
 
 /* Sends bytes to rank dest with tag and waits until MPI has taken them.
  * NB_ERR_TIMEOUT naming dest when it does not within the deadline (the world
- * is not broken by it: the caller decides whether that rank is dead). */
+ * is not broken by it: the caller decides whether that rank is dead). MPI
+ * sends the world's copy of buf, so buf is the caller's again on return
+ * either way; after a timeout the copy lives until its send completes. */
 nb_status nb__world_send(const char *who, int dest, int tag, const void *buf, size_t bytes);
 
 /* Receives one message from rank src with tag into buf (at most bytes; the
  * size to *got). NB_ERR_TIMEOUT naming src after the deadline, which breaks
- * the world. */
-nb_status nb__world_recv(const char *who, int src, int tag, void *buf, size_t bytes, size_t *got);
+ * the world; the receive is then cancelled, and where it could not be (the
+ * message had begun to arrive) *kept is set: buf must then go to
+ * nb__world_keep, never be freed. *kept is false otherwise. */
+nb_status nb__world_recv(const char *who, int src, int tag, void *buf, size_t bytes, size_t *got, bool *kept);
 
 /* Says that some rank died while the others went on: MPI_Finalize would wait
  * for it, so it is not called at exit. */
