@@ -581,6 +581,41 @@ static nb_status failing_step(void *user, int n_in, nb_tensor *const *in, int n_
     return NB_OK;
 }
 
+/* A step that returns a variable's value read before it updates the variable
+ * (in place, or by copy-on-write since the read holds it): each replay's
+ * output is the value before that replay's update, as an eager step's is. */
+static nb_variable *g_counter;
+static nb_status read_then_add(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    (void)user, (void)n_in, (void)n_out;
+    nb_tensor *before = nb_read(g_counter);
+    nb_status st = nb_variable_assign_add(g_counter, in[0]);
+    out[0] = before;
+    out[1] = nb_mul_scalar(nb_read(g_counter), 1.0);
+    return st;
+}
+
+static void read_then_update(void)
+{
+    nb_device_push(g_device);
+    g_counter = nb_variable_new("counter", nb_zeros(NB_F64, NB_SHAPE(3)));
+    nb_tensor *one = nb_ones(NB_F64, NB_SHAPE(3));
+    nb_graph *g = NULL;
+    nb_tensor *out[2] = {NULL, NULL};
+    CHECK_OK(nb_graph_capture(g_device, read_then_add, NULL, 1, &one, 2, out, &g));
+    CHECK(out[0] && nb_tensor_get(out[0], 2) == 0 && nb_tensor_get(out[1], 2) == 1);
+    for (int i = 1; i <= 3 && g; i++) {
+        CHECK_OK(nb_graph_replay(g, &one, out));
+        CHECKF(out[0] && nb_tensor_get(out[0], 2) == i, "replay %d returned %g read before its update", i,
+               out[0] ? nb_tensor_get(out[0], 2) : -1.0);
+        CHECKF(out[1] && nb_tensor_get(out[1], 2) == i + 1, "replay %d: %g after", i, out[1] ? nb_tensor_get(out[1], 2) : -1.0);
+    }
+    CHECK(nb_tensor_get(nb_read(g_counter), 0) == 4);
+    nb_graph_free(g);
+    nb_variable_free(g_counter);
+    nb_device_pop();
+}
+
 static void replay_checks(void)
 {
     nb_tensor *x = nb_arange(NB_F32, 0, 6, 1), *outs[2] = {NULL, NULL};
@@ -756,6 +791,7 @@ int main(int argc, char **argv)
     RUN(scaler_readback);
     RUN(refusals);
     RUN(replay_checks);
+    RUN(read_then_update);
     if (!gpu_only) /* a GPU's index errors surface later, at a synchronising call */
         RUN(cpu_recording);
     if (!gpu_only)

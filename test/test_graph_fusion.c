@@ -4,8 +4,10 @@
  * around the CPU's tile (1, 255, 256, 257) and past the threads' split,
  * inputs with 0, -0, ±inf and NaN, a broadcast operand, a comparison, an
  * in-place update, a temporary that a later call still reads, one the step
- * returns, and a training step with a tape and an optimizer — and the chain
- * replaces its calls (fewer nodes).
+ * returns, a training step with a tape and an optimizer, and 150 random
+ * steps (40 on a GPU) (chains of 4 to 24 ops, views, broadcasts, transposes, overlapping
+ * slices, sums of temporaries, inner scopes whose temporaries die, in-place
+ * updates of a variable) — and the chain replaces its calls (fewer nodes).
  *
  *   test_graph_fusion [--gpu]    (--gpu: the same on /gpu:0, where each chain
  *                                 is one kernel compiled by NVRTC; 77 without) */
@@ -251,6 +253,144 @@ static void training(void)
     printf("training step: %lld recorded calls, %lld fused\n", (long long)nodes[0], (long long)nodes[1]);
 }
 
+/* ---- random steps: every chain the planner sees must keep eager's bits ---- */
+
+enum { PROG_MAX = 24, STACK_MAX = 64 };
+typedef enum { I_UNARY, I_SCALAR, I_BINARY, I_BIAS, I_TRANSPOSE, I_SLICE, I_SUM, I_SCOPE, I_VAR_ADD, I_VAR_READ } instr_kind;
+typedef struct instr {
+    instr_kind kind;
+    int a, b, op, len; /* stack picks (taken modulo its size), the op, a scope's length */
+    double alpha;
+} instr;
+typedef struct program {
+    int n, side;
+    instr at[PROG_MAX];
+    nb_variable *v;
+} program;
+
+typedef nb_tensor *(*unary_fn)(const nb_tensor *);
+typedef nb_tensor *(*binary_fn)(const nb_tensor *, const nb_tensor *);
+typedef nb_tensor *(*scalar_fn)(const nb_tensor *, double);
+static const unary_fn k_unary[] = {nb_neg, nb_abs, nb_exp, nb_tanh, nb_sigmoid, nb_relu, nb_square, nb_sqrt,
+                                   nb_log, nb_gelu, nb_sin, nb_softplus};
+static const binary_fn k_binary[] = {nb_add, nb_sub, nb_mul, nb_div, nb_maximum, nb_minimum, nb_pow};
+static const scalar_fn k_scalar[] = {nb_mul_scalar, nb_add_scalar, nb_pow_scalar, nb_leaky_relu};
+
+/* Runs p's instructions from i (up to end) on the stack; returns where it stopped. */
+static int run_instrs(const program *p, int i, int end, nb_tensor **stack, int *n, nb_tensor *const *in,
+                      nb_tensor **acc)
+{
+    while (i < end) {
+        const instr *k = &p->at[i++];
+        nb_tensor *a = stack[k->a % *n], *b = stack[k->b % *n], *r = NULL;
+        switch (k->kind) {
+        case I_UNARY: r = k_unary[k->op % 12](a); break;
+        case I_SCALAR: r = k_scalar[k->op % 4](a, k->alpha); break;
+        case I_BINARY: r = k_binary[k->op % 7](a, b); break;
+        case I_BIAS: r = nb_add(a, in[2]); break;
+        case I_TRANSPOSE: r = nb_transpose(a, 0, 1); break;
+        case I_SLICE: r = nb_slice(in[3], NB_SHAPE(k->op % 3, 0), NB_SHAPE(p->side, p->side)); break;
+        case I_SUM: *acc = nb_add(*acc, nb_sum_all(a)); break;
+        case I_VAR_ADD: nb_variable_assign_add(p->v, nb_mul_scalar(a, 0.125)); break;
+        case I_VAR_READ: r = nb_read(p->v); break;
+        case I_SCOPE: { /* its temporaries die at its end; its last result is kept */
+            nb_scope *s = nb_scope_begin();
+            int base = *n;
+            nb_tensor *acc_before = *acc;
+            i = run_instrs(p, i, i + k->len < end ? i + k->len : end, stack, n, in, acc);
+            nb_tensor *last = *n > base ? stack[*n - 1] : NULL;
+            if (*acc != acc_before) /* made in this scope */
+                nb_keep(*acc);
+            if (last)
+                nb_keep(last);
+            nb_scope_end(s);
+            *n = base;
+            r = last;
+            break;
+        }
+        }
+        if (r && *n < STACK_MAX)
+            stack[(*n)++] = r;
+    }
+    return i;
+}
+
+/* in: x0, x1 [side, side], bias [side], wide [side + 2, side]; out: the last
+ * result and the sum of the sums taken on the way. */
+static nb_status program_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    (void)n_in, (void)n_out;
+    const program *p = user;
+    nb_tensor *stack[STACK_MAX] = {in[0], in[1]};
+    int n = 2;
+    nb_tensor *acc = nb_zeros(nb_tensor_dtype(in[0]), NB_SHAPE());
+    run_instrs(p, 0, p->n, stack, &n, in, &acc);
+    out[0] = nb_contiguous(stack[n - 1]);
+    out[1] = acc;
+    return out[0] && out[1] ? NB_OK : nb_error();
+}
+
+static uint64_t next_u(uint64_t *s)
+{
+    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+    return *s >> 11;
+}
+
+static void random_steps(void)
+{
+    int programs = 0;
+    /* a GPU compiles each new chain (NVRTC): fewer programs there */
+    const uint64_t n_programs = g_gpu ? 40 : 150;
+    for (uint64_t seed = 1; seed <= n_programs; seed++) {
+        uint64_t s = seed * 0x9E3779B97F4A7C15ull;
+        program p = {.n = 4 + (int)(next_u(&s) % (PROG_MAX - 3)), .side = 1 + (int)(next_u(&s) % 37)};
+        nb_dtype dt = seed % 2 ? NB_F32 : NB_F64;
+        for (int i = 0; i < p.n; i++) {
+            instr *k = &p.at[i];
+            int r = (int)(next_u(&s) % 100);
+            k->kind = r < 28 ? I_UNARY : r < 38 ? I_SCALAR : r < 62 ? I_BINARY : r < 68 ? I_BIAS : r < 74 ? I_TRANSPOSE
+                      : r < 78 ? I_SLICE : r < 84 ? I_SUM : r < 91 ? I_SCOPE : r < 96 ? I_VAR_ADD : I_VAR_READ;
+            k->a = (int)(next_u(&s) % 64), k->b = (int)(next_u(&s) % 64), k->op = (int)(next_u(&s) % 64);
+            k->len = 1 + (int)(next_u(&s) % 5);
+            k->alpha = ((double)(next_u(&s) % 17) - 8) / 4;
+        }
+        int side = p.side;
+        nb_tensor *ins[2][4];
+        for (int j = 0; j < 2; j++) {
+            ins[j][0] = nb_reshape(values(dt, side * side, 100 * seed + 10 * j), NB_SHAPE(side, side));
+            ins[j][1] = nb_reshape(values(dt, side * side, 100 * seed + 10 * j + 1), NB_SHAPE(side, side));
+            ins[j][2] = values(dt, side, 100 * seed + 10 * j + 2);
+            ins[j][3] = nb_reshape(values(dt, (side + 2) * side, 100 * seed + 10 * j + 3), NB_SHAPE(side + 2, side));
+        }
+        nb_tensor *init = nb_reshape(values(dt, side * side, 7 * seed), NB_SHAPE(side, side));
+        program eager = p;
+        p.v = nb_variable_new("v", init);
+        eager.v = nb_variable_new("v_eager", init);
+        nb_graph *g = NULL;
+        nb_tensor *got[2], *want[2];
+        nb_status st = nb_graph_capture(g_device, program_step, &p, 4, ins[0], 2, got, &g);
+        CHECKF(st == NB_OK, "program %llu: %s", (unsigned long long)seed, nb_error_message());
+        if (st == NB_OK) {
+            CHECK_OK(program_step(&eager, 4, ins[0], 2, want));
+            for (int rep = 0; rep < 3; rep++) {
+                nb_tensor *const *in = ins[(rep + 1) % 2];
+                CHECK_OK(nb_graph_replay(g, in, got));
+                CHECK_OK(program_step(&eager, 4, in, 2, want));
+                for (int o = 0; o < 2; o++)
+                    CHECKF(same_bits(got[o], want[o]), "program %llu (%s, side %d), output %d of replay %d",
+                           (unsigned long long)seed, nb_dtype_name(dt), side, o, rep);
+            }
+            CHECKF(same_bits(nb_read(p.v), nb_read(eager.v)), "program %llu: the variable", (unsigned long long)seed);
+            programs++;
+            nb_graph_free(g);
+        }
+        nb_variable_free(p.v);
+        nb_variable_free(eager.v);
+        nb_error_clear();
+    }
+    printf("random steps: %d programs replayed as eager ran them\n", programs);
+}
+
 static void setting(void)
 {
     bool was = nb_graph_set_fusion(false);
@@ -276,6 +416,7 @@ int main(int argc, char **argv)
     RUN(kept_and_read_after);
     RUN(broadcast);
     RUN(training);
+    RUN(random_steps);
     nb_device_pop();
     return check_finish();
 }

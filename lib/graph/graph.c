@@ -142,6 +142,26 @@ static nb_status replay_eager(nb_graph *g, nb_tensor **outputs, const char *who)
     return st;
 }
 
+/* An output that shares its memory with anything else (a variable's value,
+ * read in the step before the step updated the variable) is copied, in the
+ * recording, into a tensor of the graph's own: the recording's closing work
+ * (a variable copied back where the replays read it) may overwrite the
+ * memory it shares, and the step returned the values it had before. */
+static nb_status snapshot_shared_outputs(nb_graph *g, nb_device *dev)
+{
+    for (int i = 0; i < g->n_out; i++) {
+        nb_tensor *t = g->out[i];
+        if (atomic_load(&t->refs) == 1 && atomic_load(&t->storage->refs) == 1)
+            continue;
+        nb_tensor *snap = copy_out(dev, t);
+        if (!snap)
+            return nb_error() ? nb_error() : NB_ERR_OUT_OF_MEMORY;
+        nb__release(t);
+        g->out[i] = snap;
+    }
+    return NB_OK;
+}
+
 /* Records the step on a device whose backend can: g->exec and g->rec on success. */
 static nb_status record(nb_graph *g, const char *who)
 {
@@ -165,6 +185,8 @@ static nb_status record(nb_graph *g, const char *who)
     }
     nb__capture *c = nb__capture_enter(dev, true, g->dev_params);
     st = c ? run_step(g, c, g->out, who) : nb_error();
+    if (st == NB_OK)
+        st = snapshot_shared_outputs(g, dev);
     bool kept = st == NB_OK;
     if (c) /* the hooks' closing work is recorded while the stream still records */
         nb__capture_leave(c, kept);
