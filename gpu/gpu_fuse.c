@@ -25,28 +25,46 @@ static int64_t g_launches; /* __atomic */
 
 int64_t nb__gpu_fused_launches(void) { return __atomic_load_n(&g_launches, __ATOMIC_RELAXED); }
 
-/* The kernel of src for c's card, compiled and loaded on first use; NULL with
- * the error recorded where it cannot be (remembered: a chain that failed is
- * not compiled again). Loading a library is no stream work, but a thread
- * that records in thread-local mode may not make such calls: the mode is
- * relaxed around it. */
-static cudaKernel_t kernel_for(nb_gpu_ctx *c, const char *src)
+/* The cached kernel of src for arch: *found tells whether src was compiled
+ * (or failed to) before; NULL where it failed. Under g_cache_lock. */
+static cudaKernel_t cached(int arch, const char *src, bool *found)
 {
-    int arch = c->phys->cc_major * 10 + c->phys->cc_minor;
-    pthread_mutex_lock(&g_cache_lock);
     for (int i = 0; i < g_cache_n; i++) {
         if (g_cache[i].arch == arch && !strcmp(g_cache[i].src, src)) {
-            cudaKernel_t k = g_cache[i].kernel;
-            pthread_mutex_unlock(&g_cache_lock);
-            if (!k)
-                nb__fail(NB_ERR_BACKEND, "fused kernel: this chain failed to compile before");
-            return k;
+            *found = true;
+            return g_cache[i].kernel;
         }
     }
-    if (g_cache_n == CACHE_MAX) {
+    *found = false;
+    return NULL;
+}
+
+static int arch_of(const nb_gpu_ctx *c) { return c->phys->cc_major * 10 + c->phys->cc_minor; }
+
+/* The kernel of src for c's card if it was compiled already, else NULL: what
+ * a recording may use (it may not load code). */
+static cudaKernel_t kernel_ready(nb_gpu_ctx *c, const char *src)
+{
+    bool found;
+    pthread_mutex_lock(&g_cache_lock);
+    cudaKernel_t k = cached(arch_of(c), src, &found);
+    pthread_mutex_unlock(&g_cache_lock);
+    return k;
+}
+
+/* Compiles and loads the kernel of src for c's card unless that was done (or
+ * failed) before: a chain that failed is not compiled again; NVRTC missing
+ * is not remembered per chain (it is one failed dlopen). Errors are recorded;
+ * preparing, the caller drops them. */
+static void compile_once(nb_gpu_ctx *c, const char *src)
+{
+    int arch = arch_of(c);
+    bool found;
+    pthread_mutex_lock(&g_cache_lock);
+    (void)cached(arch, src, &found);
+    if (found || g_cache_n == CACHE_MAX) {
         pthread_mutex_unlock(&g_cache_lock);
-        nb__fail(NB_ERR_UNSUPPORTED, "fused kernel: %d chains compiled already", CACHE_MAX);
-        return NULL;
+        return;
     }
     void *cubin = NULL;
     size_t size = 0;
@@ -56,12 +74,9 @@ static cudaKernel_t kernel_for(nb_gpu_ctx *c, const char *src)
     nb_status st = copy ? nb__gpu_fuse_compile(src, arch, &cubin, &size)
                         : nb__fail(NB_ERR_OUT_OF_MEMORY, "fused kernel: out of host memory");
     if (st == NB_OK) {
-        enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-        (void)cudaThreadExchangeStreamCaptureMode(&mode);
         cudaError_t e = cudaLibraryLoadData(&lib, cubin, NULL, NULL, 0, NULL, NULL, 0);
         if (e == cudaSuccess)
             e = cudaLibraryGetKernel(&k, lib, "nb_fused");
-        (void)cudaThreadExchangeStreamCaptureMode(&mode);
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
             if (lib)
@@ -72,14 +87,12 @@ static cudaKernel_t kernel_for(nb_gpu_ctx *c, const char *src)
         }
     }
     free(cubin);
-    /* NVRTC missing is not remembered per chain: it is one failed dlopen */
     if (copy && st != NB_ERR_UNSUPPORTED) {
         g_cache[g_cache_n++] = (compiled){arch, copy, lib, k};
         copy = NULL;
     }
     free(copy);
     pthread_mutex_unlock(&g_cache_lock);
-    return k;
 }
 
 /* ---- the pending chain ---- */
@@ -93,6 +106,8 @@ typedef struct pending {
 
 typedef struct chain {
     nb_gpu_ctx *c;
+    bool dry;       /* preparing: the calls run as usual, the chain is only compiled */
+    bool passing;   /* preparing: the call just appended enters the device next */
     bool flushing;
     int n;
     pending calls[NB_FUSE_MAX_CALLS];
@@ -107,16 +122,23 @@ static _Thread_local chain *tl_chain;
 
 bool nb__gpu_fuse_deferring(const nb_gpu_ctx *c) { return tl_chain && tl_chain->c == c && !tl_chain->flushing; }
 
-void nb__gpu_fuse_start(nb_gpu_ctx *c)
+static void start(nb_gpu_ctx *c, bool dry)
 {
+    if (tl_chain && tl_chain->dry) { /* a preparation left over: the recording replaces it */
+        free(tl_chain);
+        tl_chain = NULL;
+    }
     if (tl_chain || !nb__graph_fusion())
         return;
     chain *ch = calloc(1, sizeof *ch);
     if (ch) {
         ch->c = c;
+        ch->dry = dry;
         tl_chain = ch;
     }
 }
+
+void nb__gpu_fuse_start(nb_gpu_ctx *c) { start(c, false); }
 
 void nb__gpu_fuse_note_free(nb_gpu_ctx *c, void *p, size_t nbytes)
 {
@@ -175,19 +197,27 @@ static nb_status launch_one(nb_gpu_ctx *c, const nb_fuse_call *k)
     }
 }
 
-/* The plan's kernel, or NB_ERR_UNSUPPORTED (with no error left recorded)
- * where it cannot be made: the calls then run one by one. */
-static nb_status launch_fused(nb_gpu_ctx *c, const nb_fuse_plan *p)
+/* The plan's kernel launched (recording), or compiled for later (preparing).
+ * NB_ERR_UNSUPPORTED, with no error left recorded, where it is not ready:
+ * the calls then run one by one. */
+static nb_status launch_fused(nb_gpu_ctx *c, const nb_fuse_plan *p, bool dry)
 {
     nb_gpu_fuse_geo g;
     nb_gpu_fuse_args a;
     nb__gpu_fuse_geometry(p, &g, &a);
     char *src = nb__gpu_fuse_source(p, &g);
-    nb_error_saved saved;
-    nb__error_stash(&saved);
-    cudaKernel_t k = src ? kernel_for(c, src) : NULL;
+    if (!src)
+        return NB_ERR_UNSUPPORTED;
+    if (dry) {
+        nb_error_saved saved;
+        nb__error_stash(&saved);
+        compile_once(c, src); /* a chain that cannot compile runs unfused, silently */
+        nb__error_unstash(&saved);
+        free(src);
+        return NB_OK;
+    }
+    cudaKernel_t k = kernel_ready(c, src);
     free(src);
-    nb__error_unstash(&saved); /* a chain that cannot compile runs unfused, silently */
     if (!k)
         return NB_ERR_UNSUPPORTED;
     long long blocks = (a.n + 255) / 256;
@@ -197,7 +227,8 @@ static nb_status launch_fused(nb_gpu_ctx *c, const nb_fuse_plan *p)
     if (blocks < 1)
         blocks = 1;
     void *args[1] = {&a};
-    cudaError_t e = cudaLaunchKernel((const void *)k, (dim3){(unsigned)blocks, 1, 1}, (dim3){256, 1, 1}, args, 0, c->stream);
+    cudaError_t e = cudaLaunchKernel((const void *)k, (dim3){(unsigned)blocks, 1, 1}, (dim3){256, 1, 1}, args, 0,
+                                     c->stream);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return nb__fail(NB_ERR_BACKEND, "launch of a fused elementwise kernel failed on %s: %s", c->dev->name,
@@ -210,19 +241,25 @@ static nb_status launch_fused(nb_gpu_ctx *c, const nb_fuse_plan *p)
 nb_status nb__gpu_fuse_flush(nb_gpu_ctx *c)
 {
     chain *ch = tl_chain;
-    if (!ch || ch->c != c || ch->n == 0 || ch->flushing)
+    if (!ch || ch->c != c || ch->flushing)
+        return NB_OK;
+    if (ch->passing) { /* the entry of the call just watched: it runs now */
+        ch->passing = false;
+        return NB_OK;
+    }
+    if (ch->n == 0)
         return NB_OK;
     ch->flushing = true;
     nb_fuse_call calls[NB_FUSE_MAX_CALLS];
     for (int i = 0; i < ch->n; i++)
         calls[i] = ch->calls[i].call;
     nb_status st = NB_OK;
-    int done = 0;
+    int done = ch->dry ? ch->n : 0; /* preparing, the calls ran already */
     if (ch->n >= 2) {
         nb_fuse_plan plan;
         int k = nb__fuse_plan(calls, ch->n, NB_FUSE_MAX_SLOTS, supported, dead_now, ch, &plan);
         if (k == ch->n) {
-            st = launch_fused(c, &plan);
+            st = launch_fused(c, &plan, ch->dry);
             if (st == NB_OK)
                 done = ch->n;
             else if (st == NB_ERR_UNSUPPORTED)
@@ -271,8 +308,19 @@ nb_status nb__gpu_fuse_defer(nb_gpu_ctx *c, const nb_fuse_call *call, bool *defe
         p->call.y = &p->y;
     }
     p->call.index = ch->n - 1;
-    *deferred = true;
+    *deferred = !ch->dry;
+    ch->passing = ch->dry;
     return NB_OK;
+}
+
+void nb__gpu_fuse_prepare(nb_gpu_ctx *c, bool on)
+{
+    if (on) {
+        start(c, true);
+    } else if (tl_chain && tl_chain->dry && tl_chain->c == c) {
+        tl_chain->passing = false;
+        (void)nb__gpu_fuse_stop(c, true); /* compiles the last chain; nothing runs */
+    }
 }
 
 nb_status nb__gpu_fuse_stop(nb_gpu_ctx *c, bool keep)

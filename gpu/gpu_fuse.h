@@ -10,7 +10,10 @@
  * more launch one kernel made for the chain, its source generated from the
  * plan with the formulas of lib/core/formulas.h and compiled by NVRTC (loaded
  * with dlopen; where it is missing or fails, the calls launch one by one). A
- * result whose tensor was let go before the flush is never written.
+ * result whose tensor was let go before the flush is never written. The
+ * kernels are compiled and loaded while the step runs eagerly just before
+ * its recording (the capture's step 1): a recording may not load code, so it
+ * fuses the chains whose kernels are ready and runs any other one unfused.
  *
  * Each call keeps its formula, compute type and rounding (f16 and bf16 are
  * computed in float and rounded to their dtype after every call, as the
@@ -31,17 +34,23 @@ typedef struct nb_gpu_ctx nb_gpu_ctx;
 /* ---- the recording's chain (gpu_fuse.c) ---- */
 
 /* Starts deferring fill, unary and binary calls on c for the calling thread
- * (gpu_graph.cu, once the stream records), when fusion is on and NVRTC loads. */
+ * (gpu_graph.cu, once the stream records), when fusion is on. */
 void nb__gpu_fuse_start(nb_gpu_ctx *c);
 /* Stops it: the pending chain is launched (keep) or dropped. Returns NB_OK or
  * the launch's error. */
 nb_status nb__gpu_fuse_stop(nb_gpu_ctx *c, bool keep);
-/* Whether this thread defers calls on c. */
+/* Around the eager run that precedes a recording (on true, then false): the
+ * calls run as usual, and the chains they form are compiled and loaded, so
+ * that the recording, which may not load code, finds their kernels ready. A
+ * chain whose kernel is not ready when it is recorded runs unfused. */
+void nb__gpu_fuse_prepare(nb_gpu_ctx *c, bool on);
+/* Whether this thread defers (or, preparing, watches) calls on c. */
 bool nb__gpu_fuse_deferring(const nb_gpu_ctx *c);
-/* Appends call to the pending chain (*deferred true), launching the chain
- * first where call cannot join it; a call the chain cannot hold at all (a
- * dtype or op it does not compile) is left to the caller (*deferred false).
- * Returns NB_OK or a launch's error. */
+/* Appends call to the pending chain (*deferred true; preparing, false: the
+ * caller runs it), launching (or compiling) the chain first where call
+ * cannot join it; a call the chain cannot hold at all (a dtype or op it does
+ * not compile) is left to the caller (*deferred false). Returns NB_OK or a
+ * launch's error. */
 nb_status nb__gpu_fuse_defer(nb_gpu_ctx *c, const nb_fuse_call *call, bool *deferred);
 /* Launches the pending chain, if any (nb__gpu_enter, before any other work on
  * c). */
@@ -55,22 +64,25 @@ int64_t nb__gpu_fused_launches(void);
 
 /* ---- the kernel of a chain (gpu_fuse_source.c; no GPU needed) ---- */
 
-/* The operands' iteration, shared by the source and the launch: the
- * memory slots' dims coalesced (at least one). */
+/* The operands' iteration, shared by the source and the launch: every slot
+ * is an operand, their dims coalesced (at least one). */
 #define NB_GPU_FUSE_MAX_DIMS 8
 typedef struct nb_gpu_fuse_geo {
-    int nd, n_mem;
-    int mem_of_slot[NB_FUSE_MAX_SLOTS]; /* a memory slot's operand, or -1 (internal) */
+    int nd;
     int64_t shape[NB_GPU_FUSE_MAX_DIMS];
-    int64_t strides[NB_FUSE_MAX_SLOTS][NB_GPU_FUSE_MAX_DIMS]; /* bytes, by operand */
+    int64_t strides[NB_FUSE_MAX_SLOTS][NB_GPU_FUSE_MAX_DIMS]; /* bytes, by slot */
 } nb_gpu_fuse_geo;
 
-/* The kernel's argument, the same layout in the generated source. */
+/* The kernel's argument, the same layout in the generated source. store has
+ * bit k set where slot k is written to memory (the chain writes it and it is
+ * not internal): the source does not depend on which results are dead, so
+ * the kernel compiled while preparing serves the recording. */
 typedef struct nb_gpu_fuse_args {
     char *p[NB_FUSE_MAX_SLOTS];
     long long st[NB_FUSE_MAX_SLOTS][NB_GPU_FUSE_MAX_DIMS];
     long long shape[NB_GPU_FUSE_MAX_DIMS];
     long long n;
+    unsigned store;
 } nb_gpu_fuse_args;
 
 /* p's iteration in *g and its argument in *a. */

@@ -51,32 +51,34 @@ void nb__gpu_fuse_geometry(const nb_fuse_plan *p, nb_gpu_fuse_geo *g, nb_gpu_fus
     memset(g, 0, sizeof *g);
     memset(a, 0, sizeof *a);
     const nb_view *views[NB_FUSE_MAX_SLOTS];
+    bool written[NB_FUSE_MAX_SLOTS] = {false};
+    for (int i = 0; i < p->n_steps; i++)
+        written[p->steps[i].slot[0]] = true;
     for (int i = 0; i < p->n_slots; i++) {
-        g->mem_of_slot[i] = p->slots[i].internal ? -1 : g->n_mem;
-        if (!p->slots[i].internal) {
-            a->p[g->n_mem] = p->slots[i].v.data;
-            views[g->n_mem++] = &p->slots[i].v;
-        }
+        a->p[i] = p->slots[i].v.data;
+        views[i] = &p->slots[i].v;
+        if (written[i] && !p->slots[i].internal)
+            a->store |= 1u << i;
     }
     /* size-1 dims dropped; a dim merged into the one before it where every
      * operand steps over it exactly */
-    const nb_view *v0 = &p->slots[0].v;
+    const nb_view *v0 = views[0];
     int nd = 0;
     for (int d = 0; d < v0->ndim; d++) {
         int64_t size = v0->shape[d];
         if (size == 1)
             continue;
         bool merge = nd > 0;
-        for (int o = 0; o < g->n_mem && merge; o++)
+        for (int o = 0; o < p->n_slots && merge; o++)
             merge = g->strides[o][nd - 1] == views[o]->strides[d] * size;
         if (merge) {
             g->shape[nd - 1] *= size;
-            for (int o = 0; o < g->n_mem; o++)
+            for (int o = 0; o < p->n_slots; o++)
                 g->strides[o][nd - 1] = views[o]->strides[d];
             continue;
         }
         g->shape[nd] = size;
-        for (int o = 0; o < g->n_mem; o++)
+        for (int o = 0; o < p->n_slots; o++)
             g->strides[o][nd] = views[o]->strides[d];
         nd++;
     }
@@ -89,7 +91,7 @@ void nb__gpu_fuse_geometry(const nb_fuse_plan *p, nb_gpu_fuse_geo *g, nb_gpu_fus
     for (int d = 0; d < nd; d++) {
         a->shape[d] = g->shape[d];
         a->n *= g->shape[d];
-        for (int o = 0; o < g->n_mem; o++)
+        for (int o = 0; o < p->n_slots; o++)
             a->st[o][d] = g->strides[o][d];
     }
 }
@@ -305,46 +307,43 @@ char *nb__gpu_fuse_source(const nb_fuse_plan *p, const nb_gpu_fuse_geo *g)
 {
     text t = {0};
     put(&t, "#include \"nb_fuse_prelude.h\"\n#include \"formulas.h\"\n");
-    put(&t, "struct nbf_args { char *p[%d]; long long st[%d][%d]; long long shape[%d]; long long n; };\n",
+    put(&t, "struct nbf_args { char *p[%d]; long long st[%d][%d]; long long shape[%d]; long long n; unsigned store; };\n",
         NB_FUSE_MAX_SLOTS, NB_FUSE_MAX_SLOTS, NB_GPU_FUSE_MAX_DIMS, NB_GPU_FUSE_MAX_DIMS);
     put(&t, "extern \"C\" __global__ void __launch_bounds__(256) nb_fused(const nbf_args a)\n{\n");
     put(&t, "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < a.n;"
             " i += (long long)gridDim.x * blockDim.x) {\n");
-    /* the memory operands' byte offsets */
-    for (int o = 0; o < g->n_mem; o++)
+    /* the operands' byte offsets */
+    for (int o = 0; o < p->n_slots; o++)
         put(&t, "    long long o%d = 0;\n", o);
     if (g->nd == 1) {
-        for (int o = 0; o < g->n_mem; o++)
+        for (int o = 0; o < p->n_slots; o++)
             put(&t, "    o%d = i * a.st[%d][0];\n", o, o);
     } else {
         put(&t, "    long long r = i, x;\n");
         for (int d = g->nd - 1; d >= 0; d--) {
             put(&t, "    x = r %% a.shape[%d]; r /= a.shape[%d];\n", d, d);
-            for (int o = 0; o < g->n_mem; o++)
+            for (int o = 0; o < p->n_slots; o++)
                 put(&t, "    o%d += x * a.st[%d][%d];\n", o, o, d);
         }
     }
     /* every slot a variable of its storage type; those read first come from memory */
     for (int s = 0; s < p->n_slots; s++) {
-        const nb_fuse_slot *sl = &p->slots[s];
-        const char *T = storage_type(sl->v.dtype);
-        int o = g->mem_of_slot[s];
-        if (o >= 0 && !sl->first_write)
-            put(&t, "    %s s%d = *(const %s *)(a.p[%d] + o%d);\n", T, s, T, o, o);
+        const char *T = storage_type(p->slots[s].v.dtype);
+        if (!p->slots[s].first_write)
+            put(&t, "    %s s%d = *(const %s *)(a.p[%d] + o%d);\n", T, s, T, s, s);
         else
             put(&t, "    %s s%d;\n", T, s);
     }
     for (int i = 0; i < p->n_steps; i++)
         put_step(&t, p, &p->steps[i]);
-    /* what the chain wrote, back to memory */
+    /* what the chain wrote, back to memory where the launch asks for it */
     bool written[NB_FUSE_MAX_SLOTS] = {false};
     for (int i = 0; i < p->n_steps; i++)
         written[p->steps[i].slot[0]] = true;
-    for (int s = 0; s < p->n_slots; s++) {
-        int o = g->mem_of_slot[s];
-        if (o >= 0 && written[s])
-            put(&t, "    *(%s *)(a.p[%d] + o%d) = s%d;\n", storage_type(p->slots[s].v.dtype), o, o, s);
-    }
+    for (int s = 0; s < p->n_slots; s++)
+        if (written[s])
+            put(&t, "    if (a.store & %uu) *(%s *)(a.p[%d] + o%d) = s%d;\n", 1u << s,
+                storage_type(p->slots[s].v.dtype), s, s, s);
     put(&t, "  }\n}\n");
     if (t.failed) {
         free(t.s);

@@ -177,6 +177,18 @@ void destroy(nb_device *dev, void *exec)
     free(x);
 }
 
+// Around the step's eager run before its recording: the chains it forms are
+// compiled then (gpu_fuse.h), since the recording may not load code.
+void prepare(nb_device *dev, bool on)
+{
+    nb_gpu_ctx *c;
+    nb_error_saved saved;
+    nb__error_stash(&saved);
+    if (nb__gpu_enter(dev, "nb_graph_capture", &c) == NB_OK)
+        nb__gpu_fuse_prepare(c, on);
+    nb__error_unstash(&saved);
+}
+
 } // namespace
 
-extern "C" const nb_graph_kernels nb__gpu_graph_kernels = {begin, end, launch, nodes, destroy};
+extern "C" const nb_graph_kernels nb__gpu_graph_kernels = {begin, end, launch, nodes, destroy, prepare};

@@ -161,6 +161,12 @@ typedef struct nb_graph_kernels {
     int64_t (*nodes)(const void *exec);
     /* Waits for exec's replays, then frees it and gives its pool back. */
     void (*destroy)(nb_device *dev, void *exec);
+    /* Optional (NULL: none). Called with on true before, and false after, the
+     * eager run of the step that precedes its recording, on the capturing
+     * thread: the backend may prepare what the recording will need (a GPU
+     * compiles the kernels of the chains it will fuse, since a recording may
+     * not load code) without changing what the step computes. */
+    void (*prepare)(nb_device *dev, bool on);
 } nb_graph_kernels;
 
 struct nb_backend {

@@ -248,8 +248,14 @@ nb_status nb_graph_capture(const char *device, nb_graph_step_fn fn, void *user, 
     if (!first)
         st = nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
     bool ran = false;
-    if (st == NB_OK)
+    const nb_graph_kernels *k = dev->backend->graph;
+    if (st == NB_OK) {
+        if (k && k->prepare)
+            k->prepare(dev, true);
         ran = (st = run_eager(g, first, who)) == NB_OK;
+        if (k && k->prepare)
+            k->prepare(dev, false);
+    }
     if (st == NB_OK && dev->backend->graph)
         st = record(g, who);
     if (ran) {
