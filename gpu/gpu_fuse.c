@@ -21,9 +21,6 @@ enum { CACHE_MAX = 512 };
 static pthread_mutex_t g_cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static compiled g_cache[CACHE_MAX];
 static int g_cache_n;
-static int64_t g_launches; /* __atomic */
-
-int64_t nb__gpu_fused_launches(void) { return __atomic_load_n(&g_launches, __ATOMIC_RELAXED); }
 
 /* The cached kernel of src for arch: *found tells whether src was compiled
  * (or failed to) before; NULL where it failed. Under g_cache_lock. */
@@ -234,7 +231,6 @@ static nb_status launch_fused(nb_gpu_ctx *c, const nb_fuse_plan *p, bool dry)
         return nb__fail(NB_ERR_BACKEND, "launch of a fused elementwise kernel failed on %s: %s", c->dev->name,
                         cudaGetErrorString(e));
     }
-    __atomic_add_fetch(&g_launches, 1, __ATOMIC_RELAXED);
     return NB_OK;
 }
 

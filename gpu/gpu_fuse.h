@@ -59,8 +59,6 @@ nb_status nb__gpu_fuse_flush(nb_gpu_ctx *c);
  * block is given back before the flush is dead. */
 void nb__gpu_fuse_note_alloc(nb_gpu_ctx *c, void *p, size_t nbytes);
 void nb__gpu_fuse_note_free(nb_gpu_ctx *c, void *p, size_t nbytes);
-/* Chains launched as one kernel so far, by this process. */
-int64_t nb__gpu_fused_launches(void);
 
 /* ---- the kernel of a chain (gpu_fuse_source.c; no GPU needed) ---- */
 

@@ -90,6 +90,15 @@ static void share(int k, int rank, int size, int *lo, int *hi)
     *hi = base + BATCH * (rank + 1) / size;
 }
 
+/* That share of batch k: features in *x, targets in *y (the current scope's). */
+static void share_batch(int k, int rank, int size, nb_tensor **x, nb_tensor **y)
+{
+    int lo, hi;
+    share(k, rank, size, &lo, &hi);
+    *x = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, FEATURES), g_x + lo * FEATURES);
+    *y = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, 1), g_y + lo);
+}
+
 typedef struct model {
     nb_mirrored *s;
     nb_variable *w, *b;
@@ -173,11 +182,9 @@ static nb_status train(model *m, int from, int to)
         g_step = k;
         if (k == g_sleep_at && rank == 1)
             sleep(12);
-        int lo, hi;
-        share(k, rank, size, &lo, &hi);
         nb_scope *sc = nb_scope_begin();
-        nb_tensor *x = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, FEATURES), g_x + lo * FEATURES);
-        nb_tensor *y = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, 1), g_y + lo);
+        nb_tensor *x, *y;
+        share_batch(k, rank, size, &x, &y);
         nb_status st = nb_mirrored_step(m->s, m->opt, NB_VARS(m->w, m->b), step_fn, NULL,
                                         NB_TENSORS(x, y), NB_REDUCE_MEAN, NULL);
         nb_scope_end(sc);
@@ -222,11 +229,9 @@ static int scenario_train(void)
     model m = {0};
     CHECK(model_new(&m, false, 0));
     for (int k = 0; k < STEPS; k++) {
-        int lo, hi;
-        share(k, 0, 1, &lo, &hi);
         nb_scope *sc = nb_scope_begin();
-        nb_tensor *x = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, FEATURES), g_x + lo * FEATURES);
-        nb_tensor *y = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, 1), g_y + lo);
+        nb_tensor *x, *y;
+        share_batch(k, 0, 1, &x, &y);
         CHECK_OK(nb_mirrored_step(m.s, m.opt, NB_VARS(m.w, m.b), step_fn, NULL, NB_TENSORS(x, y),
                                   NB_REDUCE_MEAN, NULL));
         nb_scope_end(sc);
@@ -252,11 +257,9 @@ static nb_status train_with_losses(model *m, bool captured, double *loss)
     nb_mirrored_graph *g = NULL;
     nb_status st = NB_OK;
     for (int k = 0; k < STEPS && !st; k++) {
-        int lo, hi;
-        share(k, rank, size, &lo, &hi);
         nb_scope *sc = nb_scope_begin();
-        nb_tensor *x = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, FEATURES), g_x + lo * FEATURES);
-        nb_tensor *y = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, 1), g_y + lo);
+        nb_tensor *x, *y;
+        share_batch(k, rank, size, &x, &y);
         nb_tensor *l = NULL;
         if (captured && k == 0)
             st = nb_mirrored_capture(m->s, m->opt, NB_VARS(m->w, m->b), step_fn, NULL, NB_TENSORS(x, y),
@@ -393,11 +396,9 @@ static int scenario_die(bool in_capture, int k)
     int failed_at = -1, sent = 0;
     double waited = 0;
     for (int step = 0; step < STEPS && !st; step++) {
-        int lo, hi;
-        share(step, rank, size, &lo, &hi);
         nb_scope *sc = nb_scope_begin();
-        nb_tensor *x = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, FEATURES), g_x + lo * FEATURES);
-        nb_tensor *y = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, 1), g_y + lo);
+        nb_tensor *x, *y;
+        share_batch(step, rank, size, &x, &y);
         if (rank == 1 && step == die_step) {
             if (k == 0 && !in_capture)
                 raise(SIGKILL); /* between replays 2 and 3 */
@@ -453,10 +454,8 @@ static int scenario_die(bool in_capture, int k)
     nb_error_clear();
     if (g) { /* the world is broken for good: the next replay fails at once */
         nb_scope *sc = nb_scope_begin();
-        int lo, hi;
-        share(failed_at + 1, rank, size, &lo, &hi);
-        nb_tensor *x = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, FEATURES), g_x + lo * FEATURES);
-        nb_tensor *y = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, 1), g_y + lo);
+        nb_tensor *x, *y;
+        share_batch(failed_at + 1, rank, size, &x, &y);
         struct timespec t0;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         nb_status again = nb_mirrored_graph_replay(g, (nb_tensor *[]){x, y}, NULL);
@@ -535,11 +534,9 @@ static int scenario_slow(bool captured)
     int failed_at = -1;
     double waited = 0;
     for (int step = 0; step < STEPS && !st; step++) {
-        int lo, hi;
-        share(step, rank, size, &lo, &hi);
         nb_scope *sc = nb_scope_begin();
-        nb_tensor *x = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, FEATURES), g_x + lo * FEATURES);
-        nb_tensor *y = nb_from_buffer(NB_F64, NB_SHAPE(hi - lo, 1), g_y + lo);
+        nb_tensor *x, *y;
+        share_batch(step, rank, size, &x, &y);
         if (rank == 1 && step == 3)
             atomic_store(&g_stall_armed, true);
         struct timespec t0;

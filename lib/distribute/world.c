@@ -190,6 +190,23 @@ static nb_status already_broken(const char *who)
                     W.broken_message);
 }
 
+/* Tests each request not yet done once; done[i] says which completed.
+ * Returns how many are still pending. */
+static int test_each(int n, MPI_Request *reqs, bool *done)
+{
+    int left = 0;
+    for (int i = 0; i < n; i++) {
+        if (done[i])
+            continue;
+        int flag = 0;
+        if (MPI_Test(&reqs[i], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            flag = 0;
+        done[i] = flag != 0;
+        left += !done[i];
+    }
+    return left;
+}
+
 /* Polls reqs until all are complete or the deadline passes. MPI moves a
  * nonblocking collective on only inside its calls, so for the first second the
  * looks come back to back (yielding the core between them); after that a rank
@@ -202,17 +219,7 @@ static bool wait_all(int n, MPI_Request *reqs, bool *done, double deadline)
         left += !done[i];
     const double patient = now_s() + 1.0;
     for (int spins = 0; left > 0; spins++) {
-        for (int i = 0; i < n; i++) {
-            if (done[i])
-                continue;
-            int flag = 0;
-            if (MPI_Test(&reqs[i], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-                flag = 0;
-            if (flag) {
-                done[i] = true;
-                left--;
-            }
-        }
+        left = test_each(n, reqs, done);
         if (left == 0)
             break;
         if ((spins & 63) == 0) {
@@ -265,18 +272,9 @@ static bool settle(int n, MPI_Request *reqs, bool *done, pthread_mutex_t *lock)
     const double until = now_s() + SETTLE_S;
     int left;
     do {
-        left = 0;
         if (lock)
             pthread_mutex_lock(lock);
-        for (int i = 0; i < n; i++) {
-            if (done[i])
-                continue;
-            int flag = 0;
-            if (MPI_Test(&reqs[i], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-                flag = 0;
-            done[i] = flag != 0;
-            left += !done[i];
-        }
+        left = test_each(n, reqs, done);
         if (lock)
             pthread_mutex_unlock(lock);
         if (left)

@@ -111,6 +111,4 @@ void nb__cpu_fused_run(const nb_cpu_fused *f)
     nb__cpu_iter_run(&f->it, fused_loop, (void *)f, f->heavy ? NB_CPU_GRAIN_HEAVY : NB_CPU_GRAIN);
 }
 
-int nb__cpu_fused_elided(const nb_cpu_fused *f) { return f ? f->plan.n_internal : 0; }
-
 void nb__cpu_fused_free(nb_cpu_fused *f) { free(f); }

@@ -25,9 +25,6 @@ int nb__cpu_fuse_plan(const nb_fuse_call *calls, int n, nb_fuse_dead_fn dead, vo
  * Cannot fail: its loops were resolved when it was planned. */
 void nb__cpu_fused_run(const nb_cpu_fused *f);
 
-/* How many of the chain's results are never written to memory. */
-int nb__cpu_fused_elided(const nb_cpu_fused *f);
-
 /* Frees a chain. NULL is ignored. */
 void nb__cpu_fused_free(nb_cpu_fused *f);
 
