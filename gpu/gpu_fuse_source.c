@@ -8,6 +8,7 @@
 #include "lib/core/half.h"
 
 #include <dlfcn.h>
+#include <cuda_runtime_api.h>
 #include <nvrtc.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -369,12 +370,39 @@ typedef struct nvrtc_api {
 static nvrtc_api g_nvrtc;
 static pthread_once_t g_nvrtc_once = PTHREAD_ONCE_INIT;
 
+static const char *const k_nvrtc_names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
+
+/* NVRTC beside the CUDA runtime this process loaded: the toolkit keeps both
+ * in one folder, Python's CUDA wheels in sibling folders (nvidia/cuda_runtime/lib,
+ * nvidia/cuda_nvrtc/lib), neither always on the loader's path. */
+static void *nvrtc_beside_cudart(void)
+{
+    Dl_info info;
+    if (!dladdr((void *)&cudaGetDevice, &info) || !info.dli_fname)
+        return NULL;
+    const char *slash = strrchr(info.dli_fname, '/');
+    if (!slash)
+        return NULL;
+    int dir = (int)(slash - info.dli_fname);
+    static const char *const folders[] = {"", "/../../cuda_nvrtc/lib"};
+    void *h = NULL;
+    for (size_t f = 0; f < sizeof folders / sizeof *folders && !h; f++)
+        for (size_t i = 0; i < sizeof k_nvrtc_names / sizeof *k_nvrtc_names && !h; i++) {
+            char path[4096];
+            int n = snprintf(path, sizeof path, "%.*s%s/%s", dir, info.dli_fname, folders[f], k_nvrtc_names[i]);
+            if (n > 0 && (size_t)n < sizeof path)
+                h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        }
+    return h;
+}
+
 static void nvrtc_load(void)
 {
-    static const char *names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
     void *h = NULL;
-    for (size_t i = 0; i < sizeof names / sizeof *names && !h; i++)
-        h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    for (size_t i = 0; i < sizeof k_nvrtc_names / sizeof *k_nvrtc_names && !h; i++)
+        h = dlopen(k_nvrtc_names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        h = nvrtc_beside_cudart();
     if (!h)
         return;
     nvrtc_api a;
@@ -400,7 +428,7 @@ nb_status nb__gpu_fuse_compile(const char *src, int arch, void **cubin, size_t *
     *cubin = NULL;
     *size = 0;
     if (pthread_once(&g_nvrtc_once, nvrtc_load) != 0 || !g_nvrtc.loaded)
-        return nb__fail(NB_ERR_UNSUPPORTED, "fused kernel: NVRTC (libnvrtc.so) could not be loaded");
+        return nb__fail(NB_ERR_UNSUPPORTED, "fused kernel: NVRTC (libnvrtc.so.13, .12 or .so) could not be loaded, on the loader's path or beside libcudart");
     static const char *const names[] = {"nb_fuse_prelude.h", "stdint.h", "math.h", "formulas.h",
                                         "formulas_float.inc", "formulas_int.inc", "formulas_cmp.inc"};
     const char *const headers[] = {k_prelude_h, k_stdint_h, k_math_h, nb__gpu_fuse_formulas_h,
