@@ -114,8 +114,10 @@ nb_status nb__cpu_binary(nb_device *dev, nb_binary_op op, const nb_view *out, co
             T *restrict o = (T *)p[0];                                                       \
             const uint8_t *restrict c = (const uint8_t *)p[1];                               \
             const T *restrict a = (const T *)p[2], *restrict b = (const T *)p[3];            \
-            for (int64_t i = 0; i < n; i++)                                                  \
-                o[i] = c[i] ? a[i] : b[i];                                                   \
+            for (int64_t i = 0; i < n; i++) {                                                \
+                const T x = a[i], y = b[i]; /* both read: a select, not a branch */          \
+                o[i] = c[i] ? x : y;                                                         \
+            }                                                                                \
         } else if (s[0] == es && s[1] == 1 && s[2] == 0 && s[3] == 0) {                      \
             T *restrict o = (T *)p[0];                                                       \
             const uint8_t *restrict c = (const uint8_t *)p[1];                               \
