@@ -5,9 +5,12 @@
  *   bench_fusion [--mib M] [--reps R] [--no-peer]
  *
  * Each tensor holds M MiB of f32 (default 64: far past the caches, so every
- * pass goes to memory). Two chains: exp((a + b) * c), three ops whose two
- * temporaries a fused replay never writes (4 tensors move instead of 8), and
- * the tanh form of GELU on x, eight ops. Every step's temporaries are let go
+ * pass goes to memory). Four chains: exp((a + b) * c), three ops whose two
+ * temporaries a fused replay never writes (4 tensors move instead of 8); the
+ * tanh form of GELU on x, eight ops; a leaky ReLU written as
+ * where(x > 0, x, 0.1 x) (zeros, compare, scale, select); and a round trip
+ * through bf16 times a scale, 2 x.to(bf16).to(f32) (two casts and a scale).
+ * Every step's temporaries are let go
  * inside it, as in a model's forward pass. Before anything is timed, the fused
  * replay's output is checked against the eager one, bit for bit. Figures:
  * milliseconds per step, median of R after a warm-up. */
@@ -25,6 +28,15 @@ static nb_tensor *gelu_chain(nb_tensor *const *in)
     nb_tensor *inner = nb_add(x, nb_mul_scalar(nb_mul(nb_mul(x, x), x), 0.044715));
     return nb_mul(nb_mul_scalar(x, 0.5), nb_add_scalar(nb_tanh(nb_mul_scalar(inner, 0.7978845608028654)), 1.0));
 }
+
+/* where(x > 0, x, 0.1 x), the zeros made in the step */
+static nb_tensor *leaky_chain(nb_tensor *const *in)
+{
+    nb_tensor *x = in[0];
+    return nb_where(nb_greater(x, nb_zeros_like(x)), x, nb_mul_scalar(x, 0.1));
+}
+
+static nb_tensor *bf16_chain(nb_tensor *const *in) { return nb_mul_scalar(nb_cast(nb_cast(in[0], NB_BF16), NB_F32), 2.0); }
 
 typedef nb_tensor *(*chain_fn)(nb_tensor *const *in);
 
@@ -104,22 +116,30 @@ int main(int argc, char **argv)
     nb_tensor *in[3] = {nb_random_uniform(NB_F32, NB_SHAPE(n), -1, 1, 1),
                         nb_random_uniform(NB_F32, NB_SHAPE(n), -1, 1, 2),
                         nb_random_uniform(NB_F32, NB_SHAPE(n), -1, 1, 3)};
-    double e[3], g[3];
-    bool ok = time_chain(exp_chain, 3, in, reps, e) && time_chain(gelu_chain, 1, in, reps, g);
+    double e[3], g[3], l[3], c[3];
+    bool ok = time_chain(exp_chain, 3, in, reps, e) && time_chain(gelu_chain, 1, in, reps, g) &&
+              time_chain(leaky_chain, 1, in, reps, l) && time_chain(bf16_chain, 1, in, reps, c);
     bench_peer p;
     bench_peer_run(&p, run_peer, "fusion.py", "%lld %d", (long long)n, reps);
     char title[160];
     snprintf(title, sizeof title, "%s (f32, %d MiB a tensor)", TITLE, mib);
     bench_header(title, "milliseconds per step", &p);
     double pe = bench_peer_get(&p, "exp_chain"), pg = bench_peer_get(&p, "gelu");
+    double pl = bench_peer_get(&p, "leaky_where"), pc = bench_peer_get(&p, "bf16_round_trip");
     bench_row("exp((a + b) * c), eager", e[0], pe);
     bench_row("the same, recorded, unfused", e[1], pe);
     bench_row("the same, recorded, fused", e[2], pe);
     bench_row("GELU (tanh form, 8 ops), eager", g[0], pg);
     bench_row("the same, recorded, unfused", g[1], pg);
     bench_row("the same, recorded, fused", g[2], pg);
-    printf("(fused over unfused: %.2fx and %.2fx; PyTorch's threads: %.0f)\n", e[1] / e[2], g[1] / g[2],
-           bench_peer_get(&p, "threads"));
+    bench_row("where(x > 0, x, 0.1 x), eager", l[0], pl);
+    bench_row("the same, recorded, unfused", l[1], pl);
+    bench_row("the same, recorded, fused", l[2], pl);
+    bench_row("2 x.to(bf16).to(f32), eager", c[0], pc);
+    bench_row("the same, recorded, unfused", c[1], pc);
+    bench_row("the same, recorded, fused", c[2], pc);
+    printf("(fused over unfused: %.2fx, %.2fx, %.2fx and %.2fx; PyTorch's threads: %.0f)\n", e[1] / e[2],
+           g[1] / g[2], l[1] / l[2], c[1] / c[2], bench_peer_get(&p, "threads"));
     nb_scope_end(s);
     if (!ok) {
         printf("FAILED: a fused replay differs from the eager step\n");

@@ -1,5 +1,5 @@
-"""PyTorch side of bench/fusion.c: exp((a + b) * c) and the tanh form of GELU
-on f32 CPU tensors, eager. Arguments: elements, timed repetitions. Prints
+"""PyTorch side of bench/fusion.c: exp((a + b) * c), the tanh form of GELU,
+where(x > 0, x, 0.1 x) and 2 x.to(bf16).to(f32) on f32 CPU tensors, eager. Arguments: elements, timed repetitions. Prints
 "name milliseconds" lines."""
 from torch_peer import arg, median_wall, need_torch
 
@@ -22,7 +22,18 @@ def gelu():
     (x * 0.5) * (torch.tanh(inner * 0.7978845608028654) + 1.0)
 
 
+def leaky_where():
+    x = a
+    torch.where(x > 0, x, x * 0.1)
+
+
+def bf16_round_trip():
+    a.to(torch.bfloat16).to(torch.float32) * 2.0
+
+
 print("version", torch.__version__)
 print("threads", torch.get_num_threads())
 print("exp_chain", median_wall(exp_chain, R, 2, 1e6))
 print("gelu", median_wall(gelu, R, 2, 1e6))
+print("leaky_where", median_wall(leaky_where, R, 2, 1e6))
+print("bf16_round_trip", median_wall(bf16_round_trip, R, 2, 1e6))

@@ -12,8 +12,9 @@
             return st_;                                                                \
     } while (0)
 
-/* While this thread records a step with fusion on, an elementwise call joins
- * the pending chain instead of launching (gpu_fuse.h). */
+/* While this thread records a step with fusion on, an elementwise call (fill,
+ * unary, binary, copy, where) joins the pending chain instead of launching
+ * (gpu_fuse.h). */
 #define DEFER(dev, ...)                                                                \
     do {                                                                               \
         nb_gpu_ctx *dc_ = (dev)->ctx;                                                  \
@@ -48,7 +49,7 @@ static void gpu_free(nb_device *dev, void *ptr, size_t nbytes)
 
 static nb_status gpu_fill(nb_device *dev, const nb_view *out, double value)
 {
-    DEFER(dev, {NB_FUSE_FILL, 0, value, out, NULL, NULL, 0});
+    DEFER(dev, {.kind = NB_FUSE_FILL, .alpha = value, .out = out});
     ENTER(dev, "fill");
     return nb__gpu_fill(c, out, value);
 }
@@ -68,13 +69,14 @@ static nb_status gpu_random(nb_device *dev, const nb_view *out, nb_random_dist d
 
 static nb_status gpu_copy(nb_device *dev, const nb_view *out, const nb_view *in)
 {
+    DEFER(dev, {.kind = NB_FUSE_COPY, .out = out, .x = in});
     ENTER(dev, "copy");
     return nb__gpu_copy(c, out, in);
 }
 
 static nb_status gpu_unary(nb_device *dev, nb_unary_op op, const nb_view *out, const nb_view *x, double alpha)
 {
-    DEFER(dev, {NB_FUSE_UNARY, (int)op, alpha, out, x, NULL, 0});
+    DEFER(dev, {.kind = NB_FUSE_UNARY, .op = (int)op, .alpha = alpha, .out = out, .x = x});
     ENTER(dev, "unary");
     return nb__gpu_unary(c, op, out, x, alpha);
 }
@@ -82,7 +84,7 @@ static nb_status gpu_unary(nb_device *dev, nb_unary_op op, const nb_view *out, c
 static nb_status gpu_binary(nb_device *dev, nb_binary_op op, const nb_view *out, const nb_view *a,
                             const nb_view *b)
 {
-    DEFER(dev, {NB_FUSE_BINARY, (int)op, 0, out, a, b, 0});
+    DEFER(dev, {.kind = NB_FUSE_BINARY, .op = (int)op, .out = out, .x = a, .y = b});
     ENTER(dev, "binary");
     return nb__gpu_binary(c, op, out, a, b);
 }
@@ -90,6 +92,7 @@ static nb_status gpu_binary(nb_device *dev, nb_binary_op op, const nb_view *out,
 static nb_status gpu_where(nb_device *dev, const nb_view *out, const nb_view *cond, const nb_view *a,
                            const nb_view *b)
 {
+    DEFER(dev, {.kind = NB_FUSE_WHERE, .out = out, .cond = cond, .x = a, .y = b});
     ENTER(dev, "where");
     return nb__gpu_where(c, out, cond, a, b);
 }

@@ -98,7 +98,7 @@ enum { MAX_FREED = 256 };
 
 typedef struct pending {
     nb_fuse_call call;
-    nb_view out, x, y; /* the call's views (it points at these) */
+    nb_view out, x, y, cond; /* the call's views (it points at these) */
 } pending;
 
 typedef struct chain {
@@ -190,6 +190,8 @@ static nb_status launch_one(nb_gpu_ctx *c, const nb_fuse_call *k)
     switch (k->kind) {
     case NB_FUSE_FILL: return nb__gpu_fill(c, k->out, k->alpha);
     case NB_FUSE_UNARY: return nb__gpu_unary(c, (nb_unary_op)k->op, k->out, k->x, k->alpha);
+    case NB_FUSE_COPY: return nb__gpu_copy(c, k->out, k->x);
+    case NB_FUSE_WHERE: return nb__gpu_where(c, k->out, k->cond, k->x, k->y);
     default: return nb__gpu_binary(c, (nb_binary_op)k->op, k->out, k->x, k->y);
     }
 }
@@ -302,6 +304,10 @@ nb_status nb__gpu_fuse_defer(nb_gpu_ctx *c, const nb_fuse_call *call, bool *defe
     if (call->y) {
         p->y = *call->y;
         p->call.y = &p->y;
+    }
+    if (call->cond) {
+        p->cond = *call->cond;
+        p->call.cond = &p->cond;
     }
     p->call.index = ch->n - 1;
     *deferred = !ch->dry;

@@ -2,8 +2,8 @@
  * into one kernel at run time (gpu_fuse.c, gpu_fuse_source.c).
  *
  * While a thread records a step into a CUDA graph with fusion on
- * (nb_graph_set_fusion), the table's fill, unary and binary entries do not
- * launch: they append their call to the thread's pending chain (as far as
+ * (nb_graph_set_fusion), the table's fill, unary, binary, copy (cast) and
+ * where entries do not launch: they append their call to the thread's pending chain (as far as
  * the plan of lib/core/fusion.h lets it grow). Any other work on the device
  * (every other entry enters it through nb__gpu_enter) and the end of the
  * recording flush the chain first: one call launches its own kernel; two or
@@ -17,7 +17,8 @@
  *
  * Each call keeps its formula, compute type and rounding (f16 and bf16 are
  * computed in float and rounded to their dtype after every call, as the
- * kernels do), and a barrier between calls keeps the compiler from
+ * kernels do; a cast converts as the cast kernel does, a where selects the
+ * elements' bits), and a barrier between calls keeps the compiler from
  * contracting one call's multiply into the next call's add, so a fused chain
  * computes the bits its calls do. */
 #ifndef NB_GPU_FUSE_H
@@ -33,7 +34,7 @@ typedef struct nb_gpu_ctx nb_gpu_ctx;
 
 /* ---- the recording's chain (gpu_fuse.c) ---- */
 
-/* Starts deferring fill, unary and binary calls on c for the calling thread
+/* Starts deferring fill, unary, binary, copy and where calls on c for the calling thread
  * (gpu_graph.cu, once the stream records), when fusion is on. */
 void nb__gpu_fuse_start(nb_gpu_ctx *c);
 /* Stops it: the pending chain is launched (keep) or dropped. Returns NB_OK or

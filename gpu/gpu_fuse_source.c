@@ -24,7 +24,10 @@ extern const char nb__gpu_fuse_formulas_h[], nb__gpu_fuse_formulas_float_inc[], 
  * width integers, and nothing from math.h (NVRTC declares the device math
  * functions itself). Then the 16-bit conversions the kernels use
  * (__float2half_rn, __half2float, __float2bfloat16_rn, __bfloat162float are
- * these instructions), and the barrier between a chain's calls. */
+ * these instructions; __double2half and __double2bfloat16, which the cast
+ * kernel uses from f64, round once: cvt.rn.*.f64, and below sm_90, which
+ * lacks cvt.rn.bf16.f64, cuda_bf16.hpp's round-to-odd float first), and the
+ * barrier between a chain's calls. */
 static const char k_stdint_h[] =
     "#pragma once\n"
     "typedef signed char int8_t; typedef unsigned char uint8_t;\n"
@@ -42,6 +45,18 @@ static const char k_prelude_h[] =
     "NBF unsigned short nbf_f2h(float f) { unsigned short h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }\n"
     "NBF float nbf_b2f(unsigned short h) { return __uint_as_float((unsigned)h << 16); }\n"
     "NBF unsigned short nbf_f2b(float f) { unsigned short h; asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }\n"
+    "NBF unsigned short nbf_d2h(double d) { unsigned short h; asm(\"cvt.rn.f16.f64 %0, %1;\" : \"=h\"(h) : \"d\"(d)); return h; }\n"
+    "NBF unsigned short nbf_d2b(double d) {\n"
+    "#if __CUDA_ARCH__ >= 900\n"
+    "  unsigned short h; asm(\"cvt.rn.bf16.f64 %0, %1;\" : \"=h\"(h) : \"d\"(d)); return h;\n"
+    "#else\n"
+    "  float f = __double2float_rn(d); double b = (double)f; unsigned u = __float_as_uint(f);\n"
+    "  bool num = (u << 1) <= 0xFF000000U;\n"
+    "  if ((d > 0.0 && b > d) || (d < 0.0 && b < d)) u--;\n"
+    "  if (b != d && num) u |= 1U;\n"
+    "  return nbf_f2b(__uint_as_float(u));\n"
+    "#endif\n"
+    "}\n"
     "NBF float nbf_keep(float v) { asm volatile(\"\" : \"+f\"(v)); return v; }\n"
     "NBF double nbf_keep(double v) { asm volatile(\"\" : \"+d\"(v)); return v; }\n";
 
@@ -117,9 +132,13 @@ bool nb__gpu_fuse_supported(const nb_fuse_call *c)
     switch (c->kind) {
     case NB_FUSE_FILL:
         return true;
+    case NB_FUSE_COPY: /* the cast kernel converts between every two of them */
+        return fusable_dtype(c->x->dtype);
+    case NB_FUSE_WHERE: /* the where kernel moves elements by size, cond read as bytes */
+        return (c->cond->dtype == NB_BOOL || c->cond->dtype == NB_U8) && c->x->dtype == d && c->y->dtype == d;
     case NB_FUSE_UNARY:
         return (unsigned)c->op < NB_UN_COUNT && c->x->dtype == d && (nb__unary_dtypes((nb_unary_op)c->op) & NB_MASK(d));
-    default: {
+    case NB_FUSE_BINARY: {
         if ((unsigned)c->op >= NB_BIN_COUNT)
             return false;
         nb_binary_op op = (nb_binary_op)c->op;
@@ -127,6 +146,8 @@ bool nb__gpu_fuse_supported(const nb_fuse_call *c)
         return c->y->dtype == in && fusable_dtype(in) && d == (nb__binary_is_comparison(op) ? NB_BOOL : in) &&
                (nb__binary_dtypes(op) & NB_MASK(in));
     }
+    default:
+        return false;
     }
 }
 
@@ -248,6 +269,46 @@ static void put_store_begin(text *t, nb_dtype d, int s)
 
 static void put_store_end(text *t) { put(t, "));\n"); }
 
+static bool is_real(nb_dtype d) { return d == NB_F32 || d == NB_F64 || d == NB_F16 || d == NB_BF16; }
+
+/* A cast from slot x into slot out as the cast kernel converts
+ * (gpu_kernels.cuh, cvt<To, From>): the same dtype moves the bits; f16 and
+ * bf16 are read as float, bool as int (x != 0); the value is then stored as
+ * st<To> does: to f16 and bf16 rounded once from double, else through float;
+ * to bool x != 0 (NaN true); floating to an integer by nb_cast_to_* (through
+ * double: NaN to 0, saturating, u8 through i32); the rest by C conversion. */
+static void put_copy(text *t, const nb_fuse_plan *p, const nb_fuse_step *st)
+{
+    int so = st->slot[0], sx = st->slot[1];
+    nb_dtype to = p->slots[so].v.dtype, from = p->slots[sx].v.dtype;
+    if (to == from) {
+        put(t, "    s%d = s%d;\n", so, sx);
+        return;
+    }
+    char v[32];
+    nb_dtype vt = from; /* the value's type: float for a half, int for bool */
+    if (from == NB_F16 || from == NB_BF16) {
+        snprintf(v, sizeof v, "%s(s%d)", from == NB_F16 ? "nbf_h2f" : "nbf_b2f", sx);
+        vt = NB_F32;
+    } else if (from == NB_BOOL) {
+        snprintf(v, sizeof v, "(int)(s%d != 0)", sx);
+        vt = NB_I32;
+    } else {
+        snprintf(v, sizeof v, "s%d", sx);
+    }
+    put(t, "    s%d = ", so);
+    switch (to) {
+    case NB_F16: put(t, vt == NB_F64 ? "nbf_d2h(%s)" : "nbf_f2h((float)%s)", v); break;
+    case NB_BF16: put(t, vt == NB_F64 ? "nbf_d2b(%s)" : "nbf_f2b((float)%s)", v); break;
+    case NB_BOOL: put(t, "(unsigned char)(%s != 0 ? 1 : 0)", v); break;
+    case NB_U8: put(t, is_real(vt) ? "nb_cast_to_u8((double)%s)" : "(unsigned char)%s", v); break;
+    case NB_I32: put(t, is_real(vt) ? "nb_cast_to_i32((double)%s)" : "(int)%s", v); break;
+    case NB_I64: put(t, is_real(vt) ? "nb_cast_to_i64((double)%s)" : "(long long)%s", v); break;
+    default: put(t, "(%s)%s", storage_type(to), v); break;
+    }
+    put(t, ";\n");
+}
+
 static void put_step(text *t, const nb_fuse_plan *p, const nb_fuse_step *st)
 {
     const nb_fuse_slot *out = &p->slots[st->slot[0]];
@@ -256,6 +317,14 @@ static void put_step(text *t, const nb_fuse_plan *p, const nb_fuse_step *st)
         put(t, "    s%d = ", st->slot[0]);
         put_fill(t, d, st->alpha);
         put(t, ";\n");
+        return;
+    }
+    if (st->kind == NB_FUSE_COPY) {
+        put_copy(t, p, st);
+        return;
+    }
+    if (st->kind == NB_FUSE_WHERE) { /* the where kernel's select: the elements' bits, cond a byte */
+        put(t, "    s%d = s%d ? s%d : s%d;\n", st->slot[0], st->slot[1], st->slot[2], st->slot[3]);
         return;
     }
     if (st->kind == NB_FUSE_UNARY) {

@@ -4,8 +4,10 @@
  * around the CPU's tile (1, 255, 256, 257) and past the threads' split,
  * inputs with 0, -0, ±inf and NaN, a broadcast operand, a comparison, an
  * in-place update, a temporary that a later call still reads, one the step
- * returns, a training step with a tape and an optimizer, and 150 random
- * steps (40 on a GPU) (chains of 4 to 24 ops, views, broadcasts, transposes, overlapping
+ * returns, casts (f32 to f16, bf16 and back, to i32, at their rounding and
+ * edge points), where (a leaky ReLU, NaN and inf in the branch not taken, a
+ * broadcast condition), a training step with a tape and an optimizer, and 150 random
+ * steps (40 on a GPU) (chains of 4 to 24 ops, casts, wheres, views, broadcasts, transposes, overlapping
  * slices, sums of temporaries, inner scopes whose temporaries die, in-place
  * updates of a variable) — and the chain replaces its calls (fewer nodes).
  *
@@ -88,6 +90,49 @@ static nb_status bias_step(void *user, int n_in, nb_tensor *const *in, int n_out
     (void)user, (void)n_in, (void)n_out;
     nb_scope *s = nb_scope_begin();
     out[0] = nb_keep(nb_mul_scalar(nb_relu(nb_add(in[0], in[1])), 0.5));
+    nb_scope_end(s);
+    return out[0] ? NB_OK : nb_error();
+}
+
+/* x through f16 and back, through bf16 and back, and (1000 x) to i32. */
+static nb_status cast_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    (void)user, (void)n_in, (void)n_out;
+    nb_scope *s = nb_scope_begin();
+    out[0] = nb_keep(nb_cast(nb_cast(in[0], NB_F16), NB_F32));
+    out[1] = nb_keep(nb_cast(nb_cast(in[0], NB_BF16), NB_F32));
+    out[2] = nb_keep(nb_cast(nb_mul_scalar(in[0], 1000.0), NB_I32));
+    nb_scope_end(s);
+    return out[0] && out[1] && out[2] ? NB_OK : nb_error();
+}
+
+/* where(x > 0, x, 0.1 x), the zeros made in the step. */
+static nb_status leaky_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    (void)user, (void)n_in, (void)n_out;
+    nb_scope *s = nb_scope_begin();
+    nb_tensor *x = in[0];
+    out[0] = nb_keep(nb_where(nb_greater(x, nb_zeros_like(x)), x, nb_mul_scalar(x, 0.1)));
+    nb_scope_end(s);
+    return out[0] ? NB_OK : nb_error();
+}
+
+/* where(a > b, exp(a), log(b)): inf and NaN in both branches, taken or not. */
+static nb_status select_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    (void)user, (void)n_in, (void)n_out;
+    nb_scope *s = nb_scope_begin();
+    out[0] = nb_keep(nb_where(nb_greater(in[0], in[1]), nb_exp(in[0]), nb_log(in[1])));
+    nb_scope_end(s);
+    return out[0] ? NB_OK : nb_error();
+}
+
+/* tanh(where(cond, x, y) * x) with cond [cols] (bool) broadcast over rows. */
+static nb_status row_select_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    (void)user, (void)n_in, (void)n_out;
+    nb_scope *s = nb_scope_begin();
+    out[0] = nb_keep(nb_tanh(nb_mul(nb_where(in[2], in[0], in[1]), in[0])));
     nb_scope_end(s);
     return out[0] ? NB_OK : nb_error();
 }
@@ -181,6 +226,100 @@ static void broadcast(void)
     CHECKF(fused >= 1, "transposed: %lld nodes", (long long)fused);
 }
 
+/* n f32 values: the edge points and the points where f16, bf16 and i32
+ * round, tie or overflow, then random ones, from seed. */
+static nb_tensor *cast_values(int64_t n, uint64_t seed)
+{
+    static const double edges[] = {
+        0.0, -0.0, INFINITY, -INFINITY, NAN, -NAN,
+        1.0 + 0x1p-11, 1.0 + 0x3p-11, 1.0 + 0x1p-12, 65504.0, 65519.0, 65520.0, -65520.0, /* f16: ties, overflow */
+        0x1p-24, 0x1p-25, 0x3p-26, 1e-8, -0x1p-14,                                       /* f16 subnormals */
+        1.0 + 0x1p-8, 1.0 + 0x3p-8, 1.0 + 0x1p-9, 0x1.ffp127, -0x1.ff8p127, 3.4e38,       /* bf16 */
+        0x1p-130, -0x1p-149, 1e-45,                                                      /* f32 subnormals */
+        2147483.5, -2147483.648, 2147484.0, -2147485.0, 2.5e-4, -0.0009, 1e30, -1e30,     /* x 1000 to i32 */
+    };
+    enum { N_EDGES = sizeof edges / sizeof *edges };
+    double *v = malloc(sizeof(double) * (size_t)n);
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int64_t i = 0; i < n; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        double u = (double)(s >> 11) / 9007199254740992.0;
+        v[i] = i < N_EDGES ? edges[(i + (int64_t)seed) % N_EDGES] : (u - 0.5) * ldexp(1.0, (int)(s % 40) - 20);
+    }
+    nb_tensor *t = nb_cast(nb_from_buffer(NB_F64, NB_SHAPE(n), v), NB_F32);
+    free(v);
+    return t;
+}
+
+static void cast_chain(void)
+{
+    static const int64_t sizes[] = {37, 257, 70001};
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        nb_tensor *first[1] = {cast_values(sizes[k], 1)}, *later[1] = {cast_values(sizes[k], 2)};
+        int64_t fused = check_replays(cast_step, NULL, true, 1, first, later, 3);
+        int64_t plain = check_replays(cast_step, NULL, false, 1, first, later, 3);
+        /* five casts and a scale (each after its poison fill) as one call */
+        CHECKF(g_gpu ? fused < plain : fused == 1 && plain == 6 * (1 + g_poison), "n=%lld: %lld nodes fused, %lld not",
+               (long long)sizes[k], (long long)fused, (long long)plain);
+    }
+    /* the values the casts give, by the rules nb_cast states */
+    nb_tensor *x = nb_from_buffer(NB_F64, NB_SHAPE(6), (double[]){1.0 + 0x1p-11, 1.0 + 0x3p-11, 65520.0, NAN, -0.0, 3e9});
+    x = nb_cast(x, NB_F32);
+    nb_tensor *got[3];
+    CHECK_OK(cast_step(NULL, 1, &x, 3, got));
+    float h[6], b[6];
+    int32_t i[6];
+    CHECK_OK(nb_tensor_read(got[0], h, sizeof h));
+    CHECK_OK(nb_tensor_read(got[1], b, sizeof b));
+    CHECK_OK(nb_tensor_read(got[2], i, sizeof i));
+    CHECK(h[0] == 1.0f && h[1] == 1.0f + 0x1p-9f && isinf(h[2]) && isnan(h[3]) && h[4] == 0 && signbit(h[4]));
+    CHECK(b[0] == 1.0f && b[2] == 65536.0f && isnan(b[3]) && signbit(b[4]));
+    CHECK(i[0] == 1000 && i[3] == 0 && i[5] == INT32_MAX);
+}
+
+static void where_chains(void)
+{
+    static const int64_t sizes[] = {1, 300, 70001};
+    static const nb_dtype dts[] = {NB_F32, NB_F64};
+    for (size_t d = 0; d < 2; d++) {
+        for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+            int64_t n = sizes[k];
+            nb_tensor *first[2] = {values(dts[d], n, 50), values(dts[d], n, 51)};
+            nb_tensor *later[2] = {values(dts[d], n, 52), values(dts[d], n, 53)};
+            int64_t fused = check_replays(leaky_step, NULL, true, 1, first, later, 1);
+            int64_t plain = check_replays(leaky_step, NULL, false, 1, first, later, 1);
+            /* zeros, x > 0, 0.1 x and where (each after its poison fill) as one call */
+            CHECKF(g_gpu ? fused < plain : fused == 1 && plain == 4 * (1 + g_poison),
+                   "leaky %s n=%lld: %lld nodes fused, %lld not", nb_dtype_name(dts[d]), (long long)n, (long long)fused,
+                   (long long)plain);
+            fused = check_replays(select_step, NULL, true, 2, first, later, 1);
+            plain = check_replays(select_step, NULL, false, 2, first, later, 1);
+            CHECKF(g_gpu ? fused < plain : fused == 1 && plain == 4 * (1 + g_poison),
+                   "select %s n=%lld: %lld nodes fused, %lld not", nb_dtype_name(dts[d]), (long long)n, (long long)fused,
+                   (long long)plain);
+        }
+    }
+    /* the leaky ReLU's values */
+    nb_tensor *x = nb_from_buffer(NB_F32, NB_SHAPE(4), (float[]){2.0f, -2.0f, -0.0f, NAN});
+    nb_tensor *y;
+    CHECK_OK(leaky_step(NULL, 1, &x, 1, &y));
+    float v[4];
+    CHECK_OK(nb_tensor_read(y, v, sizeof v));
+    CHECK(v[0] == 2.0f && v[1] == -2.0f * 0.1f && v[2] == 0 && signbit(v[2]) && isnan(v[3]));
+    /* a condition [cols] broadcast over rows */
+    int64_t rows = 9, cols = 41;
+    nb_tensor *first[3] = {nb_reshape(values(NB_F32, rows * cols, 60), NB_SHAPE(rows, cols)),
+                           nb_reshape(values(NB_F32, rows * cols, 61), NB_SHAPE(rows, cols)),
+                           nb_greater(values(NB_F32, cols, 62), nb_zeros(NB_F32, NB_SHAPE(cols)))};
+    nb_tensor *later[3] = {nb_reshape(values(NB_F32, rows * cols, 63), NB_SHAPE(rows, cols)),
+                           nb_reshape(values(NB_F32, rows * cols, 64), NB_SHAPE(rows, cols)),
+                           nb_greater(values(NB_F32, cols, 65), nb_zeros(NB_F32, NB_SHAPE(cols)))};
+    int64_t fused = check_replays(row_select_step, NULL, true, 3, first, later, 1);
+    int64_t plain = check_replays(row_select_step, NULL, false, 3, first, later, 1);
+    CHECKF(g_gpu ? fused < plain : fused == 1 && plain == 3 * (1 + g_poison), "broadcast cond: %lld nodes fused, %lld not",
+           (long long)fused, (long long)plain);
+}
+
 /* ---- a training step: tape, gradients, an in-place update ---- */
 
 typedef struct net {
@@ -256,7 +395,9 @@ static void training(void)
 /* ---- random steps: every chain the planner sees must keep eager's bits ---- */
 
 enum { PROG_MAX = 24, STACK_MAX = 64 };
-typedef enum { I_UNARY, I_SCALAR, I_BINARY, I_BIAS, I_TRANSPOSE, I_SLICE, I_SUM, I_SCOPE, I_VAR_ADD, I_VAR_READ } instr_kind;
+typedef enum {
+    I_UNARY, I_SCALAR, I_BINARY, I_BIAS, I_TRANSPOSE, I_SLICE, I_SUM, I_SCOPE, I_VAR_ADD, I_VAR_READ, I_CAST, I_WHERE
+} instr_kind;
 typedef struct instr {
     instr_kind kind;
     int a, b, op, len; /* stack picks (taken modulo its size), the op, a scope's length */
@@ -275,6 +416,8 @@ static const unary_fn k_unary[] = {nb_neg, nb_abs, nb_exp, nb_tanh, nb_sigmoid, 
                                    nb_log, nb_gelu, nb_sin, nb_softplus};
 static const binary_fn k_binary[] = {nb_add, nb_sub, nb_mul, nb_div, nb_maximum, nb_minimum, nb_pow};
 static const scalar_fn k_scalar[] = {nb_mul_scalar, nb_add_scalar, nb_pow_scalar, nb_leaky_relu};
+/* a cast's round trip goes through one of these and back */
+static const nb_dtype k_cast_via[] = {NB_F16, NB_BF16, NB_F32, NB_F64, NB_I32};
 
 /* Runs p's instructions from i (up to end) on the stack; returns where it stopped. */
 static int run_instrs(const program *p, int i, int end, nb_tensor **stack, int *n, nb_tensor *const *in,
@@ -293,6 +436,11 @@ static int run_instrs(const program *p, int i, int end, nb_tensor **stack, int *
         case I_SUM: *acc = nb_add(*acc, nb_sum_all(a)); break;
         case I_VAR_ADD: nb_variable_assign_add(p->v, nb_mul_scalar(a, 0.125)); break;
         case I_VAR_READ: r = nb_read(p->v); break;
+        case I_CAST: r = nb_cast(nb_cast(a, k_cast_via[k->op % 5]), nb_tensor_dtype(a)); break;
+        case I_WHERE: /* the condition from the pair, or from the bias broadcast over rows */
+            r = nb_where(k->op % 3 ? nb_greater(a, b) : nb_less(in[2], nb_zeros_like(in[2])), a,
+                         k->op % 2 ? b : k_unary[k->len % 12](b));
+            break;
         case I_SCOPE: { /* its temporaries die at its end; its last result is kept */
             nb_scope *s = nb_scope_begin();
             int base = *n;
@@ -348,8 +496,9 @@ static void random_steps(void)
         for (int i = 0; i < p.n; i++) {
             instr *k = &p.at[i];
             int r = (int)(next_u(&s) % 100);
-            k->kind = r < 28 ? I_UNARY : r < 38 ? I_SCALAR : r < 62 ? I_BINARY : r < 68 ? I_BIAS : r < 74 ? I_TRANSPOSE
-                      : r < 78 ? I_SLICE : r < 84 ? I_SUM : r < 91 ? I_SCOPE : r < 96 ? I_VAR_ADD : I_VAR_READ;
+            k->kind = r < 24 ? I_UNARY : r < 33 ? I_SCALAR : r < 53 ? I_BINARY : r < 58 ? I_BIAS : r < 63 ? I_TRANSPOSE
+                      : r < 67 ? I_SLICE : r < 72 ? I_SUM : r < 79 ? I_SCOPE : r < 83 ? I_VAR_ADD : r < 86 ? I_VAR_READ
+                      : r < 93 ? I_CAST : I_WHERE;
             k->a = (int)(next_u(&s) % 64), k->b = (int)(next_u(&s) % 64), k->op = (int)(next_u(&s) % 64);
             k->len = 1 + (int)(next_u(&s) % 5);
             k->alpha = ((double)(next_u(&s) % 17) - 8) / 4;
@@ -415,6 +564,8 @@ int main(int argc, char **argv)
     RUN(chain_bits);
     RUN(kept_and_read_after);
     RUN(broadcast);
+    RUN(cast_chain);
+    RUN(where_chains);
     RUN(training);
     RUN(random_steps);
     nb_device_pop();

@@ -120,7 +120,8 @@ int64_t nb_graph_nodes(const nb_graph *g);
 const char *nb_graph_device(const nb_graph *g);
 
 /* Whether devices that record a step fuse its elementwise chains (on by
- * default): on the CPU, consecutive elementwise calls of one shape run as one
+ * default): on the CPU, consecutive elementwise calls of one shape (fills,
+ * unary and binary ops, casts, where) run as one
  * pass over memory in cache-sized tiles, and a result the step lets go of
  * before any later call is recorded (a temporary of exp((a + b) * c) made in
  * a scope the step closes) is never written to memory. Fused replays give

@@ -59,8 +59,17 @@ static bool add_call(nb_fuse_plan *p, int max_slots, const nb_fuse_call *c, cons
     if (p->n_steps == NB_FUSE_MAX_CALLS)
         return false;
     nb_fuse_step s = {.kind = c->kind, .op = c->op, .alpha = c->alpha};
-    s.n_ops = c->kind == NB_FUSE_BINARY ? 3 : c->kind == NB_FUSE_UNARY ? 2 : 1;
-    const nb_view *ops[3] = {c->out, s.n_ops > 1 ? c->x : NULL, s.n_ops > 2 ? c->y : NULL};
+    const nb_view *ops[4] = {c->out, c->x, c->y, NULL};
+    switch (c->kind) {
+    case NB_FUSE_FILL: s.n_ops = 1; break;
+    case NB_FUSE_UNARY: case NB_FUSE_COPY: s.n_ops = 2; break;
+    case NB_FUSE_BINARY: s.n_ops = 3; break;
+    case NB_FUSE_WHERE:
+        s.n_ops = 4;
+        ops[1] = c->cond, ops[2] = c->x, ops[3] = c->y;
+        break;
+    default: return false;
+    }
     for (int o = 0; o < s.n_ops; o++)
         if (!ops[o] || !same_shape(ops[o], shape))
             return false;

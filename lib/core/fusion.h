@@ -5,23 +5,29 @@
  * A recorded step such as exp((a + b) * c) is three kernel calls, each a pass
  * over memory. A plan runs them as one: every element goes through the whole
  * chain before the next is read, and a result the chain makes that nothing
- * reads after it (its tensor was let go) is never written to memory. Each
- * call keeps its own formula and dtypes, so a fused chain computes the same
- * bits as its calls one by one. */
+ * reads after it (its tensor was let go) is never written to memory. A chain
+ * holds fill, unary, binary, copy (a cast, x.to(dtype)) and where calls. Each
+ * call keeps its own formula, dtypes and conversions, so a fused chain
+ * computes the same bits as its calls one by one. */
 #ifndef NB_CORE_FUSION_H
 #define NB_CORE_FUSION_H
 
 #include "core.h"
 
-typedef enum nb_fuse_kind { NB_FUSE_FILL, NB_FUSE_UNARY, NB_FUSE_BINARY } nb_fuse_kind;
+/* The calls a chain holds and their operands, in the step's order (out first):
+ * fill (out), unary (out, x), binary (out, x, y), copy (out, x: x converted
+ * to out's dtype, which may differ) and where (out, cond, x, y: cond ? x : y,
+ * cond NB_BOOL or NB_U8). */
+typedef enum nb_fuse_kind { NB_FUSE_FILL, NB_FUSE_UNARY, NB_FUSE_BINARY, NB_FUSE_COPY, NB_FUSE_WHERE } nb_fuse_kind;
 
-/* A recorded fill, unary or binary call. */
+/* A recorded fill, unary, binary, copy or where call. */
 typedef struct nb_fuse_call {
     nb_fuse_kind kind;
     int op;       /* nb_unary_op or nb_binary_op */
     double alpha; /* unary: the scalar; fill: the value */
-    const nb_view *out, *x, *y; /* x: not for a fill; y: binary only */
+    const nb_view *out, *x, *y; /* x: not for a fill; y: binary and where only */
     int64_t index; /* the call's position in its recording */
+    const nb_view *cond; /* where only */
 } nb_fuse_call;
 
 enum {
@@ -41,8 +47,8 @@ typedef struct nb_fuse_step {
     nb_fuse_kind kind;
     int op;
     double alpha;
-    int n_ops;   /* out[, x[, y]]: 1, 2 or 3 */
-    int slot[3]; /* the operands' slots, out first */
+    int n_ops;   /* 1 (fill), 2 (unary, copy), 3 (binary) or 4 (where) */
+    int slot[4]; /* the operands' slots in nb_fuse_kind's order, out first */
 } nb_fuse_step;
 
 typedef struct nb_fuse_plan {

@@ -114,8 +114,10 @@ nb_status nb__cpu_binary(nb_device *dev, nb_binary_op op, const nb_view *out, co
             T *restrict o = (T *)p[0];                                                       \
             const uint8_t *restrict c = (const uint8_t *)p[1];                               \
             const T *restrict a = (const T *)p[2], *restrict b = (const T *)p[3];            \
-            for (int64_t i = 0; i < n; i++)                                                  \
-                o[i] = c[i] ? a[i] : b[i];                                                   \
+            for (int64_t i = 0; i < n; i++) {                                                \
+                const T x = a[i], y = b[i]; /* both read: a select, not a branch */          \
+                o[i] = c[i] ? x : y;                                                         \
+            }                                                                                \
         } else if (s[0] == es && s[1] == 1 && s[2] == 0 && s[3] == 0) {                      \
             T *restrict o = (T *)p[0];                                                       \
             const uint8_t *restrict c = (const uint8_t *)p[1];                               \
@@ -133,16 +135,23 @@ WHERE_ROW(where_1, uint8_t)
 WHERE_ROW(where_4, uint32_t)
 WHERE_ROW(where_8, uint64_t)
 
+nb_cpu_loop_fn nb__cpu_where_loop(nb_dtype out, nb_dtype cond, nb_dtype a, nb_dtype b)
+{
+    if ((cond != NB_BOOL && cond != NB_U8) || a != out || b != out)
+        return NULL;
+    switch (out) {
+    case NB_F32: case NB_I32: return where_4;
+    case NB_F64: case NB_I64: return where_8;
+    case NB_BOOL: case NB_U8: return where_1;
+    default: return NULL;
+    }
+}
+
 nb_status nb__cpu_where(nb_device *dev, const nb_view *out, const nb_view *cond,
                         const nb_view *a, const nb_view *b)
 {
-    nb_cpu_loop_fn fn;
-    switch (out->dtype) {
-    case NB_F32: case NB_I32: fn = where_4; break;
-    case NB_F64: case NB_I64: fn = where_8; break;
-    case NB_BOOL: case NB_U8: fn = where_1; break;
-    default: return nb__cpu_unsupported(dev, "where", out->dtype);
-    }
+    if (!nb__cpu_where_loop(out->dtype, NB_BOOL, out->dtype, out->dtype))
+        return nb__cpu_unsupported(dev, "where", out->dtype);
     if (cond->dtype != NB_BOOL && cond->dtype != NB_U8)
         return nb__fail(NB_ERR_DTYPE, "where: condition dtype %s is not bool",
                         nb_dtype_name(cond->dtype));
@@ -150,6 +159,7 @@ nb_status nb__cpu_where(nb_device *dev, const nb_view *out, const nb_view *cond,
         return nb__fail(NB_ERR_DTYPE, "where: dtypes %s and %s differ from the output's %s",
                         nb_dtype_name(a->dtype), nb_dtype_name(b->dtype),
                         nb_dtype_name(out->dtype));
+    nb_cpu_loop_fn fn = nb__cpu_where_loop(out->dtype, cond->dtype, a->dtype, b->dtype);
     nb_cpu_iter it;
     const nb_view *views[4] = {out, cond, a, b};
     nb__cpu_iter_init(&it, 4, views);

@@ -242,14 +242,10 @@ static nb_cpu_loop_fn half_f32_row(nb_dtype out, nb_dtype in)
     return NULL;
 }
 
-typedef struct half_dtypes {
-    nb_dtype out, in;
-} half_dtypes;
-
 static void conv_half(void *ctx, int64_t n, char *const *p, const int64_t *s, int64_t flat)
 {
     (void)flat;
-    const half_dtypes *d = ctx;
+    const nb_cpu_copy_ctx *d = ctx;
     for (int64_t i = 0; i < n; i++)
         half_out(d->out, p[0] + i * s[0], half_in(d->in, p[1] + i * s[1]));
 }
@@ -276,33 +272,40 @@ MOVE_ROW(move_2, uint16_t)
 MOVE_ROW(move_4, uint32_t)
 MOVE_ROW(move_8, uint64_t)
 
+/* Whether converting in to out moves the bytes unchanged. */
+static bool is_move(nb_dtype out, nb_dtype in) { return in == out || (in == NB_BOOL && out == NB_U8); }
+
+nb_cpu_loop_fn nb__cpu_copy_loop(nb_dtype out, nb_dtype in, nb_cpu_copy_ctx *ctx)
+{
+    ctx->out = out, ctx->in = in;
+    if ((!cpu_dtype_ok(in) && !is_half(in)) || (!cpu_dtype_ok(out) && !is_half(out)))
+        return NULL;
+    if (is_move(out, in)) {
+        int64_t es = nb__cpu_esize(in);
+        return es == 1 ? move_1 : es == 2 ? move_2 : es == 4 ? move_4 : move_8;
+    }
+    nb_cpu_loop_fn fn = half_f32_row(out, in); /* f32 and a half: bit operations */
+    if (fn)
+        return fn;
+    if (is_half(in) || is_half(out))
+        return conv_half;
+    return conv_table[in][out];
+}
+
 nb_status nb__cpu_copy(nb_device *dev, const nb_view *out, const nb_view *in)
 {
-    if (!cpu_dtype_ok(in->dtype) && !is_half(in->dtype))
-        return nb__cpu_unsupported(dev, "copy", in->dtype);
-    if (!cpu_dtype_ok(out->dtype) && !is_half(out->dtype))
-        return nb__cpu_unsupported(dev, "copy", out->dtype);
-    nb_cpu_loop_fn fn;
-    half_dtypes hd = {out->dtype, in->dtype};
-    void *ctx = NULL;
-    if (in->dtype == out->dtype || (in->dtype == NB_BOOL && out->dtype == NB_U8)) {
-        int64_t es = nb__cpu_esize(in->dtype);
-        fn = es == 1 ? move_1 : es == 2 ? move_2 : es == 4 ? move_4 : move_8;
-        if (in->contiguous && out->contiguous) {
-            nb__cpu_copy_from_host(dev, out->data, in->data, (size_t)(out->numel * es));
-            return NB_OK;
-        }
-    } else if ((fn = half_f32_row(out->dtype, in->dtype))) {
-        /* f32 and a half: bit operations */
-    } else if (is_half(in->dtype) || is_half(out->dtype)) {
-        fn = conv_half;
-        ctx = &hd;
-    } else {
-        fn = conv_table[in->dtype][out->dtype];
+    nb_cpu_copy_ctx ctx;
+    nb_cpu_loop_fn fn = nb__cpu_copy_loop(out->dtype, in->dtype, &ctx);
+    if (!fn)
+        return nb__cpu_unsupported(dev, "copy", cpu_dtype_ok(in->dtype) || is_half(in->dtype) ? out->dtype : in->dtype);
+    /* a dense move is one memcpy: the same bytes the move loop writes */
+    if (is_move(out->dtype, in->dtype) && in->contiguous && out->contiguous) {
+        nb__cpu_copy_from_host(dev, out->data, in->data, (size_t)(out->numel * nb__cpu_esize(out->dtype)));
+        return NB_OK;
     }
     nb_cpu_iter it;
     const nb_view *views[2] = {out, in};
     nb__cpu_iter_init(&it, 2, views);
-    nb__cpu_iter_run(&it, fn, ctx, NB_CPU_GRAIN);
+    nb__cpu_iter_run(&it, fn, &ctx, NB_CPU_GRAIN);
     return NB_OK;
 }

@@ -9,9 +9,10 @@ enum { FUSE_TILE = 256 }; /* elements per tile: 2 KiB a result at 8 bytes, all t
 
 typedef struct step {
     nb_cpu_loop_fn fn;
-    void *arg; /* un or fill, or NULL: what fn reads as its context */
+    void *arg; /* un, fill or copy, or NULL: what fn reads as its context */
     nb_cpu_un_ctx un;
     nb_cpu_fill_ctx fill;
+    nb_cpu_copy_ctx copy;
 } step;
 
 struct nb_cpu_fused {
@@ -23,17 +24,28 @@ struct nb_cpu_fused {
     step steps[NB_FUSE_MAX_CALLS];
 };
 
-/* The loop c's kernel runs, with its context in s; NULL where there is none. */
+/* The loop c's kernel runs, with its context in s (s->arg); NULL where there
+ * is none. */
 static nb_cpu_loop_fn resolve(const nb_fuse_call *c, step *s, bool *heavy)
 {
     *heavy = false;
+    s->arg = NULL;
     switch (c->kind) {
     case NB_FUSE_BINARY:
         return nb__cpu_binary_loop((nb_binary_op)c->op, c->out->dtype, c->x->dtype, c->y->dtype, heavy);
     case NB_FUSE_UNARY:
+        s->arg = &s->un;
         return nb__cpu_unary_loop((nb_unary_op)c->op, c->out->dtype, c->x->dtype, c->alpha, &s->un, heavy);
-    default:
+    case NB_FUSE_FILL:
+        s->arg = &s->fill;
         return nb__cpu_fill_loop(c->out->dtype, c->alpha, &s->fill);
+    case NB_FUSE_COPY:
+        s->arg = &s->copy;
+        return nb__cpu_copy_loop(c->out->dtype, c->x->dtype, &s->copy);
+    case NB_FUSE_WHERE:
+        return nb__cpu_where_loop(c->out->dtype, c->cond->dtype, c->x->dtype, c->y->dtype);
+    default:
+        return NULL;
     }
 }
 
@@ -70,9 +82,6 @@ int nb__cpu_fuse_plan(const nb_fuse_call *calls, int n, nb_fuse_dead_fn dead, vo
         step *s = &f->steps[i];
         bool heavy;
         s->fn = resolve(&calls[i], s, &heavy);
-        s->arg = calls[i].kind == NB_FUSE_UNARY ? (void *)&s->un
-                 : calls[i].kind == NB_FUSE_FILL ? (void *)&s->fill
-                                                 : NULL;
         f->heavy = f->heavy || heavy;
     }
     *out = f;
@@ -89,8 +98,8 @@ static void fused_loop(void *ctx, int64_t n, char *const *p, const int64_t *s, i
         int64_t m = n - j < FUSE_TILE ? n - j : FUSE_TILE;
         for (int i = 0; i < plan->n_steps; i++) {
             const nb_fuse_step *ps = &plan->steps[i];
-            char *pp[3];
-            int64_t ss[3];
+            char *pp[4];
+            int64_t ss[4];
             for (int o = 0; o < ps->n_ops; o++) {
                 int sl = ps->slot[o], e = f->ext[sl];
                 if (e >= 0) {

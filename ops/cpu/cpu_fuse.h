@@ -4,8 +4,9 @@
  * next tile is read, an internal result lives in a tile only, and each call
  * runs the very loop its kernel runs (nb__cpu_unary_loop,
  * nb__cpu_binary_loop, nb__cpu_fill_loop: a fill joins a chain where a debug
- * build poisons each new output), so the chain's results are the same bits as
- * the calls' one by one. */
+ * build poisons each new output; nb__cpu_copy_loop for a cast, every dtype
+ * pair; nb__cpu_where_loop), so the chain's results are the same bits as the
+ * calls' one by one. */
 #ifndef NB_CPU_FUSE_H
 #define NB_CPU_FUSE_H
 

@@ -807,21 +807,33 @@ static bool dead_after(void *user, const nb_view *v, int64_t last)
 
 static bool is_elementwise(const call *c)
 {
-    return c->run == run_unary || c->run == run_binary || c->run == run_fill;
+    return c->run == run_unary || c->run == run_binary || c->run == run_fill || c->run == run_copy ||
+           c->run == run_where;
 }
 
 static nb_fuse_call fuse_call_of(const call *c)
 {
     if (c->run == run_fill) {
         const fill_call *a = (const fill_call *)c;
-        return (nb_fuse_call){NB_FUSE_FILL, 0, a->value, V(a->out), NULL, NULL, c->index};
+        return (nb_fuse_call){.kind = NB_FUSE_FILL, .alpha = a->value, .out = V(a->out), .index = c->index};
     }
     if (c->run == run_unary) {
         const unary_call *a = (const unary_call *)c;
-        return (nb_fuse_call){NB_FUSE_UNARY, (int)a->op, a->alpha, V(a->out), V(a->x), NULL, c->index};
+        return (nb_fuse_call){.kind = NB_FUSE_UNARY, .op = (int)a->op, .alpha = a->alpha, .out = V(a->out),
+                              .x = V(a->x), .index = c->index};
+    }
+    if (c->run == run_copy) {
+        const copy_call *a = (const copy_call *)c;
+        return (nb_fuse_call){.kind = NB_FUSE_COPY, .out = V(a->out), .x = V(a->in), .index = c->index};
+    }
+    if (c->run == run_where) {
+        const where_call *a = (const where_call *)c;
+        return (nb_fuse_call){.kind = NB_FUSE_WHERE, .out = V(a->out), .cond = V(a->cond), .x = V(a->x),
+                              .y = V(a->y), .index = c->index};
     }
     const binary_call *a = (const binary_call *)c;
-    return (nb_fuse_call){NB_FUSE_BINARY, (int)a->op, 0, V(a->out), V(a->x), V(a->y), c->index};
+    return (nb_fuse_call){.kind = NB_FUSE_BINARY, .op = (int)a->op, .out = V(a->out), .x = V(a->x), .y = V(a->y),
+                          .index = c->index};
 }
 
 /* Replaces each run of elementwise calls that fuses by one call. Out of host

@@ -231,6 +231,17 @@ typedef union nb_cpu_fill_ctx {
     int64_t l;
 } nb_cpu_fill_ctx;
 nb_cpu_loop_fn nb__cpu_fill_loop(nb_dtype dtype, double value, nb_cpu_fill_ctx *ctx);
+/* nb__cpu_copy's loop converting elements of dtype in to out (operands out,
+ * in; any strides), its context (the dtypes) in *ctx; NULL where either dtype
+ * is one the CPU does not store. Every pair of stored dtypes has one. */
+typedef struct nb_cpu_copy_ctx {
+    nb_dtype out, in;
+} nb_cpu_copy_ctx;
+nb_cpu_loop_fn nb__cpu_copy_loop(nb_dtype out, nb_dtype in, nb_cpu_copy_ctx *ctx);
+/* nb__cpu_where's loop (operands out, cond, a, b; no context): NULL unless
+ * cond is NB_BOOL or NB_U8 and a, b and out share a dtype the CPU's where
+ * runs (not f16 or bf16). */
+nb_cpu_loop_fn nb__cpu_where_loop(nb_dtype out, nb_dtype cond, nb_dtype a, nb_dtype b);
 nb_status nb__cpu_reduce(nb_device *dev, nb_reduce_op op, const nb_view *out, const nb_view *x);
 nb_status nb__cpu_arg_reduce(nb_device *dev, bool is_max, const nb_view *out, const nb_view *x,
                              int axis);
