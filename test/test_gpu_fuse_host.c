@@ -3,8 +3,9 @@
  * compiler, with a prelude that stands in for CUDA (one thread walks every
  * element; the 16-bit conversions are lib/core/half.h's, rounding to nearest
  * even as the GPU's cvt.rn does), and called on host memory. Each of 160
- * random chains (2 to 14 fills, unary and binary calls and comparisons, in
- * f32, f64, f16, bf16, i32 and i64; operands dense, broadcast, transposed or
+ * random chains (2 to 14 fills, unary and binary calls, comparisons, casts
+ * to any dtype and back, and where, in f32, f64, f16, bf16, i32 and i64;
+ * operands dense, broadcast, transposed or
  * updated in place; 0, -0, ±inf, NaN, extreme integers among the values;
  * some results dead) must leave memory as the CPU's kernels leave it running
  * the same calls one by one (f16 and bf16 computed in float and rounded after
@@ -45,6 +46,8 @@ static const char k_host_prelude[] =
     "static inline unsigned short nbf_f2h(float f) { return nb__f16_from_float(f); }\n"
     "static inline float nbf_b2f(unsigned short h) { return __uint_as_float((unsigned)h << 16); }\n"
     "static inline unsigned short nbf_f2b(float f) { return nb__bf16_from_float(f); }\n"
+    "static inline unsigned short nbf_d2h(double d) { return nb__f16_from_double(d); }\n"
+    "static inline unsigned short nbf_d2b(double d) { return nb__bf16_from_double(d); }\n"
     "static inline float nbf_keep(float v) { return v; }\n"
     "static inline double nbf_keep(double v) { return v; }\n";
 
@@ -69,7 +72,7 @@ typedef struct ccall {
     nb_fuse_kind kind;
     int op;
     double alpha;
-    spec out, x, y;
+    spec out, x, y, cond; /* x: not for a fill; y: binary and where; cond: where */
 } ccall;
 
 typedef struct chain {
@@ -79,7 +82,7 @@ typedef struct chain {
     int n_bufs, n_calls, k; /* k: the calls the plan took */
     buf bufs[MAX_BUFS];
     ccall calls[MAX_CALLS];
-    nb_view ev[MAX_CALLS][3]; /* the planned calls' views of emu memory */
+    nb_view ev[MAX_CALLS][4]; /* the planned calls' views of emu memory: out, x, y, cond */
     nb_gpu_fuse_args args;
     char *src;
 } chain;
@@ -126,10 +129,16 @@ static void put_value(nb_dtype dt, char *p, double v)
 
 static double random_value(nb_dtype dt)
 {
-    static const double float_edges[] = {0.0, -0.0, INFINITY, -INFINITY, NAN, 1e30, -1e-30, 65504.0, 1e-7};
+    if (dt == NB_BOOL)
+        return pick(2);
+    if (dt == NB_U8)
+        return pick(256);
+    /* the last two: just above a tie of f16 and of bf16 in double, at a tie once in float */
+    static const double float_edges[] = {0.0,  -0.0, INFINITY, -INFINITY, NAN, 1e30, -1e-30, 65504.0, 1e-7,
+                                         1.0 + 0x1p-11 + 0x1p-40, -(1.0 + 0x1p-8 + 0x1p-40)};
     static const double int_edges[] = {0.0, 1.0, -1.0, 2147483647.0, -2147483648.0, 46341.0};
     if (is_float(dt)) {
-        if (pick(16) == 0)
+        if (pick(8) == 0)
             return float_edges[pick((int)(sizeof float_edges / sizeof *float_edges))];
         return ((double)(rnd() % 2000001) - 1000000.0) / 250000.0; /* [-4, 4] */
     }
@@ -245,7 +254,7 @@ static bool dead_temp(void *user, const nb_view *v, int64_t last)
 
 /* A random chain, planned; its source in ch->src (NULL where the plan took
  * fewer than two calls). */
-static void make_chain(chain *ch, nb_dtype dt)
+static void make_chain(chain *ch, nb_dtype dt, int seq)
 {
     static const int64_t sizes[] = {1, 2, 3, 7, 16, 31, 64, 255, 257};
     memset(ch, 0, sizeof *ch);
@@ -265,6 +274,17 @@ static void make_chain(chain *ch, nb_dtype dt)
     for (int i = 0; i < n_temps; i++)
         (void)new_buf(ch, dt, chain_numel(ch), true);
     int flags = new_buf(ch, NB_BOOL, chain_numel(ch), true);
+    /* a cast's other dtype, and a condition from outside the chain */
+    static const nb_dtype all[] = {NB_F32, NB_F64, NB_F16, NB_BF16, NB_I32, NB_I64, NB_BOOL, NB_U8};
+    nb_dtype other = all[(seq / 6) % 8]; /* every pair of dtypes in turn */
+    if (other == dt)
+        other = all[(seq / 6 + 1) % 8];
+    int side = new_buf(ch, other, chain_numel(ch), true);
+    bool side_written = false, flags_written = false;
+    nb_dtype saved_dt = ch->dt;
+    ch->dt = pick(2) ? NB_BOOL : NB_U8;
+    spec cond_in = new_input(ch);
+    ch->dt = saved_dt;
     int un[NB_UN_COUNT], bin[NB_BIN_COUNT], cmp[NB_BIN_COUNT];
     int n_un = allowed_unary(dt, un), n_bin = allowed_binary(dt, false, bin), n_cmp = allowed_binary(dt, true, cmp);
     static const double float_alphas[] = {0.5, 2.0, -1.5, 3.0, 0.0, 0.01};
@@ -272,23 +292,32 @@ static void make_chain(chain *ch, nb_dtype dt)
     ch->n_calls = 2 + pick(MAX_CALLS - 1);
     for (int i = 0; i < ch->n_calls; i++) {
         ccall *c = &ch->calls[i];
-        int r = pick(10);
+        int r = pick(13);
         spec x = readable[pick(n_read)], y = readable[pick(n_read)];
         /* in place on a dense operand, or a temporary */
         spec out = dense(ch, first_temp + pick(n_temps));
         if (pick(3) == 0 && !memcmp(x.est, dense(ch, x.b).est, sizeof x.est))
             out = x;
         if (r == 0) {
-            *c = (ccall){NB_FUSE_FILL, 0, random_value(dt), out, {0}, {0}};
+            *c = (ccall){.kind = NB_FUSE_FILL, .alpha = random_value(dt), .out = out};
         } else if (r <= 4) {
-            *c = (ccall){NB_FUSE_UNARY, un[pick(n_un)], 0, out, x, {0}};
+            *c = (ccall){.kind = NB_FUSE_UNARY, .op = un[pick(n_un)], .out = out, .x = x};
             c->alpha = is_float(dt) ? float_alphas[pick(6)] : int_alphas[pick(6)];
         } else if (r <= 8) {
-            *c = (ccall){NB_FUSE_BINARY, bin[pick(n_bin)], 0, out, x, y};
+            *c = (ccall){.kind = NB_FUSE_BINARY, .op = bin[pick(n_bin)], .out = out, .x = x, .y = y};
+        } else if (r == 9) {
+            *c = (ccall){.kind = NB_FUSE_BINARY, .op = cmp[pick(n_cmp)], .out = dense(ch, flags), .x = x, .y = y};
+            flags_written = true;
+        } else if (r == 10 || (r == 11 && !side_written)) { /* to the other dtype */
+            *c = (ccall){.kind = NB_FUSE_COPY, .out = dense(ch, side), .x = x};
+            side_written = true;
+        } else if (r == 11) { /* and back */
+            *c = (ccall){.kind = NB_FUSE_COPY, .out = out, .x = dense(ch, side)};
         } else {
-            *c = (ccall){NB_FUSE_BINARY, cmp[pick(n_cmp)], 0, dense(ch, flags), x, y};
+            *c = (ccall){.kind = NB_FUSE_WHERE, .out = out, .x = x, .y = y,
+                         .cond = flags_written && pick(2) ? dense(ch, flags) : cond_in};
         }
-        if (c->out.b != flags) {
+        if (c->out.b != flags && c->out.b != side) {
             bool known = false;
             for (int j = 0; j < n_read; j++)
                 known = known || readable[j].b == c->out.b;
@@ -303,12 +332,17 @@ static void make_chain(chain *ch, nb_dtype dt)
     for (int i = 0; i < ch->n_calls; i++) {
         const ccall *c = &ch->calls[i];
         ch->ev[i][0] = view_of(ch, c->out, true);
+        bool has_y = c->kind == NB_FUSE_BINARY || c->kind == NB_FUSE_WHERE;
         if (c->kind != NB_FUSE_FILL)
             ch->ev[i][1] = view_of(ch, c->x, true);
-        if (c->kind == NB_FUSE_BINARY)
+        if (has_y)
             ch->ev[i][2] = view_of(ch, c->y, true);
-        calls[i] = (nb_fuse_call){c->kind, c->op, c->alpha, &ch->ev[i][0], c->kind != NB_FUSE_FILL ? &ch->ev[i][1] : NULL,
-                                  c->kind == NB_FUSE_BINARY ? &ch->ev[i][2] : NULL, i};
+        if (c->kind == NB_FUSE_WHERE)
+            ch->ev[i][3] = view_of(ch, c->cond, true);
+        calls[i] = (nb_fuse_call){.kind = c->kind, .op = c->op, .alpha = c->alpha, .out = &ch->ev[i][0],
+                                  .x = c->kind != NB_FUSE_FILL ? &ch->ev[i][1] : NULL,
+                                  .y = has_y ? &ch->ev[i][2] : NULL,
+                                  .cond = c->kind == NB_FUSE_WHERE ? &ch->ev[i][3] : NULL, .index = i};
     }
     nb_fuse_plan plan;
     ch->k = nb__fuse_plan(calls, ch->n_calls, NB_FUSE_MAX_SLOTS, gpu_supported, dead_temp, ch, &plan);
@@ -354,29 +388,35 @@ static void narrow(const buf *b, const float *f)
 static nb_status cpu_call(nb_device *cpu, chain *ch, const ccall *c)
 {
     const nb_backend *be = cpu->backend;
-    const spec *ops[3] = {&c->out, c->kind != NB_FUSE_FILL ? &c->x : NULL, c->kind == NB_FUSE_BINARY ? &c->y : NULL};
-    nb_view v[3];
+    bool has_y = c->kind == NB_FUSE_BINARY || c->kind == NB_FUSE_WHERE;
+    const spec *ops[4] = {&c->out, c->kind != NB_FUSE_FILL ? &c->x : NULL, has_y ? &c->y : NULL,
+                          c->kind == NB_FUSE_WHERE ? &c->cond : NULL};
+    nb_view v[4];
     float *wide[MAX_BUFS] = {NULL};
     buf saved[MAX_BUFS];
     memcpy(saved, ch->bufs, sizeof saved);
-    for (int o = 0; o < 3; o++) {
+    /* the CPU fills and casts 16-bit floats itself */
+    bool through_float = c->kind != NB_FUSE_FILL && c->kind != NB_FUSE_COPY;
+    for (int o = 0; o < 4; o++) {
         if (!ops[o])
             continue;
         buf *b = &ch->bufs[ops[o]->b];
-        if (is_half(b->dt) && !(c->kind == NB_FUSE_FILL)) {
+        if (is_half(b->dt) && through_float) {
             if (!wide[ops[o]->b])
                 wide[ops[o]->b] = widen(b);
             b->dt = NB_F32; /* views of the float copy */
             b->ref = (char *)wide[ops[o]->b];
         }
     }
-    for (int o = 0; o < 3; o++)
+    for (int o = 0; o < 4; o++)
         if (ops[o])
             v[o] = view_of(ch, *ops[o], false);
     nb_status st;
     switch (c->kind) {
     case NB_FUSE_FILL: st = be->fill(cpu, &v[0], c->alpha); break;
     case NB_FUSE_UNARY: st = be->unary(cpu, (nb_unary_op)c->op, &v[0], &v[1], c->alpha); break;
+    case NB_FUSE_COPY: st = be->copy(cpu, &v[0], &v[1]); break;
+    case NB_FUSE_WHERE: st = be->where(cpu, &v[0], &v[3], &v[1], &v[2]); break;
     default: st = be->binary(cpu, (nb_binary_op)c->op, &v[0], &v[1], &v[2]); break;
     }
     memcpy(ch->bufs, saved, sizeof saved);
@@ -466,7 +506,7 @@ static bool same_element(nb_dtype dt, const char *a, const char *b)
     return !memcmp(a, b, nb_dtype_size(dt));
 }
 
-static int g_compared, g_skipped, g_fused_calls, g_whole, g_internal_bufs;
+static int g_compared, g_skipped, g_fused_calls, g_whole, g_internal_bufs, g_kinds[5];
 
 static void run_chain(nb_device *cpu, void *lib, chain *ch, int i)
 {
@@ -498,6 +538,8 @@ static void run_chain(nb_device *cpu, void *lib, chain *ch, int i)
     g_compared++;
     g_fused_calls += ch->k;
     g_whole += ch->k == ch->n_calls;
+    for (int c = 0; c < ch->k; c++)
+        g_kinds[ch->calls[c].kind]++;
     for (int b = 0; b < ch->n_bufs; b++) {
         const buf *bf = &ch->bufs[b];
         if (bf->dead) {
@@ -531,7 +573,7 @@ static void random_chains(void)
 {
     static const nb_dtype dts[] = {NB_F32, NB_F64, NB_F16, NB_BF16, NB_I32, NB_I64};
     for (int i = 0; i < N_CHAINS; i++)
-        make_chain(&g_chains[i], dts[i % 6]);
+        make_chain(&g_chains[i], dts[i % 6], i);
     void *lib = build_kernels(g_dir, g_chains, N_CHAINS);
     CHECK(lib != NULL);
     nb_device *cpu = nb__device_find("/cpu:0", "test_gpu_fuse_host");
@@ -543,6 +585,9 @@ static void random_chains(void)
            "inside their chain\n",
            g_compared, g_fused_calls, g_whole, g_skipped, g_internal_bufs);
     CHECKF(g_internal_bufs >= 20, "only %d results internal", g_internal_bufs);
+    printf("fills %d, unary %d, binary %d, casts %d, where %d\n", g_kinds[NB_FUSE_FILL], g_kinds[NB_FUSE_UNARY],
+           g_kinds[NB_FUSE_BINARY], g_kinds[NB_FUSE_COPY], g_kinds[NB_FUSE_WHERE]);
+    CHECK(g_kinds[NB_FUSE_COPY] >= 50 && g_kinds[NB_FUSE_WHERE] >= 30);
     if (lib)
         dlclose(lib);
     for (int i = 0; i < N_CHAINS; i++) {
