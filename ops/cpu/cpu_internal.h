@@ -243,6 +243,24 @@ nb_cpu_loop_fn nb__cpu_copy_loop(nb_dtype out, nb_dtype in, nb_cpu_copy_ctx *ctx
  * runs (not f16 or bf16). */
 nb_cpu_loop_fn nb__cpu_where_loop(nb_dtype out, nb_dtype cond, nb_dtype a, nb_dtype b);
 nb_status nb__cpu_reduce(nb_device *dev, nb_reduce_op op, const nb_view *out, const nb_view *x);
+/* A reduction fed by its producer (a fused chain, cpu_fuse.c): x's elements
+ * are made on demand rather than read from memory. produce writes x's
+ * elements [flat, flat + n) (row-major) densely into dst, 64-byte aligned,
+ * n <= 2048; it is called from the pool's threads at once, each with its own
+ * dst. */
+typedef void (*nb_cpu_produce_fn)(void *ctx, int64_t flat, int64_t n, char *dst);
+/* Whether nb__cpu_reduce_fed runs this call: a dtype and op the CPU reduces,
+ * x dense (row-major, no gaps) with at least one element, and the reduced
+ * dims trailing (a full reduction, or rows). Column reductions and strided x
+ * are not fed. Records no error. */
+bool nb__cpu_reduce_can_feed(nb_reduce_op op, const nb_view *out, const nb_view *x);
+/* Runs nb__cpu_reduce(op, out, x) with x's elements from produce, through
+ * the same splits, lanes and combining order, so out gets the same bits;
+ * x's memory is never touched. heavy: x is costly to make (the rows split
+ * finer). Returns false, having run nothing, where
+ * nb__cpu_reduce_can_feed says no. Records no error. */
+bool nb__cpu_reduce_fed(nb_reduce_op op, const nb_view *out, const nb_view *x, nb_cpu_produce_fn produce,
+                        void *ctx, bool heavy);
 nb_status nb__cpu_arg_reduce(nb_device *dev, bool is_max, const nb_view *out, const nb_view *x,
                              int axis);
 nb_status nb__cpu_cumsum(nb_device *dev, const nb_view *out, const nb_view *x, int axis,

@@ -21,6 +21,10 @@
 
 #define RED_TILE 256
 #define RED_MAX_PARTIALS 64
+/* Elements a producer writes at a time into a thread's scratch (16 KiB at 8
+ * bytes, beside the chain's own tiles in L1 and L2); a multiple of the 8 lanes. */
+#define FEED_PIECE 2048
+_Static_assert(FEED_PIECE % 8 == 0, "a piece must end on a lane boundary");
 
 typedef struct red_plan {
     int nk, nr;
@@ -34,28 +38,47 @@ typedef struct red_plan {
     bool mean;
 } red_plan;
 
+/* A reduction fed by a producer (nb__cpu_reduce_fed): x is dense and each
+ * output reads a contiguous range of it. */
+typedef struct red_feed {
+    const red_plan *pl;
+    nb_cpu_produce_fn produce;
+    void *ctx;
+    int64_t grain; /* elements a task of the row split takes at least */
+} red_feed;
+
 /* ---- one macro stamps out every (op, dtype) ------------------------------------ */
 
 #define RED_IMPL(NAME, T, ACC, INIT, COMB, MEANDIV)                                           \
+    /* the lanes' part of a dense run: n8 (a multiple of 8) elements, element i into lane i % 8 */ \
+    static inline void NAME##_lanes(ACC *restrict a, const T *restrict x, int64_t n8)        \
+    {                                                                                         \
+        for (int64_t i = 0; i < n8; i += 8)                                                   \
+            for (int j = 0; j < 8; j++)                                                       \
+                a[j] = COMB(a[j], (ACC)x[i + j]);                                             \
+    }                                                                                         \
+    /* the lanes combined in order, then the run's last n (< 8) elements */                   \
+    static inline ACC NAME##_close(const ACC *a, const T *x, int64_t n)                       \
+    {                                                                                         \
+        ACC r = INIT;                                                                         \
+        for (int j = 0; j < 8; j++)                                                           \
+            r = COMB(r, a[j]);                                                                \
+        for (int64_t i = 0; i < n; i++)                                                       \
+            r = COMB(r, (ACC)x[i]);                                                           \
+        return r;                                                                             \
+    }                                                                                         \
     /* n elements from p with byte stride s */                                                \
     static inline ACC NAME##_run(const char *p, int64_t n, int64_t s)                         \
     {                                                                                         \
-        ACC r = INIT;                                                                         \
         if (s == (int64_t)sizeof(T)) {                                                        \
-            const T *restrict x = (const T *)p;                                               \
             ACC a[8] = {INIT, INIT, INIT, INIT, INIT, INIT, INIT, INIT};                      \
-            int64_t i = 0;                                                                    \
-            for (; i + 8 <= n; i += 8)                                                        \
-                for (int j = 0; j < 8; j++)                                                   \
-                    a[j] = COMB(a[j], (ACC)x[i + j]);                                         \
-            for (int j = 0; j < 8; j++)                                                       \
-                r = COMB(r, a[j]);                                                            \
-            for (; i < n; i++)                                                                \
-                r = COMB(r, (ACC)x[i]);                                                       \
-        } else {                                                                              \
-            for (int64_t i = 0; i < n; i++)                                                   \
-                r = COMB(r, (ACC) * (const T *)(p + i * s));                                  \
+            const int64_t n8 = n - n % 8;                                                     \
+            NAME##_lanes(a, (const T *)p, n8);                                                \
+            return NAME##_close(a, (const T *)p + n8, n - n8);                                \
         }                                                                                     \
+        ACC r = INIT;                                                                         \
+        for (int64_t i = 0; i < n; i++)                                                       \
+            r = COMB(r, (ACC) * (const T *)(p + i * s));                                      \
         return r;                                                                             \
     }                                                                                         \
     /* the reduced elements [b, e) (row-major over the reduced dims) from base */             \
@@ -173,6 +196,82 @@ typedef struct red_plan {
             nb__parallel_for(pl->knumel, NB_CPU_GRAIN / (pl->rnumel + 1) + 1, NAME##_outs,    \
                              (void *)pl);                                                     \
         }                                                                                     \
+    }                                                                                         \
+    /* NAME##_run over x's dense elements [flat, flat + n), made piece by piece in scratch:  \
+     * every piece but the last is a multiple of 8, so each element meets the lane and the   \
+     * order it meets in one run over memory */                                               \
+    static ACC NAME##_fed_run(const red_feed *fd, char *scratch, int64_t flat, int64_t n)     \
+    {                                                                                         \
+        ACC a[8] = {INIT, INIT, INIT, INIT, INIT, INIT, INIT, INIT};                          \
+        for (;;) {                                                                            \
+            const int64_t m = n < FEED_PIECE ? n : FEED_PIECE;                                \
+            fd->produce(fd->ctx, flat, m, scratch);                                           \
+            if (m == n) {                                                                     \
+                const int64_t m8 = m - m % 8;                                                 \
+                NAME##_lanes(a, (const T *)scratch, m8);                                      \
+                return NAME##_close(a, (const T *)scratch + m8, m - m8);                      \
+            }                                                                                 \
+            NAME##_lanes(a, (const T *)scratch, m);                                           \
+            flat += m, n -= m;                                                                \
+        }                                                                                     \
+    }                                                                                         \
+    /* NAME##_outs for rows [b, e) of a dense x: short rows made several at a time */         \
+    static void NAME##_fed_outs(void *ctx, int64_t b, int64_t e)                              \
+    {                                                                                         \
+        const red_feed *fd = ctx;                                                             \
+        const red_plan *pl = fd->pl;                                                          \
+        const int64_t rn = pl->rnumel, os = pl->kst[1][0];                                    \
+        _Alignas(64) char scratch[FEED_PIECE * sizeof(T)];                                    \
+        if (rn > FEED_PIECE) {                                                                \
+            for (int64_t f = b; f < e; f++)                                                   \
+                NAME##_store(pl, pl->out + f * os, NAME##_fed_run(fd, scratch, f * rn, rn));  \
+            return;                                                                           \
+        }                                                                                     \
+        const int64_t batch = FEED_PIECE / rn;                                                \
+        for (int64_t f = b; f < e; f += batch) {                                              \
+            const int64_t m = e - f < batch ? e - f : batch;                                  \
+            fd->produce(fd->ctx, f * rn, m * rn, scratch);                                    \
+            for (int64_t i = 0; i < m; i++)                                                   \
+                NAME##_store(pl, pl->out + (f + i) * os,                                      \
+                             NAME##_run(scratch + i * rn * (int64_t)sizeof(T), rn, sizeof(T))); \
+        }                                                                                     \
+    }                                                                                         \
+    typedef struct NAME##_fed_partials {                                                      \
+        const red_feed *fd;                                                                   \
+        int64_t parts;                                                                        \
+        ACC part[RED_MAX_PARTIALS];                                                           \
+    } NAME##_fed_partials;                                                                    \
+    static void NAME##_fed_part(void *ctx, int64_t b, int64_t e)                              \
+    {                                                                                         \
+        NAME##_fed_partials *pp = ctx;                                                        \
+        const int64_t rn = pp->fd->pl->rnumel;                                                \
+        _Alignas(64) char scratch[FEED_PIECE * sizeof(T)];                                    \
+        for (int64_t c = b; c < e; c++) {                                                     \
+            const int64_t lo = rn * c / pp->parts, hi = rn * (c + 1) / pp->parts;             \
+            pp->part[c] = NAME##_fed_run(pp->fd, scratch, lo, hi - lo);                       \
+        }                                                                                     \
+    }                                                                                         \
+    /* NAME's splits and combining order, x made by fd->produce */                            \
+    static void NAME##_fed(const red_feed *fd)                                                \
+    {                                                                                         \
+        const red_plan *pl = fd->pl;                                                          \
+        if (pl->knumel == 1 && pl->rnumel >= 2 * NB_CPU_GRAIN) {                              \
+            NAME##_fed_partials pp;                                                           \
+            pp.fd = fd;                                                                       \
+            pp.parts = pl->rnumel / NB_CPU_GRAIN;                                             \
+            if (pp.parts > RED_MAX_PARTIALS)                                                  \
+                pp.parts = RED_MAX_PARTIALS;                                                  \
+            nb__parallel_for(pp.parts, 1, NAME##_fed_part, &pp);                              \
+            ACC acc = INIT;                                                                   \
+            for (int64_t c = 0; c < pp.parts; c++)                                            \
+                acc = COMB(acc, pp.part[c]);                                                  \
+            NAME##_store(pl, pl->out, acc);                                                   \
+        } else if (pl->knumel * pl->rnumel < 2 * fd->grain) {                                 \
+            NAME##_fed_outs((void *)fd, 0, pl->knumel);                                       \
+        } else { /* rows are independent: any split gives the same bits */                    \
+            nb__parallel_for(pl->knumel, fd->grain / (pl->rnumel + 1) + 1, NAME##_fed_outs,   \
+                             (void *)fd);                                                     \
+        }                                                                                     \
     }
 
 #define ADD(a, v) ((a) + (v))
@@ -204,73 +303,139 @@ RED_IMPL(red_min_i32, int32_t, int32_t, INT32_MAX, IMIN, IDIV)
 RED_IMPL(red_min_i64, int64_t, int64_t, INT64_MAX, IMIN, IDIV)
 
 typedef void (*red_fn)(const red_plan *pl, bool cols);
+typedef void (*red_fed_fn)(const red_feed *fd);
+typedef struct red_entry {
+    red_fn run;
+    red_fed_fn fed;
+} red_entry;
+#define RED_DT(name, dt) {red_##name##_##dt, red_##name##_##dt##_fed}
 #define RED_ENTRY(OP, name)                                                                   \
-    [OP] = {[NB_F32] = red_##name##_f32, [NB_F64] = red_##name##_f64,                         \
-            [NB_I32] = red_##name##_i32, [NB_I64] = red_##name##_i64}
-static const red_fn red_table[5][NB_DTYPE_COUNT] = {
+    [OP] = {[NB_F32] = RED_DT(name, f32), [NB_F64] = RED_DT(name, f64),                       \
+            [NB_I32] = RED_DT(name, i32), [NB_I64] = RED_DT(name, i64)}
+static const red_entry red_table[5][NB_DTYPE_COUNT] = {
     RED_ENTRY(NB_RED_SUM, sum), RED_ENTRY(NB_RED_MEAN, sum), RED_ENTRY(NB_RED_MAX, max),
     RED_ENTRY(NB_RED_MIN, min), RED_ENTRY(NB_RED_PROD, prod),
 };
 static const char *const red_names[5] = {"sum", "mean", "max", "min", "prod"};
 
-nb_status nb__cpu_reduce(nb_device *dev, nb_reduce_op op, const nb_view *out, const nb_view *x)
+/* Checks the call and coalesces its dims into *pl (its table entry in *e,
+ * whether columns accumulate row by row in *cols). Fails as nb__cpu_reduce
+ * does, or with dev NULL returns the code and records nothing (a query);
+ * out->numel == 0 is left to the caller. */
+#define RED_FAIL(code, ...) (dev ? nb__fail(code, __VA_ARGS__) : (code))
+static nb_status red_setup(nb_device *dev, nb_reduce_op op, const nb_view *out, const nb_view *x,
+                           red_plan *pl, const red_entry **e, bool *cols)
 {
     if ((unsigned)op > NB_RED_PROD)
-        return nb__fail(NB_ERR_INVALID_ARGUMENT, "reduce: unknown op %d", (int)op);
-    red_fn fn = (unsigned)x->dtype < NB_DTYPE_COUNT ? red_table[op][x->dtype] : NULL;
-    if (!fn)
-        return nb__cpu_unsupported(dev, red_names[op], x->dtype);
+        return RED_FAIL(NB_ERR_INVALID_ARGUMENT, "reduce: unknown op %d", (int)op);
+    *e = (unsigned)x->dtype < NB_DTYPE_COUNT ? &red_table[op][x->dtype] : NULL;
+    if (!*e || !(*e)->run)
+        return dev ? nb__cpu_unsupported(dev, red_names[op], x->dtype) : NB_ERR_DTYPE;
     if (out->dtype != x->dtype)
-        return nb__fail(NB_ERR_DTYPE, "%s: output dtype %s differs from input dtype %s",
+        return RED_FAIL(NB_ERR_DTYPE, "%s: output dtype %s differs from input dtype %s",
                         red_names[op], nb_dtype_name(out->dtype), nb_dtype_name(x->dtype));
     if (out->ndim != x->ndim)
-        return nb__fail(NB_ERR_SHAPE, "%s: output has %d dims, input %d", red_names[op],
+        return RED_FAIL(NB_ERR_SHAPE, "%s: output has %d dims, input %d", red_names[op],
                         out->ndim, x->ndim);
-    if (out->numel == 0)
-        return NB_OK;
-    red_plan pl;
-    pl.nk = pl.nr = 0;
-    pl.knumel = pl.rnumel = 1;
-    pl.x = (const char *)x->data;
-    pl.out = (char *)out->data;
-    pl.mean = op == NB_RED_MEAN;
+    pl->nk = pl->nr = 0;
+    pl->knumel = pl->rnumel = 1;
+    pl->x = (const char *)x->data;
+    pl->out = (char *)out->data;
+    pl->mean = op == NB_RED_MEAN;
     for (int d = 0; d < x->ndim; d++) {
         int64_t size = x->shape[d], xs = x->strides[d];
         if (size == 1)
             continue;
         if (out->shape[d] == 1) {
-            pl.rnumel *= size;
-            if (pl.nr > 0 && pl.rst[0][pl.nr - 1] == xs * size) {
-                pl.rshape[pl.nr - 1] *= size;
-                pl.rst[0][pl.nr - 1] = xs;
+            pl->rnumel *= size;
+            if (pl->nr > 0 && pl->rst[0][pl->nr - 1] == xs * size) {
+                pl->rshape[pl->nr - 1] *= size;
+                pl->rst[0][pl->nr - 1] = xs;
             } else {
-                pl.rshape[pl.nr] = size;
-                pl.rst[0][pl.nr++] = xs;
+                pl->rshape[pl->nr] = size;
+                pl->rst[0][pl->nr++] = xs;
             }
         } else {
             if (out->shape[d] != size)
-                return nb__fail(NB_ERR_SHAPE, "%s: output dim %d is %lld, input's %lld",
+                return RED_FAIL(NB_ERR_SHAPE, "%s: output dim %d is %lld, input's %lld",
                                 red_names[op], d, (long long)out->shape[d], (long long)size);
-            pl.knumel *= size;
-            nb__cpu_append_dim(&pl.nk, pl.kshape, pl.kst, size, xs, out->strides[d]);
+            pl->knumel *= size;
+            nb__cpu_append_dim(&pl->nk, pl->kshape, pl->kst, size, xs, out->strides[d]);
         }
     }
     const int64_t es = nb__cpu_esize(x->dtype);
-    nb__cpu_one_dim_at_least(&pl.nk, pl.kshape, pl.kst);
-    if (pl.nr == 0) {
-        pl.nr = 1;
-        pl.rshape[0] = 1;
-        pl.rst[0][0] = es;
+    nb__cpu_one_dim_at_least(&pl->nk, pl->kshape, pl->kst);
+    if (pl->nr == 0) {
+        pl->nr = 1;
+        pl->rshape[0] = 1;
+        pl->rst[0][0] = es;
     }
-    if (pl.rnumel == 0) { /* an empty reduction: the identity everywhere */
-        pl.nr = 1;
-        pl.rshape[0] = 0;
-        pl.rst[0][0] = es;
+    if (pl->rnumel == 0) { /* an empty reduction: the identity everywhere */
+        pl->nr = 1;
+        pl->rshape[0] = 0;
+        pl->rst[0][0] = es;
     }
-    bool cols = pl.rst[0][pl.nr - 1] != es && pl.rnumel > 1 && pl.kst[0][pl.nk - 1] == es &&
-                pl.kst[1][pl.nk - 1] == es && pl.kshape[pl.nk - 1] >= 4;
-    fn(&pl, cols);
+    *cols = pl->rst[0][pl->nr - 1] != es && pl->rnumel > 1 && pl->kst[0][pl->nk - 1] == es &&
+            pl->kst[1][pl->nk - 1] == es && pl->kshape[pl->nk - 1] >= 4;
     return NB_OK;
+}
+
+nb_status nb__cpu_reduce(nb_device *dev, nb_reduce_op op, const nb_view *out, const nb_view *x)
+{
+    red_plan pl;
+    const red_entry *e = NULL;
+    bool cols = false;
+    nb_status st = red_setup(dev, op, out, x, &pl, &e, &cols);
+    if (st || out->numel == 0)
+        return st;
+    e->run(&pl, cols);
+    return NB_OK;
+}
+
+/* Whether x is dense: row-major with no gaps (size-1 dims aside). */
+static bool dense(const nb_view *x)
+{
+    int64_t want = nb__cpu_esize(x->dtype);
+    for (int d = x->ndim - 1; d >= 0; d--) {
+        if (x->shape[d] == 1)
+            continue;
+        if (x->strides[d] != want)
+            return false;
+        want *= x->shape[d];
+    }
+    return true;
+}
+
+/* The plan of a reduction a producer can feed: dense x, the reduced dims
+ * trailing (one run per output, or a full reduction's chunks). */
+static bool fed_setup(nb_reduce_op op, const nb_view *out, const nb_view *x, red_plan *pl,
+                      const red_entry **e)
+{
+    bool cols = false;
+    if (!dense(x) || x->numel <= 0 || red_setup(NULL, op, out, x, pl, e, &cols) || !(*e)->fed)
+        return false;
+    const int64_t es = nb__cpu_esize(x->dtype);
+    return !cols && pl->nr == 1 && pl->rst[0][0] == es && pl->nk == 1 &&
+           (pl->knumel == 1 || pl->kst[0][0] == pl->rnumel * es);
+}
+
+bool nb__cpu_reduce_can_feed(nb_reduce_op op, const nb_view *out, const nb_view *x)
+{
+    red_plan pl;
+    const red_entry *e = NULL;
+    return fed_setup(op, out, x, &pl, &e);
+}
+
+bool nb__cpu_reduce_fed(nb_reduce_op op, const nb_view *out, const nb_view *x, nb_cpu_produce_fn produce,
+                        void *ctx, bool heavy)
+{
+    red_plan pl;
+    const red_entry *e = NULL;
+    if (!fed_setup(op, out, x, &pl, &e))
+        return false;
+    red_feed fd = {&pl, produce, ctx, heavy ? NB_CPU_GRAIN_HEAVY : NB_CPU_GRAIN};
+    e->fed(&fd);
+    return true;
 }
 
 /* ---- arg_reduce ------------------------------------------------------------------------- */
