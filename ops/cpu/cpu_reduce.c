@@ -320,17 +320,17 @@ static const char *const red_names[5] = {"sum", "mean", "max", "min", "prod"};
 
 /* Checks the call and coalesces its dims into *pl (its table entry in *e,
  * whether columns accumulate row by row in *cols). Fails as nb__cpu_reduce
- * does, or with dev NULL returns the code and records nothing (a query);
+ * does, or where quiet returns the code and records nothing (a query);
  * out->numel == 0 is left to the caller. */
-#define RED_FAIL(code, ...) (dev ? nb__fail(code, __VA_ARGS__) : (code))
-static nb_status red_setup(nb_device *dev, nb_reduce_op op, const nb_view *out, const nb_view *x,
+#define RED_FAIL(code, ...) (quiet ? (code) : nb__fail(code, __VA_ARGS__))
+static nb_status red_setup(nb_device *dev, bool quiet, nb_reduce_op op, const nb_view *out, const nb_view *x,
                            red_plan *pl, const red_entry **e, bool *cols)
 {
     if ((unsigned)op > NB_RED_PROD)
         return RED_FAIL(NB_ERR_INVALID_ARGUMENT, "reduce: unknown op %d", (int)op);
     *e = (unsigned)x->dtype < NB_DTYPE_COUNT ? &red_table[op][x->dtype] : NULL;
     if (!*e || !(*e)->run)
-        return dev ? nb__cpu_unsupported(dev, red_names[op], x->dtype) : NB_ERR_DTYPE;
+        return quiet ? NB_ERR_DTYPE : nb__cpu_unsupported(dev, red_names[op], x->dtype);
     if (out->dtype != x->dtype)
         return RED_FAIL(NB_ERR_DTYPE, "%s: output dtype %s differs from input dtype %s",
                         red_names[op], nb_dtype_name(out->dtype), nb_dtype_name(x->dtype));
@@ -385,7 +385,7 @@ nb_status nb__cpu_reduce(nb_device *dev, nb_reduce_op op, const nb_view *out, co
     red_plan pl;
     const red_entry *e = NULL;
     bool cols = false;
-    nb_status st = red_setup(dev, op, out, x, &pl, &e, &cols);
+    nb_status st = red_setup(dev, false, op, out, x, &pl, &e, &cols);
     if (st || out->numel == 0)
         return st;
     e->run(&pl, cols);
@@ -412,7 +412,7 @@ static bool fed_setup(nb_reduce_op op, const nb_view *out, const nb_view *x, red
                       const red_entry **e)
 {
     bool cols = false;
-    if (!dense(x) || x->numel <= 0 || red_setup(NULL, op, out, x, pl, e, &cols) || !(*e)->fed)
+    if (!dense(x) || x->numel <= 0 || red_setup(NULL, true, op, out, x, pl, e, &cols) || !(*e)->fed)
         return false;
     const int64_t es = nb__cpu_esize(x->dtype);
     return !cols && pl->nr == 1 && pl->rst[0][0] == es && pl->nk == 1 &&
