@@ -85,30 +85,93 @@ static bool add_call(nb_fuse_plan *p, int max_slots, const nb_fuse_call *c, cons
     return true;
 }
 
-int nb__fuse_plan(const nb_fuse_call *calls, int n, int max_slots, nb_fuse_supported_fn supported,
-                  nb_fuse_dead_fn dead, void *user, nb_fuse_plan *p)
+/* The longest head of calls[0 .. n) that adds to the chain (k calls). */
+static int plan_head(const nb_fuse_call *calls, int n, int max_slots, nb_fuse_supported_fn supported, void *user,
+                     nb_fuse_plan *p)
 {
     if (max_slots > NB_FUSE_MAX_SLOTS)
         max_slots = NB_FUSE_MAX_SLOTS;
     p->n_steps = p->n_slots = p->n_internal = 0;
-    if (n < 2 || !calls[0].out || calls[0].out->numel <= 0)
+    p->fed = -1;
+    if (n < 1 || !calls[0].out || calls[0].out->numel <= 0)
         return 0;
     int k = 0;
     while (k < n && supported(user, &calls[k]) && add_call(p, max_slots, &calls[k], calls[0].out))
         k++;
-    if (k < 2)
-        return 0;
-    int last_written = -1, n_written = 0;
+    return k;
+}
+
+/* Marks the results written first and dead after call number last internal;
+ * returns the last such slot (-1: none) and their count in *n_written. */
+static int mark_internal(nb_fuse_plan *p, nb_fuse_dead_fn dead, void *user, int64_t last, int *n_written)
+{
+    int last_written = -1;
+    *n_written = 0;
     for (int i = 0; i < p->n_slots; i++) {
         nb_fuse_slot *sl = &p->slots[i];
         if (sl->first_write)
-            last_written = i, n_written++;
-        sl->internal = sl->first_write && dead(user, &sl->v, calls[k - 1].index);
+            last_written = i, (*n_written)++;
+        sl->internal = sl->first_write && dead(user, &sl->v, last);
         p->n_internal += sl->internal;
     }
+    return last_written;
+}
+
+int nb__fuse_plan(const nb_fuse_call *calls, int n, int max_slots, nb_fuse_supported_fn supported,
+                  nb_fuse_dead_fn dead, void *user, nb_fuse_plan *p)
+{
+    int k = plan_head(calls, n, max_slots, supported, user, p);
+    if (k < 2) {
+        p->n_steps = p->n_slots = 0;
+        return 0;
+    }
+    int n_written;
+    int last_written = mark_internal(p, dead, user, calls[k - 1].index, &n_written);
     if (n_written > 0 && p->n_internal == n_written) { /* nothing would be seen: keep the last result */
         p->slots[last_written].internal = false;
         p->n_internal--;
     }
     return k;
+}
+
+/* Whether v is row-major with no gaps (size-1 dims aside). */
+static bool dense(const nb_view *v)
+{
+    int64_t want = (int64_t)nb_dtype_size(v->dtype);
+    for (int d = v->ndim - 1; d >= 0; d--) {
+        if (v->shape[d] == 1)
+            continue;
+        if (v->strides[d] != want)
+            return false;
+        want *= v->shape[d];
+    }
+    return true;
+}
+
+int nb__fuse_plan_feed(const nb_fuse_call *calls, int n, int max_slots, nb_fuse_supported_fn supported,
+                       nb_fuse_dead_fn dead, void *user, const nb_fuse_feed *feed, nb_fuse_plan *p)
+{
+    if (plan_head(calls, n, max_slots, supported, user, p) != n)
+        goto none;
+    int x = -1;
+    for (int i = 0; i < p->n_slots; i++)
+        if (same_shape(&p->slots[i].v, feed->x) && same_view(&p->slots[i].v, feed->x))
+            x = i;
+    if (x < 0 || !p->slots[x].first_write || !dense(feed->x) || !dead(user, feed->x, feed->index))
+        goto none;
+    char *lo, *hi;
+    span(feed->out, &lo, &hi);
+    for (int i = 0; i < p->n_slots; i++)
+        if (lo < p->slots[i].hi && p->slots[i].lo < hi)
+            goto none;
+    int n_written;
+    mark_internal(p, dead, user, calls[n - 1].index, &n_written);
+    /* x is read by the reduction, so it is not dead after the chain: the
+     * reduction's result is what is seen, and x is never stored */
+    p->fed = x;
+    return n;
+none:
+    p->n_steps = p->n_slots = p->n_internal = 0;
+    p->fed = -1;
+    return 0;
 }

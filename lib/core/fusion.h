@@ -8,7 +8,10 @@
  * reads after it (its tensor was let go) is never written to memory. A chain
  * holds fill, unary, binary, copy (a cast, x.to(dtype)) and where calls. Each
  * call keeps its own formula, dtypes and conversions, so a fused chain
- * computes the same bits as its calls one by one. */
+ * computes the same bits as its calls one by one. On the CPU a chain whose
+ * last result only feeds a reduction (sum, mean, max, min, prod) also runs
+ * into that reduction, and that result is never stored (nb__fuse_plan_feed);
+ * a GPU stores it and reduces as usual. */
 #ifndef NB_CORE_FUSION_H
 #define NB_CORE_FUSION_H
 
@@ -53,6 +56,7 @@ typedef struct nb_fuse_step {
 
 typedef struct nb_fuse_plan {
     int n_steps, n_slots, n_internal;
+    int fed; /* the slot a reduction reads as the chain makes it (nb__fuse_plan_feed), or -1 */
     nb_fuse_step steps[NB_FUSE_MAX_CALLS];
     nb_fuse_slot slots[NB_FUSE_MAX_SLOTS];
 } nb_fuse_plan;
@@ -75,5 +79,26 @@ typedef bool (*nb_fuse_dead_fn)(void *user, const nb_view *v, int64_t last);
  * (the plan in *out) when k >= 2, else 0. Records no error. */
 int nb__fuse_plan(const nb_fuse_call *calls, int n, int max_slots, nb_fuse_supported_fn supported,
                   nb_fuse_dead_fn dead, void *user, nb_fuse_plan *out);
+
+/* A reduction right after a chain, reading x (a result of the chain) and
+ * writing out: the recording's call number index. */
+typedef struct nb_fuse_feed {
+    const nb_view *out, *x;
+    int64_t index;
+} nb_fuse_feed;
+
+/* Plans all of calls[0 .. n) (n >= 1) as one chain whose result feed->x
+ * goes straight into the reduction after it instead of to memory: the device
+ * runs the chain range by range into a scratch the reduction reads (the CPU,
+ * ops/cpu/cpu_fuse.c; a GPU does not: it plans with nb__fuse_plan and stores
+ * the last result). Every call must join the chain (nb__fuse_plan's rules),
+ * x must be the same view as a result the chain writes before reading it,
+ * dense (row-major, no gaps) and dead after the reduction, and the
+ * reduction's out must share no memory with any operand of the chain. The
+ * other results are internal as nb__fuse_plan says, and none need stay in
+ * memory. Returns n with p->fed the slot of x, else 0. Whether the device
+ * can run that reduction fed is the caller's question. Records no error. */
+int nb__fuse_plan_feed(const nb_fuse_call *calls, int n, int max_slots, nb_fuse_supported_fn supported,
+                       nb_fuse_dead_fn dead, void *user, const nb_fuse_feed *feed, nb_fuse_plan *p);
 
 #endif

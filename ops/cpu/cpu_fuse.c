@@ -22,7 +22,19 @@ struct nb_cpu_fused {
     int ext[NB_FUSE_MAX_SLOTS];  /* a memory slot's operand of the iteration, or -1 */
     int tile[NB_FUSE_MAX_SLOTS]; /* an internal slot's tile, or -1 */
     step steps[NB_FUSE_MAX_CALLS];
+    /* a chain that feeds a reduction (plan.fed >= 0): its call */
+    nb_reduce_op red_op;
+    nb_view red_out, red_x;
 };
+
+/* One pass of fused_loop: where dst is set, the fed slot's elements go to
+ * dst, element flat at dst[flat - base] (the iteration keeps the fed slot as
+ * an operand, its memory never touched, so that it always has one). */
+typedef struct pass {
+    const nb_cpu_fused *f;
+    char *dst;
+    int64_t base;
+} pass;
 
 /* The loop c's kernel runs, with its context in s (s->arg); NULL where there
  * is none. */
@@ -57,17 +69,9 @@ static bool supported(void *user, const nb_fuse_call *c)
     return resolve(c, &s, &heavy) != NULL;
 }
 
-int nb__cpu_fuse_plan(const nb_fuse_call *calls, int n, nb_fuse_dead_fn dead, void *user, nb_cpu_fused **out)
+/* Prepares f's loops and iteration for the k calls its plan holds. */
+static void prepare(nb_cpu_fused *f, const nb_fuse_call *calls, int k)
 {
-    *out = NULL;
-    nb_cpu_fused *f = calloc(1, sizeof *f);
-    if (!f)
-        return 0;
-    int k = nb__fuse_plan(calls, n, NB_FUSE_MAX_SLOTS, supported, dead, user, &f->plan);
-    if (k < 2) {
-        free(f);
-        return 0;
-    }
     const nb_fuse_plan *p = &f->plan;
     const nb_view *kept[NB_FUSE_MAX_SLOTS];
     int n_ext = 0, n_tiles = 0;
@@ -84,14 +88,50 @@ int nb__cpu_fuse_plan(const nb_fuse_call *calls, int n, nb_fuse_dead_fn dead, vo
         s->fn = resolve(&calls[i], s, &heavy);
         f->heavy = f->heavy || heavy;
     }
+}
+
+int nb__cpu_fuse_plan(const nb_fuse_call *calls, int n, nb_fuse_dead_fn dead, void *user, nb_cpu_fused **out)
+{
+    *out = NULL;
+    nb_cpu_fused *f = calloc(1, sizeof *f);
+    if (!f)
+        return 0;
+    int k = nb__fuse_plan(calls, n, NB_FUSE_MAX_SLOTS, supported, dead, user, &f->plan);
+    if (k < 2) {
+        free(f);
+        return 0;
+    }
+    prepare(f, calls, k);
     *out = f;
     return k;
+}
+
+int nb__cpu_fuse_plan_reduce(const nb_fuse_call *calls, int n, nb_reduce_op op, const nb_fuse_feed *feed,
+                             nb_fuse_dead_fn dead, void *user, nb_cpu_fused **out)
+{
+    *out = NULL;
+    if (n < 1 || !nb__cpu_reduce_can_feed(op, feed->out, feed->x))
+        return 0;
+    nb_cpu_fused *f = calloc(1, sizeof *f);
+    if (!f)
+        return 0;
+    if (nb__fuse_plan_feed(calls, n, NB_FUSE_MAX_SLOTS, supported, dead, user, feed, &f->plan) != n) {
+        free(f);
+        return 0;
+    }
+    prepare(f, calls, n);
+    f->red_op = op;
+    f->red_out = *feed->out;
+    f->red_x = *feed->x;
+    *out = f;
+    return n;
 }
 
 /* A run of n elements of the iteration: each tile through every call. */
 static void fused_loop(void *ctx, int64_t n, char *const *p, const int64_t *s, int64_t flat)
 {
-    const nb_cpu_fused *f = ctx;
+    const pass *pa = ctx;
+    const nb_cpu_fused *f = pa->f;
     const nb_fuse_plan *plan = &f->plan;
     _Alignas(64) char tiles[NB_FUSE_MAX_SLOTS][FUSE_TILE * 8];
     for (int64_t j = 0; j < n; j += FUSE_TILE) {
@@ -102,7 +142,10 @@ static void fused_loop(void *ctx, int64_t n, char *const *p, const int64_t *s, i
             int64_t ss[4];
             for (int o = 0; o < ps->n_ops; o++) {
                 int sl = ps->slot[o], e = f->ext[sl];
-                if (e >= 0) {
+                if (sl == plan->fed && pa->dst) {
+                    ss[o] = nb__cpu_esize(plan->slots[sl].v.dtype);
+                    pp[o] = pa->dst + (flat + j - pa->base) * ss[o];
+                } else if (e >= 0) {
                     pp[o] = p[e] + j * s[e];
                     ss[o] = s[e];
                 } else {
@@ -115,9 +158,22 @@ static void fused_loop(void *ctx, int64_t n, char *const *p, const int64_t *s, i
     }
 }
 
+/* The reduction's producer: the chain over x's elements [flat, flat + n), x into dst. */
+static void produce(void *ctx, int64_t flat, int64_t n, char *dst)
+{
+    const nb_cpu_fused *f = ctx;
+    pass ps = {f, dst, flat};
+    nb__cpu_iter_range(&f->it, fused_loop, &ps, flat, flat + n);
+}
+
 void nb__cpu_fused_run(const nb_cpu_fused *f)
 {
-    nb__cpu_iter_run(&f->it, fused_loop, (void *)f, f->heavy ? NB_CPU_GRAIN_HEAVY : NB_CPU_GRAIN);
+    if (f->plan.fed >= 0) {
+        nb__cpu_reduce_fed(f->red_op, &f->red_out, &f->red_x, produce, (void *)f, f->heavy);
+        return;
+    }
+    pass ps = {f, NULL, 0};
+    nb__cpu_iter_run(&f->it, fused_loop, &ps, f->heavy ? NB_CPU_GRAIN_HEAVY : NB_CPU_GRAIN);
 }
 
 void nb__cpu_fused_free(nb_cpu_fused *f) { free(f); }

@@ -22,8 +22,20 @@ typedef struct nb_cpu_fused nb_cpu_fused;
  * Records no error. */
 int nb__cpu_fuse_plan(const nb_fuse_call *calls, int n, nb_fuse_dead_fn dead, void *user, nb_cpu_fused **out);
 
-/* Runs the chain (split across the thread pool as its kernels would be).
- * Cannot fail: its loops were resolved when it was planned. */
+/* Plans all of calls[0 .. n) (n >= 1) as one chain that runs into the
+ * reduction op (feed: its out, its x, its position in the recording) right
+ * after it: nb__fuse_plan_feed's rules, and nb__cpu_reduce_can_feed's (x
+ * dense, a full reduction or rows). The chain then runs range by range into
+ * a thread's scratch that the reduction reads through its own splits, lanes
+ * and order, so x is never stored and the result has the unfused bits.
+ * Returns n with the prepared call in *out (freed with nb__cpu_fused_free),
+ * or 0 with *out NULL (then plan with nb__cpu_fuse_plan). Records no error. */
+int nb__cpu_fuse_plan_reduce(const nb_fuse_call *calls, int n, nb_reduce_op op, const nb_fuse_feed *feed,
+                             nb_fuse_dead_fn dead, void *user, nb_cpu_fused **out);
+
+/* Runs the chain (split across the thread pool as its kernels would be), and
+ * the reduction it feeds, if any (split as that kernel would be). Cannot
+ * fail: its loops were resolved when it was planned. */
 void nb__cpu_fused_run(const nb_cpu_fused *f);
 
 /* Frees a chain. NULL is ignored. */

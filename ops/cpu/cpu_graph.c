@@ -836,8 +836,24 @@ static nb_fuse_call fuse_call_of(const call *c)
                           .index = c->index};
 }
 
-/* Replaces each run of elementwise calls that fuses by one call. Out of host
- * memory, a run stays as it was. */
+/* Plans run[0 .. n) with the reduce call red right after it as one call
+ * (nb__cpu_fuse_plan_reduce). A fill of red's output between them (a debug
+ * build's poison) does not stop it: it writes no operand of the chain, so it
+ * moves ahead of the chain (*hoist). Returns the calls the chain takes, or 0. */
+static int plan_reduce(cpu_rec *r, const nb_fuse_call *run, int n, const call *red, nb_cpu_fused **plan, bool *hoist)
+{
+    const reduce_call *a = (const reduce_call *)red;
+    nb_fuse_feed feed = {.out = V(a->out), .x = V(a->x), .index = red->index};
+    *hoist = n >= 2 && run[n - 1].kind == NB_FUSE_FILL && feed.out && run[n - 1].out->data == feed.out->data;
+    int m = n - *hoist;
+    if (!feed.out || !feed.x || nb__cpu_fuse_plan_reduce(run, m, a->op, &feed, dead_after, r, plan) != m)
+        return 0;
+    return m;
+}
+
+/* Replaces each run of elementwise calls that fuses by one call, and with it
+ * the reduce call right after the run where the run's last result only feeds
+ * that reduction. Out of host memory, a run stays as it was. */
 static void fuse(cpu_rec *r)
 {
     enum { MAX_RUN = 32 };
@@ -845,11 +861,16 @@ static void fuse(cpu_rec *r)
     call **link = &r->head;
     while (*link) {
         int n = 0;
-        for (const call *c = *link; c && is_elementwise(c) && n < MAX_RUN; c = c->next)
-            run[n++] = fuse_call_of(c);
+        call *after = *link;
+        for (; after && is_elementwise(after) && n < MAX_RUN; after = after->next)
+            run[n++] = fuse_call_of(after);
         nb_cpu_fused *plan = NULL;
-        int k = n >= 2 ? nb__cpu_fuse_plan(run, n, dead_after, r, &plan) : 0;
-        fused_call *f = k >= 2 ? calloc(1, sizeof *f) : NULL;
+        bool hoist = false;
+        int k = n >= 1 && after && after->run == run_reduce ? plan_reduce(r, run, n, after, &plan, &hoist) : 0;
+        bool into_reduce = k > 0;
+        if (!into_reduce)
+            k = n >= 2 ? nb__cpu_fuse_plan(run, n, dead_after, r, &plan) : 0;
+        fused_call *f = k >= 1 ? calloc(1, sizeof *f) : NULL;
         if (!f) {
             nb__cpu_fused_free(plan);
             link = &(*link)->next;
@@ -859,16 +880,26 @@ static void fuse(cpu_rec *r)
         f->h.drop = drop_fused;
         f->h.index = (*link)->index;
         f->plan = plan;
-        call *c = *link;
+        call *c = *link, *fill = NULL;
         for (int i = 0; i < k; i++) {
             call *next = c->next;
             free(c);
             c = next;
         }
+        if (into_reduce) { /* [fill] reduce: the fill stays, ahead of the chain */
+            if (hoist)
+                fill = c, c = c->next;
+            call *next = c->next;
+            free(c);
+            c = next;
+        }
         f->h.next = c;
-        *link = &f->h;
+        if (fill)
+            fill->next = &f->h, *link = fill;
+        else
+            *link = &f->h;
         link = &f->h.next;
-        r->n_calls -= k - 1;
+        r->n_calls -= k - 1 + into_reduce;
     }
     r->tail = link;
 }
