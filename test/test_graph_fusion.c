@@ -322,6 +322,213 @@ static void where_chains(void)
            (long long)fused, (long long)plain);
 }
 
+/* ---- chains that run into a reduction ---- */
+
+typedef enum { R_MSE, R_SUM_EXP, R_SUM_INT, R_MAX, R_MIN, R_PROD } red_chain;
+typedef enum { AX_ALL, AX_ROWS, AX_COLS, AX_TRANSPOSED, AX_READ_AFTER } red_axes;
+typedef struct red_case {
+    red_chain chain;
+    red_axes axes;
+} red_case;
+
+/* The chain's result on [rows, cols] inputs a, b: what the reduction reads. */
+static nb_tensor *red_chain_of(red_chain c, nb_tensor *a, nb_tensor *b)
+{
+    switch (c) {
+    case R_MSE: return nb_square(nb_sub(a, b));
+    case R_SUM_EXP: return nb_exp(a);
+    case R_SUM_INT: return nb_add(nb_mul(a, b), a);
+    case R_MAX: return nb_add(nb_mul(a, b), a);
+    case R_MIN: return nb_sub(a, nb_mul(b, b));
+    case R_PROD: return nb_add_scalar(nb_mul_scalar(nb_mul(a, b), 1.0 / 64), 1.0); /* near 1: products stay finite */
+    }
+    return NULL;
+}
+
+static nb_tensor *red_of(red_chain c, nb_tensor *t, nb_axes axes)
+{
+    switch (c) {
+    case R_MSE: return nb_mean(t, axes, false);
+    case R_SUM_EXP: case R_SUM_INT: return nb_sum(t, axes, false);
+    case R_MAX: return nb_max(t, axes, false);
+    case R_MIN: return nb_min(t, axes, false);
+    case R_PROD: return nb_prod(t, axes, false);
+    }
+    return NULL;
+}
+
+/* The chain of c on in[0], in[1], then its reduction; the chain's temporaries let go. */
+static nb_status reduce_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    (void)n_in, (void)n_out;
+    const red_case *c = user;
+    nb_scope *s = nb_scope_begin();
+    nb_tensor *t = red_chain_of(c->chain, in[0], in[1]);
+    switch (c->axes) {
+    case AX_ALL: out[0] = red_of(c->chain, t, NB_ALL_AXES); break;
+    case AX_ROWS: out[0] = red_of(c->chain, t, NB_AXES(-1)); break;
+    case AX_COLS: out[0] = red_of(c->chain, t, NB_AXES(0)); break;
+    case AX_TRANSPOSED: out[0] = red_of(c->chain, nb_transpose(t, 0, 1), NB_AXES(-1)); break;
+    case AX_READ_AFTER: /* t is read again after the reduction */
+        out[0] = red_of(c->chain, t, NB_ALL_AXES);
+        out[1] = nb_keep(nb_mul_scalar(t, 2.0));
+        break;
+    }
+    out[0] = nb_keep(out[0]);
+    nb_scope_end(s);
+    return out[0] ? NB_OK : nb_error();
+}
+
+/* check_replays with the reduce calls kept apart from the chains (fusion of
+ * the chains only, NB_GRAPH_FUSE_REDUCE=0). */
+static int64_t check_replays_chains_only(step_fn fn, void *user, int n_in, nb_tensor *const *first,
+                                         nb_tensor *const *later, int n_out)
+{
+    setenv("NB_GRAPH_FUSE_REDUCE", "0", 1);
+    int64_t nodes = check_replays(fn, user, true, n_in, first, later, n_out);
+    unsetenv("NB_GRAPH_FUSE_REDUCE");
+    return nodes;
+}
+
+/* Replays c on [rows, cols] inputs of dt (edge points, or finite values
+ * whose sums tell the inputs apart), with the reduction fused, with the
+ * chains fused only, and unfused, each against eager; returns how many
+ * nodes fusing the reduction saved (-1 on a failure). */
+static int64_t check_reduce(red_case c, nb_dtype dt, int64_t rows, int64_t cols, bool finite, uint64_t seed)
+{
+    nb_scope *s = nb_scope_begin();
+    nb_tensor *first[2], *later[2];
+    for (int i = 0; i < 2; i++) {
+        first[i] = values(dt, rows * cols, seed + (uint64_t)i);
+        later[i] = values(dt, rows * cols, seed + 10 + (uint64_t)i);
+        if (finite) {
+            first[i] = finite_values(first[i]);
+            later[i] = finite_values(later[i]);
+        }
+        first[i] = nb_reshape(first[i], NB_SHAPE(rows, cols));
+        later[i] = nb_reshape(later[i], NB_SHAPE(rows, cols));
+    }
+    int n_out = c.axes == AX_READ_AFTER ? 2 : 1;
+    int64_t fused = check_replays(reduce_step, &c, true, 2, first, later, n_out);
+    int64_t chains = check_replays_chains_only(reduce_step, &c, 2, first, later, n_out);
+    int64_t plain = check_replays(reduce_step, &c, false, 2, first, later, n_out);
+    nb_scope_end(s);
+    CHECKF(fused > 0 && chains >= fused && plain >= chains, "%lld nodes fused, %lld chains only, %lld not",
+           (long long)fused, (long long)chains, (long long)plain);
+    return fused > 0 ? chains - fused : -1;
+}
+
+/* Nodes that fusing a reduction of rows of n saves: one (the reduce call),
+ * but for n == 1 under NB_DEBUG_POISON, where the result's poison fill has
+ * the chain's shape and so joins the chain when reductions are kept apart. */
+static int64_t expect_saved(int64_t n) { return n == 1 && g_poison ? 0 : 1; }
+
+static void into_reduce(void)
+{
+    /* around the tile (256), the producer's piece (2048), the rows split
+     * and the full reduction's chunks (32768, split from 65536 on) */
+    static const int64_t sizes[] = {1, 255, 256, 257, 2047, 2048, 2049, 32767, 32768, 32769,
+                                    65535, 65536, 65537, 70001};
+    static const struct { red_chain c; nb_dtype dt; } all[] = {
+        {R_MSE, NB_F32}, {R_MSE, NB_F64}, {R_SUM_EXP, NB_F32}, {R_SUM_EXP, NB_F64},
+        {R_SUM_INT, NB_I32}, {R_SUM_INT, NB_I64}, {R_MAX, NB_F32}, {R_MAX, NB_I32},
+        {R_MIN, NB_F64}, {R_MIN, NB_I64}, {R_PROD, NB_F32}, {R_PROD, NB_F64}, {R_PROD, NB_I32},
+    };
+    for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+        for (size_t j = 0; j < sizeof all / sizeof *all; j++) {
+            for (int finite = 0; finite < 2; finite++) {
+                bool ints = all[j].dt == NB_I32 || all[j].dt == NB_I64;
+                if (ints && finite)
+                    continue;
+                int64_t saved = check_reduce((red_case){all[j].c, AX_ALL}, all[j].dt, 1, sizes[k], finite, 100 + j);
+                CHECKF(saved == expect_saved(sizes[k]), "chain %d %s n=%lld%s: fusing the reduction saved %lld nodes", (int)all[j].c,
+                       nb_dtype_name(all[j].dt), (long long)sizes[k], finite ? " (finite)" : "", (long long)saved);
+            }
+        }
+    }
+    /* a full reduction split into 64 chunks of 32768 and more */
+    CHECK(check_reduce((red_case){R_SUM_EXP, AX_ALL}, NB_F32, 1, 64 * 32768 + 7, true, 200) == 1);
+    CHECK(check_reduce((red_case){R_MSE, AX_ALL}, NB_F64, 1031, 2053, true, 201) == 1);
+}
+
+static void into_row_reduce(void)
+{
+    /* rows over the last axis: short rows made many at a time, rows around
+     * and past the producer's piece made piece by piece, many rows split
+     * across the threads */
+    static const int64_t shapes[][2] = {{1, 1}, {7, 1}, {3, 5}, {300, 7}, {9, 255}, {40, 257}, {5, 2047},
+                                        {5, 2048}, {3, 2049}, {4, 5000}, {2, 70001}, {1000, 97}, {70001, 3}};
+    static const struct { red_chain c; nb_dtype dt; } all[] = {
+        {R_MSE, NB_F32}, {R_SUM_EXP, NB_F64}, {R_SUM_INT, NB_I64}, {R_MAX, NB_F64}, {R_MIN, NB_I32}, {R_PROD, NB_F32},
+    };
+    for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+        for (size_t j = 0; j < sizeof all / sizeof *all; j++) {
+            bool ints = all[j].dt == NB_I32 || all[j].dt == NB_I64;
+            int64_t saved = check_reduce((red_case){all[j].c, AX_ROWS}, all[j].dt, shapes[k][0], shapes[k][1], !ints,
+                                         300 + j);
+            CHECKF(saved == expect_saved(shapes[k][1]), "rows: chain %d %s [%lld, %lld]: fusing the reduction saved %lld nodes", (int)all[j].c,
+                   nb_dtype_name(all[j].dt), (long long)shapes[k][0], (long long)shapes[k][1], (long long)saved);
+        }
+    }
+}
+
+static void not_into_reduce(void)
+{
+    /* column sums (leading dims reduced), a transposed view of the result,
+     * a result read after the reduction: the chain stores its result and the
+     * reduction reads it, as without this fusion */
+    static const red_axes axes[] = {AX_COLS, AX_TRANSPOSED, AX_READ_AFTER};
+    static const int64_t shapes[][2] = {{5, 3}, {300, 257}, {3, 70001}};
+    for (size_t a = 0; a < 3; a++) {
+        for (size_t k = 0; k < 3; k++) {
+            int64_t saved = check_reduce((red_case){R_MSE, axes[a]}, NB_F32, shapes[k][0], shapes[k][1], true, 400 + a);
+            CHECKF(saved == 0, "axes %d [%lld, %lld]: %lld nodes saved", (int)axes[a], (long long)shapes[k][0],
+                   (long long)shapes[k][1], (long long)saved);
+        }
+    }
+}
+
+/* The edge points themselves: every reduction of a chain over 0, -0, ±inf
+ * and NaN, fused, against eager, and the values the kernels promise. */
+static void reduce_edges(void)
+{
+    static const double sets[][4] = {
+        {-0.0, -0.0, -0.0, -0.0}, {0.0, -0.0, 0.0, -0.0}, {INFINITY, 1, 2, 3}, {-INFINITY, INFINITY, 0, 1},
+        {NAN, 1, 2, 3},           {1, 2, 3, NAN},           {-INFINITY, -INFINITY, -INFINITY, -INFINITY},
+    };
+    static const red_chain chains[] = {R_MSE, R_SUM_EXP, R_MAX, R_MIN, R_PROD};
+    for (size_t k = 0; k < sizeof sets / sizeof *sets; k++) {
+        for (int dt = 0; dt < 2; dt++) {
+            nb_dtype d = dt ? NB_F64 : NB_F32;
+            nb_tensor *a = nb_cast(nb_from_buffer(NB_F64, NB_SHAPE(1, 4), sets[k]), d);
+            nb_tensor *b = nb_cast(nb_from_buffer(NB_F64, NB_SHAPE(1, 4), sets[(k + 3) % 7]), d);
+            nb_tensor *first[2] = {a, b}, *later[2] = {b, a};
+            for (size_t c = 0; c < sizeof chains / sizeof *chains; c++) {
+                red_case rc = {chains[c], AX_ALL};
+                CHECKF(check_replays(reduce_step, &rc, true, 2, first, later, 1) > 0, "edges %zu, chain %zu", k, c);
+            }
+        }
+    }
+    /* sum(exp(x)) over -inf and 0 is 1; max over a NaN is NaN; -0 - -0 squared sums to +0 */
+    red_case se = {R_SUM_EXP, AX_ALL}, mx = {R_MAX, AX_ALL}, ms = {R_MSE, AX_ALL};
+    nb_tensor *x[2] = {nb_from_buffer(NB_F32, NB_SHAPE(1, 2), (float[]){-INFINITY, 0.0f}),
+                       nb_from_buffer(NB_F32, NB_SHAPE(1, 2), (float[]){1.0f, NAN})};
+    nb_tensor *z[2] = {nb_from_buffer(NB_F32, NB_SHAPE(1, 2), (float[]){-0.0f, -0.0f}),
+                       nb_from_buffer(NB_F32, NB_SHAPE(1, 2), (float[]){-0.0f, -0.0f})};
+    nb_graph *g[3] = {0};
+    nb_tensor *got[3] = {0};
+    CHECK_OK(nb_graph_capture(g_device, reduce_step, &se, 2, x, 1, &got[0], &g[0]));
+    CHECK_OK(nb_graph_capture(g_device, reduce_step, &mx, 2, x, 1, &got[1], &g[1]));
+    CHECK_OK(nb_graph_capture(g_device, reduce_step, &ms, 2, z, 1, &got[2], &g[2]));
+    float v[3] = {0, 0, 1};
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(nb_graph_replay(g[i], NULL, &got[i]));
+        CHECK_OK(nb_tensor_read(got[i], &v[i], sizeof v[i]));
+        nb_graph_free(g[i]);
+    }
+    CHECK(v[0] == 1.0f && isnan(v[1]) && v[2] == 0 && !signbit(v[2]));
+}
+
 /* ---- a training step: tape, gradients, an in-place update ---- */
 
 typedef struct net {
@@ -568,6 +775,10 @@ int main(int argc, char **argv)
     RUN(broadcast);
     RUN(cast_chain);
     RUN(where_chains);
+    RUN(into_reduce);
+    RUN(into_row_reduce);
+    RUN(not_into_reduce);
+    RUN(reduce_edges);
     RUN(training);
     RUN(random_steps);
     nb_device_pop();

@@ -853,11 +853,15 @@ static int plan_reduce(cpu_rec *r, const nb_fuse_call *run, int n, const call *r
 
 /* Replaces each run of elementwise calls that fuses by one call, and with it
  * the reduce call right after the run where the run's last result only feeds
- * that reduction. Out of host memory, a run stays as it was. */
+ * that reduction. NB_GRAPH_FUSE_REDUCE=0 in the environment keeps reduce
+ * calls apart (what bench_fusion and the tests compare with). Out of host
+ * memory, a run stays as it was. */
 static void fuse(cpu_rec *r)
 {
     enum { MAX_RUN = 32 };
     nb_fuse_call run[MAX_RUN];
+    const char *env = getenv("NB_GRAPH_FUSE_REDUCE");
+    const bool into_reduces = !env || strcmp(env, "0") != 0;
     call **link = &r->head;
     while (*link) {
         int n = 0;
@@ -866,7 +870,9 @@ static void fuse(cpu_rec *r)
             run[n++] = fuse_call_of(after);
         nb_cpu_fused *plan = NULL;
         bool hoist = false;
-        int k = n >= 1 && after && after->run == run_reduce ? plan_reduce(r, run, n, after, &plan, &hoist) : 0;
+        int k = into_reduces && n >= 1 && after && after->run == run_reduce
+                    ? plan_reduce(r, run, n, after, &plan, &hoist)
+                    : 0;
         bool into_reduce = k > 0;
         if (!into_reduce)
             k = n >= 2 ? nb__cpu_fuse_plan(run, n, dead_after, r, &plan) : 0;

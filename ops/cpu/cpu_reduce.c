@@ -50,15 +50,18 @@ typedef struct red_feed {
 /* ---- one macro stamps out every (op, dtype) ------------------------------------ */
 
 #define RED_IMPL(NAME, T, ACC, INIT, COMB, MEANDIV)                                           \
+    /* Dense runs, fed or read from memory, go through _lanes, _close and _combine, never     \
+     * inlined: one machine code for both, since where two NaNs meet, which one an add keeps  \
+     * follows the order of the instruction's operands, which the compiler picks per copy */  \
     /* the lanes' part of a dense run: n8 (a multiple of 8) elements, element i into lane i % 8 */ \
-    static inline void NAME##_lanes(ACC *restrict a, const T *restrict x, int64_t n8)        \
+    __attribute__((noinline)) static void NAME##_lanes(ACC *restrict a, const T *restrict x, int64_t n8) \
     {                                                                                         \
         for (int64_t i = 0; i < n8; i += 8)                                                   \
             for (int j = 0; j < 8; j++)                                                       \
                 a[j] = COMB(a[j], (ACC)x[i + j]);                                             \
     }                                                                                         \
     /* the lanes combined in order, then the run's last n (< 8) elements */                   \
-    static inline ACC NAME##_close(const ACC *a, const T *x, int64_t n)                       \
+    __attribute__((noinline)) static ACC NAME##_close(const ACC *a, const T *x, int64_t n)    \
     {                                                                                         \
         ACC r = INIT;                                                                         \
         for (int j = 0; j < 8; j++)                                                           \
@@ -66,6 +69,14 @@ typedef struct red_feed {
         for (int64_t i = 0; i < n; i++)                                                       \
             r = COMB(r, (ACC)x[i]);                                                           \
         return r;                                                                             \
+    }                                                                                         \
+    /* a full reduction's n partials, in order */                                             \
+    __attribute__((noinline)) static ACC NAME##_combine(const ACC *part, int64_t n)           \
+    {                                                                                         \
+        ACC acc = INIT;                                                                       \
+        for (int64_t c = 0; c < n; c++)                                                       \
+            acc = COMB(acc, part[c]);                                                         \
+        return acc;                                                                           \
     }                                                                                         \
     /* n elements from p with byte stride s */                                                \
     static inline ACC NAME##_run(const char *p, int64_t n, int64_t s)                         \
@@ -186,10 +197,7 @@ typedef struct red_feed {
             if (pp.parts > RED_MAX_PARTIALS)                                                  \
                 pp.parts = RED_MAX_PARTIALS;                                                  \
             nb__parallel_for(pp.parts, 1, NAME##_part, &pp);                                  \
-            ACC acc = INIT;                                                                   \
-            for (int64_t c = 0; c < pp.parts; c++)                                            \
-                acc = COMB(acc, pp.part[c]);                                                  \
-            NAME##_store(pl, pl->out, acc);                                                   \
+            NAME##_store(pl, pl->out, NAME##_combine(pp.part, pp.parts));                     \
         } else if (total < 2 * NB_CPU_GRAIN) {                                                \
             NAME##_outs((void *)pl, 0, pl->knumel);                                           \
         } else {                                                                              \
@@ -262,10 +270,7 @@ typedef struct red_feed {
             if (pp.parts > RED_MAX_PARTIALS)                                                  \
                 pp.parts = RED_MAX_PARTIALS;                                                  \
             nb__parallel_for(pp.parts, 1, NAME##_fed_part, &pp);                              \
-            ACC acc = INIT;                                                                   \
-            for (int64_t c = 0; c < pp.parts; c++)                                            \
-                acc = COMB(acc, pp.part[c]);                                                  \
-            NAME##_store(pl, pl->out, acc);                                                   \
+            NAME##_store(pl, pl->out, NAME##_combine(pp.part, pp.parts));                     \
         } else if (pl->knumel * pl->rnumel < 2 * fd->grain) {                                 \
             NAME##_fed_outs((void *)fd, 0, pl->knumel);                                       \
         } else { /* rows are independent: any split gives the same bits */                    \
