@@ -8,8 +8,14 @@
  * edge points), where (a leaky ReLU, NaN and inf in the branch not taken, a
  * broadcast condition), a training step with a tape and an optimizer, and 150 random
  * steps (40 on a GPU) (chains of 4 to 24 ops, casts, wheres, views, broadcasts, transposes, overlapping
- * slices, sums of temporaries, inner scopes whose temporaries die, in-place
- * updates of a variable) — and the chain replaces its calls (fewer nodes).
+ * slices, sums, means, maxima, minima and products of temporaries, whole or by
+ * rows or columns, inner scopes whose temporaries die, in-place updates of a
+ * variable) — and the chain replaces its calls (fewer nodes). On the CPU a
+ * chain whose result only a reduction reads runs into it (mean((a - b)^2),
+ * sum(exp(x)), max, min, prod; all or rows; f32, f64, i32, i64; sizes around
+ * the tile, the producer's piece of 2048 and the reduction's chunks of 32768),
+ * one node fewer, the same bits; columns, a transposed view and a result read
+ * after the reduction stay apart.
  *
  *   test_graph_fusion [--gpu]    (--gpu: the same on /gpu:0, where each chain
  *                                 is one kernel compiled by NVRTC; 77 without) */
@@ -628,6 +634,21 @@ static const scalar_fn k_scalar[] = {nb_mul_scalar, nb_add_scalar, nb_pow_scalar
 /* a cast's round trip goes through one of these and back */
 static const nb_dtype k_cast_via[] = {NB_F16, NB_BF16, NB_F32, NB_F64, NB_I32};
 
+/* a itself, or one of its reductions (over all, its rows, or its columns, which
+ * stay apart from the chain before them), by op */
+static nb_tensor *reduced(nb_tensor *a, int op)
+{
+    switch (op % 8) {
+    case 1: return nb_mean_all(a);
+    case 2: return nb_max(a, NB_ALL_AXES, false);
+    case 3: return nb_min(a, NB_AXES(-1), true);
+    case 4: return nb_prod(a, NB_AXES(-1), false);
+    case 5: return nb_mean(a, NB_AXES(-1), false);
+    case 6: return nb_sum(a, NB_AXES(0), false);
+    default: return a;
+    }
+}
+
 /* Runs p's instructions from i (up to end) on the stack; returns where it stopped. */
 static int run_instrs(const program *p, int i, int end, nb_tensor **stack, int *n, nb_tensor *const *in,
                       nb_tensor **acc)
@@ -642,7 +663,15 @@ static int run_instrs(const program *p, int i, int end, nb_tensor **stack, int *
         case I_BIAS: r = nb_add(a, in[2]); break;
         case I_TRANSPOSE: r = nb_transpose(a, 0, 1); break;
         case I_SLICE: r = nb_slice(in[3], NB_SHAPE(k->op % 3, 0), NB_SHAPE(p->side, p->side)); break;
-        case I_SUM: *acc = nb_add(*acc, nb_sum_all(a)); break;
+        case I_SUM: { /* a reduction of a chain's result that dies right after it */
+            nb_scope *s = nb_scope_begin();
+            nb_tensor *t = reduced(k->op % 3 ? k_unary[k->len % 12](a) : a, k->op);
+            if (t != a) /* made in this scope */
+                t = nb_keep(t);
+            nb_scope_end(s);
+            *acc = nb_add(*acc, nb_sum_all(t));
+            break;
+        }
         case I_VAR_ADD: nb_variable_assign_add(p->v, nb_mul_scalar(a, 0.125)); break;
         case I_VAR_READ: r = nb_read(p->v); break;
         case I_CAST: r = nb_cast(nb_cast(a, k_cast_via[k->op % 5]), nb_tensor_dtype(a)); break;
