@@ -10,6 +10,10 @@
  * tanh form of GELU on x, eight ops; a leaky ReLU written as
  * where(x > 0, x, 0.1 x) (zeros, compare, scale, select); and a round trip
  * through bf16 times a scale, 2 x.to(bf16).to(f32) (two casts and a scale).
+ * Two chains feed a reduction: mean((a - b)^2) and sum(exp(x)); fused, the
+ * chain runs into the reduction and its result is never stored (2 and 1
+ * tensors read instead of 2 + 2 and 1 + 2 moved), beside the same steps with
+ * the chains fused but the reduction kept apart (NB_GRAPH_FUSE_REDUCE=0).
  * Every step's temporaries are let go
  * inside it, as in a model's forward pass. Before anything is timed, the fused
  * replay's output is checked against the eager one, bit for bit. Figures:
@@ -37,6 +41,10 @@ static nb_tensor *leaky_chain(nb_tensor *const *in)
 }
 
 static nb_tensor *bf16_chain(nb_tensor *const *in) { return nb_mul_scalar(nb_cast(nb_cast(in[0], NB_BF16), NB_F32), 2.0); }
+
+static nb_tensor *mse_chain(nb_tensor *const *in) { return nb_mean_all(nb_square(nb_sub(in[0], in[1]))); }
+
+static nb_tensor *sum_exp_chain(nb_tensor *const *in) { return nb_sum_all(nb_exp(in[0])); }
 
 typedef nb_tensor *(*chain_fn)(nb_tensor *const *in);
 
@@ -79,27 +87,32 @@ static bool same_bits(const nb_tensor *a, const nb_tensor *b)
     return same;
 }
 
-/* Eager, recorded unfused and recorded fused times (ms) of chain; false when
- * the fused replay's output differs from the eager one. */
-static bool time_chain(chain_fn chain, int n_in, nb_tensor *const *in, int reps, double ms[3])
+/* Eager, recorded unfused, recorded fused and (where ms has a 4th place)
+ * recorded with the chains fused but reductions kept apart
+ * (NB_GRAPH_FUSE_REDUCE=0) times (ms) of chain; false when a replay's output
+ * differs from the eager one. */
+static bool time_chain(chain_fn chain, int n_in, nb_tensor *const *in, int reps, int n_ms, double *ms)
 {
     timed t = {chain, in, NULL};
     ms[0] = bench_median_ms(eager_once, &t, 2, reps);
     bool ok = true;
-    for (int fuse = 0; fuse < 2; fuse++) {
+    for (int mode = 0; mode < n_ms - 1; mode++) {
         nb_scope *s = nb_scope_begin();
-        bool was = nb_graph_set_fusion(fuse);
+        bool was = nb_graph_set_fusion(mode > 0);
+        if (mode == 2)
+            setenv("NB_GRAPH_FUSE_REDUCE", "0", 1);
         nb_tensor *out = NULL;
-        if (nb_graph_capture("/cpu:0", step, (void *)chain, n_in, in, 1, &out, &t.g)) {
+        nb_status st = nb_graph_capture("/cpu:0", step, (void *)chain, n_in, in, 1, &out, &t.g);
+        unsetenv("NB_GRAPH_FUSE_REDUCE");
+        nb_graph_set_fusion(was);
+        if (st) {
             fprintf(stderr, "capture: %s\n", nb_error_message());
-            nb_graph_set_fusion(was);
             nb_scope_end(s);
             return false;
         }
-        nb_graph_set_fusion(was);
         nb_tensor *replayed = NULL;
         ok = ok && !nb_graph_replay(t.g, NULL, &replayed) && same_bits(replayed, chain(in));
-        ms[1 + fuse] = bench_median_ms(replay_once, &t, 2, reps);
+        ms[1 + mode] = bench_median_ms(replay_once, &t, 2, reps);
         nb_graph_free(t.g);
         nb_scope_end(s);
     }
@@ -116,9 +129,10 @@ int main(int argc, char **argv)
     nb_tensor *in[3] = {nb_random_uniform(NB_F32, NB_SHAPE(n), -1, 1, 1),
                         nb_random_uniform(NB_F32, NB_SHAPE(n), -1, 1, 2),
                         nb_random_uniform(NB_F32, NB_SHAPE(n), -1, 1, 3)};
-    double e[3], g[3], l[3], c[3];
-    bool ok = time_chain(exp_chain, 3, in, reps, e) && time_chain(gelu_chain, 1, in, reps, g) &&
-              time_chain(leaky_chain, 1, in, reps, l) && time_chain(bf16_chain, 1, in, reps, c);
+    double e[3], g[3], l[3], c[3], m[4], x[4];
+    bool ok = time_chain(exp_chain, 3, in, reps, 3, e) && time_chain(gelu_chain, 1, in, reps, 3, g) &&
+              time_chain(leaky_chain, 1, in, reps, 3, l) && time_chain(bf16_chain, 1, in, reps, 3, c) &&
+              time_chain(mse_chain, 2, in, reps, 4, m) && time_chain(sum_exp_chain, 1, in, reps, 4, x);
     bench_peer p;
     bench_peer_run(&p, run_peer, "fusion.py", "%lld %d", (long long)n, reps);
     char title[160];
@@ -126,6 +140,7 @@ int main(int argc, char **argv)
     bench_header(title, "milliseconds per step", &p);
     double pe = bench_peer_get(&p, "exp_chain"), pg = bench_peer_get(&p, "gelu");
     double pl = bench_peer_get(&p, "leaky_where"), pc = bench_peer_get(&p, "bf16_round_trip");
+    double pm = bench_peer_get(&p, "mse"), px = bench_peer_get(&p, "sum_exp");
     bench_row("exp((a + b) * c), eager", e[0], pe);
     bench_row("the same, recorded, unfused", e[1], pe);
     bench_row("the same, recorded, fused", e[2], pe);
@@ -138,11 +153,20 @@ int main(int argc, char **argv)
     bench_row("2 x.to(bf16).to(f32), eager", c[0], pc);
     bench_row("the same, recorded, unfused", c[1], pc);
     bench_row("the same, recorded, fused", c[2], pc);
-    printf("(fused over unfused: %.2fx, %.2fx, %.2fx and %.2fx; PyTorch's threads: %.0f)\n", e[1] / e[2],
-           g[1] / g[2], l[1] / l[2], c[1] / c[2], bench_peer_get(&p, "threads"));
+    bench_row("mean((a - b)^2), eager", m[0], pm);
+    bench_row("the same, recorded, unfused", m[1], pm);
+    bench_row("the same, chain fused, reduce apart", m[3], pm);
+    bench_row("the same, chain fused into the mean", m[2], pm);
+    bench_row("sum(exp(x)), eager", x[0], px);
+    bench_row("the same, recorded, unfused", x[1], px);
+    bench_row("the same, exp apart from the sum", x[3], px);
+    bench_row("the same, exp fused into the sum", x[2], px);
+    printf("(fused over unfused: %.2fx, %.2fx, %.2fx and %.2fx; into the reduction over the chain alone: %.2fx "
+           "and %.2fx; PyTorch's threads: %.0f)\n",
+           e[1] / e[2], g[1] / g[2], l[1] / l[2], c[1] / c[2], m[3] / m[2], x[3] / x[2], bench_peer_get(&p, "threads"));
     nb_scope_end(s);
     if (!ok) {
-        printf("FAILED: a fused replay differs from the eager step\n");
+        printf("FAILED: a replay differs from the eager step\n");
         return 1;
     }
     return 0;
