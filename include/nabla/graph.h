@@ -124,8 +124,10 @@ const char *nb_graph_device(const nb_graph *g);
  * unary and binary ops, casts, where) run as one
  * pass over memory in cache-sized tiles, and a result the step lets go of
  * before any later call is recorded (a temporary of exp((a + b) * c) made in
- * a scope the step closes) is never written to memory. Fused replays give
- * the same bits as unfused ones. Applies to graphs captured afterwards;
+ * a scope the step closes) is never written to memory; a chain whose result
+ * only a sum, mean, max, min or prod right after it reads (mean((a - b)^2),
+ * over everything or the last dims) runs into that reduction, its result never
+ * stored. Fused replays give the same bits as unfused ones. Applies to graphs captured afterwards;
  * returns the previous setting. Thread-safe. */
 bool nb_graph_set_fusion(bool on);
 

@@ -6,7 +6,9 @@
  * nb__cpu_binary_loop, nb__cpu_fill_loop: a fill joins a chain where a debug
  * build poisons each new output; nb__cpu_copy_loop for a cast, every dtype
  * pair; nb__cpu_where_loop), so the chain's results are the same bits as the
- * calls' one by one. */
+ * calls' one by one. A chain whose result only the reduce call after it reads
+ * runs into that reduction instead (nb__cpu_fuse_plan_reduce): range by range
+ * into the scratch the reduction reads (nb__cpu_reduce_fed). */
 #ifndef NB_CPU_FUSE_H
 #define NB_CPU_FUSE_H
 

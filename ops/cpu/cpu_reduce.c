@@ -13,6 +13,12 @@
  * chunks of the input whose partials combine in a fixed order (so the result
  * does not depend on the number of threads).
  *
+ * A reduction of a dense x over its trailing dims (or all of them) can also be
+ * fed (nb__cpu_reduce_fed): a fused chain makes x's elements 2048 at a time in
+ * a thread's scratch just before they are reduced, so x is never stored. The
+ * splits, chunks, lanes and combining order are the ones above, through the
+ * same functions, so the bits are the same.
+ *
  * arg_reduce: f32, f64, i32, i64, bool, u8 -> i64, index of the first max/min
  * (a NaN counts as the extreme: the first NaN wins). */
 #include "cpu_internal.h"
