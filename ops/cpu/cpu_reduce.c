@@ -25,6 +25,14 @@
 
 #include <math.h>
 
+/* A function of which the program holds one machine code: never inlined nor
+ * cloned for a constant argument (GCC's constprop copies). */
+#if defined(__clang__)
+#define RED_ONE_COPY __attribute__((noinline))
+#else
+#define RED_ONE_COPY __attribute__((noinline, noclone))
+#endif
+
 #define RED_TILE 256
 #define RED_MAX_PARTIALS 64
 /* Elements a producer writes at a time into a thread's scratch (16 KiB at 8
@@ -60,14 +68,14 @@ typedef struct red_feed {
      * inlined: one machine code for both, since where two NaNs meet, which one an add keeps  \
      * follows the order of the instruction's operands, which the compiler picks per copy */  \
     /* the lanes' part of a dense run: n8 (a multiple of 8) elements, element i into lane i % 8 */ \
-    __attribute__((noinline)) static void NAME##_lanes(ACC *restrict a, const T *restrict x, int64_t n8) \
+    RED_ONE_COPY static void NAME##_lanes(ACC *restrict a, const T *restrict x, int64_t n8) \
     {                                                                                         \
         for (int64_t i = 0; i < n8; i += 8)                                                   \
             for (int j = 0; j < 8; j++)                                                       \
                 a[j] = COMB(a[j], (ACC)x[i + j]);                                             \
     }                                                                                         \
     /* the lanes combined in order, then the run's last n (< 8) elements */                   \
-    __attribute__((noinline)) static ACC NAME##_close(const ACC *a, const T *x, int64_t n)    \
+    RED_ONE_COPY static ACC NAME##_close(const ACC *a, const T *x, int64_t n)    \
     {                                                                                         \
         ACC r = INIT;                                                                         \
         for (int j = 0; j < 8; j++)                                                           \
@@ -77,7 +85,7 @@ typedef struct red_feed {
         return r;                                                                             \
     }                                                                                         \
     /* a full reduction's n partials, in order */                                             \
-    __attribute__((noinline)) static ACC NAME##_combine(const ACC *part, int64_t n)           \
+    RED_ONE_COPY static ACC NAME##_combine(const ACC *part, int64_t n)           \
     {                                                                                         \
         ACC acc = INIT;                                                                       \
         for (int64_t c = 0; c < n; c++)                                                       \
