@@ -13,7 +13,7 @@
  * variable) — and the chain replaces its calls (fewer nodes). On the CPU a
  * chain whose result only a reduction reads runs into it (mean((a - b)^2),
  * sum(exp(x)), max, min, prod; all or rows; f32, f64, i32, i64; sizes around
- * the tile, the producer's piece of 2048 and the reduction's chunks of 32768),
+ * the tile and the producer's piece of 256 and the reduction's chunks of 32768),
  * one node fewer, the same bits; columns, a transposed view and a result read
  * after the reduction stay apart.
  *
@@ -431,9 +431,9 @@ static int64_t expect_saved(int64_t n) { return n == 1 && g_poison ? 0 : 1; }
 
 static void into_reduce(void)
 {
-    /* around the tile (256), the producer's piece (2048), the rows split
+    /* around the tile and the producer's piece (256), a few pieces, the rows split
      * and the full reduction's chunks (32768, split from 65536 on) */
-    static const int64_t sizes[] = {1, 255, 256, 257, 2047, 2048, 2049, 32767, 32768, 32769,
+    static const int64_t sizes[] = {1, 255, 256, 257, 511, 513, 2047, 2048, 2049, 32767, 32768, 32769,
                                     65535, 65536, 65537, 70001};
     static const struct { red_chain c; nb_dtype dt; } all[] = {
         {R_MSE, NB_F32}, {R_MSE, NB_F64}, {R_SUM_EXP, NB_F32}, {R_SUM_EXP, NB_F64},
@@ -462,8 +462,9 @@ static void into_row_reduce(void)
     /* rows over the last axis: short rows made many at a time, rows around
      * and past the producer's piece made piece by piece, many rows split
      * across the threads */
-    static const int64_t shapes[][2] = {{1, 1}, {7, 1}, {3, 5}, {300, 7}, {9, 255}, {40, 257}, {5, 2047},
-                                        {5, 2048}, {3, 2049}, {4, 5000}, {2, 70001}, {1000, 97}, {70001, 3}};
+    static const int64_t shapes[][2] = {{1, 1},   {7, 1},    {3, 5},    {300, 7}, {9, 255},  {40, 257},
+                                        {6, 256}, {4, 513},  {5, 2047}, {5, 2048}, {3, 2049}, {4, 5000},
+                                        {2, 70001}, {1000, 97}, {70001, 3}};
     static const struct { red_chain c; nb_dtype dt; } all[] = {
         {R_MSE, NB_F32}, {R_SUM_EXP, NB_F64}, {R_SUM_INT, NB_I64}, {R_MAX, NB_F64}, {R_MIN, NB_I32}, {R_PROD, NB_F32},
     };

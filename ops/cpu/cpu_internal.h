@@ -246,7 +246,7 @@ nb_status nb__cpu_reduce(nb_device *dev, nb_reduce_op op, const nb_view *out, co
 /* A reduction fed by its producer (a fused chain, cpu_fuse.c): x's elements
  * are made on demand rather than read from memory. produce writes x's
  * elements [flat, flat + n) (row-major) densely into dst, 64-byte aligned,
- * n <= 2048; it is called from the pool's threads at once, each with its own
+ * n <= 256; it is called from the pool's threads at once, each with its own
  * dst. */
 typedef void (*nb_cpu_produce_fn)(void *ctx, int64_t flat, int64_t n, char *dst);
 /* Whether nb__cpu_reduce_fed runs this call: a dtype and op the CPU reduces,
