@@ -134,20 +134,6 @@ int nb__fuse_plan(const nb_fuse_call *calls, int n, int max_slots, nb_fuse_suppo
     return k;
 }
 
-/* Whether v is row-major with no gaps (size-1 dims aside). */
-static bool dense(const nb_view *v)
-{
-    int64_t want = (int64_t)nb_dtype_size(v->dtype);
-    for (int d = v->ndim - 1; d >= 0; d--) {
-        if (v->shape[d] == 1)
-            continue;
-        if (v->strides[d] != want)
-            return false;
-        want *= v->shape[d];
-    }
-    return true;
-}
-
 int nb__fuse_plan_feed(const nb_fuse_call *calls, int n, int max_slots, nb_fuse_supported_fn supported,
                        nb_fuse_dead_fn dead, void *user, const nb_fuse_feed *feed, nb_fuse_plan *p)
 {
@@ -157,7 +143,8 @@ int nb__fuse_plan_feed(const nb_fuse_call *calls, int n, int max_slots, nb_fuse_
     for (int i = 0; i < p->n_slots; i++)
         if (same_shape(&p->slots[i].v, feed->x) && same_view(&p->slots[i].v, feed->x))
             x = i;
-    if (x < 0 || !p->slots[x].first_write || !dense(feed->x) || !dead(user, feed->x, feed->index))
+    if (x < 0 || !p->slots[x].first_write || !nb__view_is_contiguous(feed->x) ||
+        !dead(user, feed->x, feed->index))
         goto none;
     char *lo, *hi;
     span(feed->out, &lo, &hi);

@@ -8,10 +8,10 @@
  * reads after it (its tensor was let go) is never written to memory. A chain
  * holds fill, unary, binary, copy (a cast, x.to(dtype)) and where calls. Each
  * call keeps its own formula, dtypes and conversions, so a fused chain
- * computes the same bits as its calls one by one. On the CPU a chain whose
- * last result only feeds a reduction (sum, mean, max, min, prod) also runs
- * into that reduction, and that result is never stored (nb__fuse_plan_feed);
- * a GPU stores it and reduces as usual. */
+ * computes the same bits as its calls one by one. On the CPU a chain with a
+ * result that only the reduction after it (sum, mean, max, min, prod) reads
+ * also runs into that reduction, and that result is never stored
+ * (nb__fuse_plan_feed); a GPU stores it and reduces as usual. */
 #ifndef NB_CORE_FUSION_H
 #define NB_CORE_FUSION_H
 

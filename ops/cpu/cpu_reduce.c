@@ -413,27 +413,14 @@ nb_status nb__cpu_reduce(nb_device *dev, nb_reduce_op op, const nb_view *out, co
     return NB_OK;
 }
 
-/* Whether x is dense: row-major with no gaps (size-1 dims aside). */
-static bool dense(const nb_view *x)
-{
-    int64_t want = nb__cpu_esize(x->dtype);
-    for (int d = x->ndim - 1; d >= 0; d--) {
-        if (x->shape[d] == 1)
-            continue;
-        if (x->strides[d] != want)
-            return false;
-        want *= x->shape[d];
-    }
-    return true;
-}
-
 /* The plan of a reduction a producer can feed: dense x, the reduced dims
  * trailing (one run per output, or a full reduction's chunks). */
 static bool fed_setup(nb_reduce_op op, const nb_view *out, const nb_view *x, red_plan *pl,
                       const red_entry **e)
 {
     bool cols = false;
-    if (!dense(x) || x->numel <= 0 || red_setup(NULL, true, op, out, x, pl, e, &cols) || !(*e)->fed)
+    if (!nb__view_is_contiguous(x) || x->numel <= 0 || red_setup(NULL, true, op, out, x, pl, e, &cols) ||
+        !(*e)->fed)
         return false;
     const int64_t es = nb__cpu_esize(x->dtype);
     return !cols && pl->nr == 1 && pl->rst[0][0] == es && pl->nk == 1 &&
