@@ -34,6 +34,7 @@
 #endif
 
 #define RED_TILE 256
+#define RED_ROWS 64 /* short rows reduced per call */
 #define RED_MAX_PARTIALS 64
 /* Elements a producer writes at a time into a thread's scratch: the chain's
  * own tile, so the scratch stays in L1 beside the chain's tiles (larger
@@ -94,6 +95,27 @@ typedef struct red_feed {
             acc = COMB(acc, part[c]);                                                         \
         return acc;                                                                           \
     }                                                                                         \
+    /* rows dense runs of rn (<= FEED_PIECE) elements each, row i at rowp[i], into res[i]:    \
+     * a short row's lanes and close in one function called once for many rows, so a       \
+     * reduction of short rows pays no call per row */                                       \
+    RED_ONE_COPY static void NAME##_rows(ACC *restrict res, const char *const *rowp, int64_t rows, \
+                                         int64_t rn)                                          \
+    {                                                                                         \
+        const int64_t n8 = rn - rn % 8;                                                       \
+        for (int64_t r = 0; r < rows; r++) {                                                  \
+            const T *restrict x = (const T *)rowp[r];                                         \
+            ACC a[8] = {INIT, INIT, INIT, INIT, INIT, INIT, INIT, INIT};                      \
+            for (int64_t i = 0; i < n8; i += 8)                                               \
+                for (int j = 0; j < 8; j++)                                                   \
+                    a[j] = COMB(a[j], (ACC)x[i + j]);                                         \
+            ACC v = INIT;                                                                     \
+            for (int j = 0; j < 8; j++)                                                       \
+                v = COMB(v, a[j]);                                                            \
+            for (int64_t i = n8; i < rn; i++)                                                 \
+                v = COMB(v, (ACC)x[i]);                                                       \
+            res[r] = v;                                                                       \
+        }                                                                                     \
+    }                                                                                         \
     /* n elements from p with byte stride s */                                                \
     static inline ACC NAME##_run(const char *p, int64_t n, int64_t s)                         \
     {                                                                                         \
@@ -142,6 +164,26 @@ typedef struct red_feed {
         const red_plan *pl = ctx;                                                             \
         int64_t idx[NB_MAX_DIMS], off[2];                                                     \
         nb__cpu_index_at(pl->nk, pl->kshape, b, idx, 2, off, pl->kst);                         \
+        const int64_t rn = pl->rnumel;                                                        \
+        if (pl->nr == 1 && pl->rst[0][0] == (int64_t)sizeof(T) && rn <= FEED_PIECE) {         \
+            /* short dense rows: as a fed reduction reduces them (NAME##_fed_outs) */         \
+            const char *rowp[RED_ROWS];                                                       \
+            char *outp[RED_ROWS];                                                             \
+            ACC res[RED_ROWS];                                                                \
+            for (int64_t f = b; f < e;) {                                                     \
+                int64_t m = 0;                                                                \
+                for (; m < RED_ROWS && f < e; m++, f++) {                                     \
+                    rowp[m] = pl->x + off[0];                                                 \
+                    outp[m] = pl->out + off[1];                                               \
+                    if (f + 1 < e)                                                            \
+                        nb__cpu_index_next(pl->nk, pl->kshape, idx, 2, off, pl->kst);         \
+                }                                                                             \
+                NAME##_rows(res, rowp, m, rn);                                                \
+                for (int64_t i = 0; i < m; i++)                                               \
+                    NAME##_store(pl, outp[i], res[i]);                                        \
+            }                                                                                 \
+            return;                                                                           \
+        }                                                                                     \
         for (int64_t f = b; f < e; f++) {                                                     \
             NAME##_store(pl, pl->out + off[1], NAME##_range(pl, pl->x + off[0], 0, pl->rnumel)); \
             if (f + 1 < e)                                                                    \
@@ -252,12 +294,16 @@ typedef struct red_feed {
             return;                                                                           \
         }                                                                                     \
         const int64_t batch = FEED_PIECE / rn;                                                \
+        const char *rowp[FEED_PIECE];                                                         \
+        ACC res[FEED_PIECE];                                                                  \
         for (int64_t f = b; f < e; f += batch) {                                              \
             const int64_t m = e - f < batch ? e - f : batch;                                  \
             fd->produce(fd->ctx, f * rn, m * rn, scratch);                                    \
             for (int64_t i = 0; i < m; i++)                                                   \
-                NAME##_store(pl, pl->out + (f + i) * os,                                      \
-                             NAME##_run(scratch + i * rn * (int64_t)sizeof(T), rn, sizeof(T))); \
+                rowp[i] = scratch + i * rn * (int64_t)sizeof(T);                              \
+            NAME##_rows(res, rowp, m, rn);                                                    \
+            for (int64_t i = 0; i < m; i++)                                                   \
+                NAME##_store(pl, pl->out + (f + i) * os, res[i]);                             \
         }                                                                                     \
     }                                                                                         \
     typedef struct NAME##_fed_partials {                                                      \
