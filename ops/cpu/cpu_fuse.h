@@ -27,7 +27,7 @@ int nb__cpu_fuse_plan(const nb_fuse_call *calls, int n, nb_fuse_dead_fn dead, vo
 /* Plans all of calls[0 .. n) (n >= 1) as one chain that runs into the
  * reduction op (feed: its out, its x, its position in the recording) right
  * after it: nb__fuse_plan_feed's rules, and nb__cpu_reduce_can_feed's (x
- * dense, a full reduction or rows). The chain then runs range by range into
+ * dense, a full reduction, rows or columns). The chain then runs range by range into
  * a thread's scratch that the reduction reads through its own splits, lanes
  * and order, so x is never stored and the result has the unfused bits.
  * Returns n with the prepared call in *out (freed with nb__cpu_fused_free),

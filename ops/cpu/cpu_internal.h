@@ -251,8 +251,8 @@ nb_status nb__cpu_reduce(nb_device *dev, nb_reduce_op op, const nb_view *out, co
 typedef void (*nb_cpu_produce_fn)(void *ctx, int64_t flat, int64_t n, char *dst);
 /* Whether nb__cpu_reduce_fed runs this call: a dtype and op the CPU reduces,
  * x dense (row-major, no gaps) with at least one element, and the reduced
- * dims trailing (a full reduction, or rows). Column reductions and strided x
- * are not fed. Records no error. */
+ * dims trailing (a full reduction, or rows) or leading (columns, the kept
+ * dims contiguous in out too). Strided x is not fed. Records no error. */
 bool nb__cpu_reduce_can_feed(nb_reduce_op op, const nb_view *out, const nb_view *x);
 /* Runs nb__cpu_reduce(op, out, x) with x's elements from produce, through
  * the same splits, lanes and combining order, so out gets the same bits;

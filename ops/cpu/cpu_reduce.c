@@ -13,9 +13,10 @@
  * chunks of the input whose partials combine in a fixed order (so the result
  * does not depend on the number of threads).
  *
- * A reduction of a dense x over its trailing dims (or all of them) can also be
- * fed (nb__cpu_reduce_fed): a fused chain makes x's elements 256 at a time in
- * a thread's scratch just before they are reduced, so x is never stored. The
+ * A reduction of a dense x over its trailing dims (or all of them), or over
+ * its leading ones (columns), can also be fed (nb__cpu_reduce_fed): a fused
+ * chain makes x's elements up to 256 at a time in a thread's scratch just
+ * before they are reduced, so x is never stored. The
  * splits, chunks, lanes and combining order are the ones above, through the
  * same functions, so the bits are the same.
  *
@@ -42,6 +43,19 @@
  * mean((a - b)^2) on 64 MiB f32, one thread); a multiple of the 8 lanes. */
 #define FEED_PIECE 256
 _Static_assert(FEED_PIECE % 8 == 0, "a piece must end on a lane boundary");
+/* Elements (rows of a column tile, each padded to 64 bytes) one call of
+ * NAME##_colacc takes: the compiler may pair rows in that loop, so which NaN
+ * an add keeps depends on how the rows fall into calls, and the eager and
+ * the fed paths both call it on blocks of red_col_rows rows from the first. */
+#define RED_COL_SPAN 2048
+_Static_assert(RED_COL_SPAN % FEED_PIECE == 0 && RED_COL_SPAN >= RED_TILE, "a block holds whole pieces");
+
+/* Rows of a column tile w wide (elements of es bytes) per NAME##_colacc call. */
+static inline int64_t red_col_rows(int64_t w, int64_t es)
+{
+    const int64_t padded = (w * es + 63) / 64 * 64 / es;
+    return RED_COL_SPAN / padded;
+}
 
 typedef struct red_plan {
     int nk, nr;
@@ -62,6 +76,7 @@ typedef struct red_feed {
     nb_cpu_produce_fn produce;
     void *ctx;
     int64_t grain; /* elements a task of the row split takes at least */
+    bool cols;     /* column sums of a dense [rnumel, knumel] x, as NAME##_cols */
 } red_feed;
 
 /* ---- one macro stamps out every (op, dtype) ------------------------------------ */
@@ -114,6 +129,17 @@ typedef struct red_feed {
             for (int64_t i = n8; i < rn; i++)                                                 \
                 v = COMB(v, (ACC)x[i]);                                                       \
             res[r] = v;                                                                       \
+        }                                                                                     \
+    }                                                                                         \
+    /* rows rows of w (<= RED_TILE) column accumulators, row i at xr + i * rs bytes, into  \
+     * acc in row order: the eager and the fed column paths both accumulate here */           \
+    RED_ONE_COPY static void NAME##_colacc(ACC *restrict acc, const char *xr, int64_t rows,   \
+                                           int64_t rs, int64_t w)                             \
+    {                                                                                         \
+        for (int64_t i = 0; i < rows; i++) {                                                  \
+            const T *restrict x = (const T *)(xr + i * rs);                                   \
+            for (int64_t j = 0; j < w; j++)                                                   \
+                acc[j] = COMB(acc[j], (ACC)x[j]);                                             \
         }                                                                                     \
     }                                                                                         \
     /* n elements from p with byte stride s */                                                \
@@ -211,12 +237,11 @@ typedef struct red_feed {
                 acc[j] = INIT;                                                                \
             int64_t ridx[NB_MAX_DIMS] = {0}, roff[1] = {0};                                   \
             int64_t nouter = pl->rnumel / rin;                                                \
+            const int64_t block = red_col_rows(w, (int64_t)sizeof(T));                        \
             for (int64_t r = 0; r < nouter; r++) {                                            \
-                for (int64_t ri = 0; ri < rin; ri++) {                                        \
-                    const T *restrict xr = (const T *)(xb + roff[0] + ri * sin);              \
-                    for (int64_t j = 0; j < w; j++)                                           \
-                        acc[j] = COMB(acc[j], (ACC)xr[j]);                                    \
-                }                                                                             \
+                for (int64_t ri = 0; ri < rin; ri += block)                                   \
+                    NAME##_colacc(acc, xb + roff[0] + ri * sin, rin - ri < block ? rin - ri : block, \
+                                  sin, w);                                                    \
                 if (r + 1 < nouter)                                                           \
                     nb__cpu_index_next(nr - 1, pl->rshape, ridx, 1, roff, pl->rst);           \
             }                                                                                 \
@@ -306,6 +331,39 @@ typedef struct red_feed {
                 NAME##_store(pl, pl->out + (f + i) * os, res[i]);                             \
         }                                                                                     \
     }                                                                                         \
+    /* NAME##_cols for column tiles [b, e) of a dense [rnumel, K] x: a block of rows' pieces \
+     * of the tile made into scratch (whole rows at once where the tile is all of K), then   \
+     * accumulated as NAME##_cols accumulates that block */                                   \
+    static void NAME##_fed_cols(void *ctx, int64_t b, int64_t e)                              \
+    {                                                                                         \
+        const red_feed *fd = ctx;                                                             \
+        const red_plan *pl = fd->pl;                                                          \
+        const int64_t kin = pl->kshape[0], rn = pl->rnumel, es = (int64_t)sizeof(T);          \
+        _Alignas(64) char scratch[RED_COL_SPAN * sizeof(T)];                                  \
+        ACC acc[RED_TILE];                                                                    \
+        for (int64_t t = b; t < e; t++) {                                                     \
+            const int64_t j0 = t * RED_TILE, w = kin - j0 < RED_TILE ? kin - j0 : RED_TILE;   \
+            const int64_t block = red_col_rows(w, es);                                        \
+            /* a part of a row starts on 64 bytes, as produce wants its dst */                \
+            const int64_t ws = w == kin ? w * es : (w * es + 63) / 64 * 64;                   \
+            for (int64_t j = 0; j < w; j++)                                                   \
+                acc[j] = INIT;                                                                \
+            for (int64_t r = 0; r < rn; r += block) {                                         \
+                const int64_t m = rn - r < block ? rn - r : block;                            \
+                if (w == kin) { /* whole rows: one contiguous range, piece by piece */        \
+                    for (int64_t f = 0; f < m * kin; f += FEED_PIECE)                         \
+                        fd->produce(fd->ctx, r * kin + f, m * kin - f < FEED_PIECE ? m * kin - f : FEED_PIECE, \
+                                    scratch + f * es);                                        \
+                } else {                                                                      \
+                    for (int64_t i = 0; i < m; i++)                                           \
+                        fd->produce(fd->ctx, (r + i) * kin + j0, w, scratch + i * ws);        \
+                }                                                                             \
+                NAME##_colacc(acc, scratch, m, ws, w);                                        \
+            }                                                                                 \
+            for (int64_t j = 0; j < w; j++)                                                   \
+                NAME##_store(pl, pl->out + (j0 + j) * es, acc[j]);                            \
+        }                                                                                     \
+    }                                                                                         \
     typedef struct NAME##_fed_partials {                                                      \
         const red_feed *fd;                                                                   \
         int64_t parts;                                                                        \
@@ -325,7 +383,14 @@ typedef struct red_feed {
     static void NAME##_fed(const red_feed *fd)                                                \
     {                                                                                         \
         const red_plan *pl = fd->pl;                                                          \
-        if (pl->knumel == 1 && pl->rnumel >= 2 * NB_CPU_GRAIN) {                              \
+        if (fd->cols) { /* NAME's split of the tiles; each tile's bits do not depend on it */ \
+            const int64_t units = (pl->knumel + RED_TILE - 1) / RED_TILE;                     \
+            const int64_t total = pl->knumel * pl->rnumel, per = total / units + 1;           \
+            if (total < 2 * NB_CPU_GRAIN)                                                     \
+                NAME##_fed_cols((void *)fd, 0, units);                                        \
+            else                                                                              \
+                nb__parallel_for(units, NB_CPU_GRAIN / per + 1, NAME##_fed_cols, (void *)fd); \
+        } else if (pl->knumel == 1 && pl->rnumel >= 2 * NB_CPU_GRAIN) {                       \
             NAME##_fed_partials pp;                                                           \
             pp.fd = fd;                                                                       \
             pp.parts = pl->rnumel / NB_CPU_GRAIN;                                             \
@@ -459,25 +524,30 @@ nb_status nb__cpu_reduce(nb_device *dev, nb_reduce_op op, const nb_view *out, co
     return NB_OK;
 }
 
-/* The plan of a reduction a producer can feed: dense x, the reduced dims
- * trailing (one run per output, or a full reduction's chunks). */
+/* The plan of a reduction a producer can feed: dense x and a dense out, the
+ * reduced dims trailing (one run per output, or a full reduction's chunks) or
+ * leading (column tiles, *cols set). */
 static bool fed_setup(nb_reduce_op op, const nb_view *out, const nb_view *x, red_plan *pl,
-                      const red_entry **e)
+                      const red_entry **e, bool *cols)
 {
-    bool cols = false;
-    if (!nb__view_is_contiguous(x) || x->numel <= 0 || red_setup(NULL, true, op, out, x, pl, e, &cols) ||
+    *cols = false;
+    if (!nb__view_is_contiguous(x) || x->numel <= 0 || red_setup(NULL, true, op, out, x, pl, e, cols) ||
         !(*e)->fed)
         return false;
     const int64_t es = nb__cpu_esize(x->dtype);
-    return !cols && pl->nr == 1 && pl->rst[0][0] == es && pl->nk == 1 &&
-           (pl->knumel == 1 || pl->kst[0][0] == pl->rnumel * es);
+    if (pl->nr != 1 || pl->nk != 1)
+        return false;
+    if (*cols) /* the kept dims contiguous in x and out (red_setup's test), the reduced ones above them */
+        return pl->rst[0][0] == pl->knumel * es;
+    return pl->rst[0][0] == es && (pl->knumel == 1 || pl->kst[0][0] == pl->rnumel * es);
 }
 
 bool nb__cpu_reduce_can_feed(nb_reduce_op op, const nb_view *out, const nb_view *x)
 {
     red_plan pl;
     const red_entry *e = NULL;
-    return fed_setup(op, out, x, &pl, &e);
+    bool cols;
+    return fed_setup(op, out, x, &pl, &e, &cols);
 }
 
 bool nb__cpu_reduce_fed(nb_reduce_op op, const nb_view *out, const nb_view *x, nb_cpu_produce_fn produce,
@@ -485,9 +555,10 @@ bool nb__cpu_reduce_fed(nb_reduce_op op, const nb_view *out, const nb_view *x, n
 {
     red_plan pl;
     const red_entry *e = NULL;
-    if (!fed_setup(op, out, x, &pl, &e))
+    bool cols;
+    if (!fed_setup(op, out, x, &pl, &e, &cols))
         return false;
-    red_feed fd = {&pl, produce, ctx, heavy ? NB_CPU_GRAIN_HEAVY : NB_CPU_GRAIN};
+    red_feed fd = {&pl, produce, ctx, heavy ? NB_CPU_GRAIN_HEAVY : NB_CPU_GRAIN, cols};
     e->fed(&fd);
     return true;
 }
