@@ -50,6 +50,12 @@ _Static_assert(FEED_PIECE % 8 == 0, "a piece must end on a lane boundary");
 #define RED_COL_SPAN 2048
 _Static_assert(RED_COL_SPAN % FEED_PIECE == 0 && RED_COL_SPAN >= RED_TILE, "a block holds whole pieces");
 
+/* Neighbouring column tiles a fed reduction makes at once, row by row: one
+ * tile's piece of a row of 1024 f32 is a page of its own, and reading the
+ * chain's inputs a piece a page took twice as long as the chain apart
+ * ([4096, 1024] f32, one thread). */
+#define RED_COL_GROUP 4
+
 /* Rows of a column tile w wide (elements of es bytes) per NAME##_colacc call. */
 static inline int64_t red_col_rows(int64_t w, int64_t es)
 {
@@ -331,37 +337,46 @@ typedef struct red_feed {
                 NAME##_store(pl, pl->out + (f + i) * os, res[i]);                             \
         }                                                                                     \
     }                                                                                         \
-    /* NAME##_cols for column tiles [b, e) of a dense [rnumel, K] x: a block of rows' pieces \
-     * of the tile made into scratch (whole rows at once where the tile is all of K), then   \
-     * accumulated as NAME##_cols accumulates that block */                                   \
+    /* NAME##_cols for column tiles [b, e) of a dense [rnumel, K] x: for each block of rows, \
+     * the rows' pieces of up to RED_COL_GROUP neighbouring tiles of one width made into      \
+     * scratch row by row (so x's inputs are read along their rows; whole rows at once where  \
+     * one tile is all of K), then each tile's block accumulated as NAME##_cols does */        \
     static void NAME##_fed_cols(void *ctx, int64_t b, int64_t e)                              \
     {                                                                                         \
         const red_feed *fd = ctx;                                                             \
         const red_plan *pl = fd->pl;                                                          \
         const int64_t kin = pl->kshape[0], rn = pl->rnumel, es = (int64_t)sizeof(T);          \
-        _Alignas(64) char scratch[RED_COL_SPAN * sizeof(T)];                                  \
-        ACC acc[RED_TILE];                                                                    \
-        for (int64_t t = b; t < e; t++) {                                                     \
+        _Alignas(64) char scratch[RED_COL_GROUP][RED_COL_SPAN * sizeof(T)];                   \
+        ACC acc[RED_COL_GROUP][RED_TILE];                                                     \
+        for (int64_t t = b; t < e;) {                                                         \
             const int64_t j0 = t * RED_TILE, w = kin - j0 < RED_TILE ? kin - j0 : RED_TILE;   \
+            int64_t g = 1; /* the full tiles after t join it; a narrower last one goes alone */ \
+            while (w == RED_TILE && g < RED_COL_GROUP && t + g < e && kin - j0 - g * RED_TILE >= RED_TILE) \
+                g++;                                                                          \
             const int64_t block = red_col_rows(w, es);                                        \
             /* a part of a row starts on 64 bytes, as produce wants its dst */                \
             const int64_t ws = w == kin ? w * es : (w * es + 63) / 64 * 64;                   \
-            for (int64_t j = 0; j < w; j++)                                                   \
-                acc[j] = INIT;                                                                \
+            for (int64_t q = 0; q < g; q++)                                                   \
+                for (int64_t j = 0; j < w; j++)                                               \
+                    acc[q][j] = INIT;                                                         \
             for (int64_t r = 0; r < rn; r += block) {                                         \
                 const int64_t m = rn - r < block ? rn - r : block;                            \
                 if (w == kin) { /* whole rows: one contiguous range, piece by piece */        \
                     for (int64_t f = 0; f < m * kin; f += FEED_PIECE)                         \
                         fd->produce(fd->ctx, r * kin + f, m * kin - f < FEED_PIECE ? m * kin - f : FEED_PIECE, \
-                                    scratch + f * es);                                        \
+                                    scratch[0] + f * es);                                     \
                 } else {                                                                      \
                     for (int64_t i = 0; i < m; i++)                                           \
-                        fd->produce(fd->ctx, (r + i) * kin + j0, w, scratch + i * ws);        \
+                        for (int64_t q = 0; q < g; q++)                                       \
+                            fd->produce(fd->ctx, (r + i) * kin + j0 + q * RED_TILE, w, scratch[q] + i * ws); \
                 }                                                                             \
-                NAME##_colacc(acc, scratch, m, ws, w);                                        \
+                for (int64_t q = 0; q < g; q++)                                               \
+                    NAME##_colacc(acc[q], scratch[q], m, ws, w);                              \
             }                                                                                 \
-            for (int64_t j = 0; j < w; j++)                                                   \
-                NAME##_store(pl, pl->out + (j0 + j) * es, acc[j]);                            \
+            for (int64_t q = 0; q < g; q++)                                                   \
+                for (int64_t j = 0; j < w; j++)                                               \
+                    NAME##_store(pl, pl->out + (j0 + q * RED_TILE + j) * es, acc[q][j]);      \
+            t += g;                                                                           \
         }                                                                                     \
     }                                                                                         \
     typedef struct NAME##_fed_partials {                                                      \
