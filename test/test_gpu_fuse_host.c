@@ -608,9 +608,9 @@ int main(void)
     if (seed && strtoull(seed, NULL, 10))
         g_rng = strtoull(seed, NULL, 10);
     const char *tmp = getenv("TMPDIR");
-    snprintf(g_dir, sizeof g_dir, "%s/nb_fuse_host_XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
-    if (!mkdtemp(g_dir)) {
-        printf("test_gpu_fuse_host: cannot make a temporary folder\n");
+    int len = snprintf(g_dir, sizeof g_dir, "%s/nb_fuse_host_XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
+    if (len < 0 || (size_t)len >= sizeof g_dir || !mkdtemp(g_dir)) {
+        printf("test_gpu_fuse_host: cannot make a temporary folder under %s\n", tmp && tmp[0] ? tmp : "/tmp");
         return 1;
     }
     RUN(random_chains);

@@ -22,6 +22,11 @@ static bool same_view(const nb_view *a, const nb_view *b)
     return true;
 }
 
+bool nb__fuse_same_place(const nb_view *a, const nb_view *b)
+{
+    return a && b && same_shape(a, b) && same_view(a, b);
+}
+
 static void span(const nb_view *v, char **lo, char **hi)
 {
     char *l = v->data, *h = (char *)v->data + nb_dtype_size(v->dtype);
@@ -141,7 +146,7 @@ int nb__fuse_plan_feed(const nb_fuse_call *calls, int n, int max_slots, nb_fuse_
         goto none;
     int x = -1;
     for (int i = 0; i < p->n_slots; i++)
-        if (same_shape(&p->slots[i].v, feed->x) && same_view(&p->slots[i].v, feed->x))
+        if (nb__fuse_same_place(&p->slots[i].v, feed->x))
             x = i;
     if (x < 0 || !p->slots[x].first_write || !nb__view_is_contiguous(feed->x) ||
         !dead(user, feed->x, feed->index))

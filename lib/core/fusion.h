@@ -80,6 +80,11 @@ typedef bool (*nb_fuse_dead_fn)(void *user, const nb_view *v, int64_t last);
 int nb__fuse_plan(const nb_fuse_call *calls, int n, int max_slots, nb_fuse_supported_fn supported,
                   nb_fuse_dead_fn dead, void *user, nb_fuse_plan *out);
 
+/* Whether a and b (either may be NULL: no) are the same elements of the same
+ * memory in the same order: one dtype and shape, the strides of dims longer
+ * than 1 equal. */
+bool nb__fuse_same_place(const nb_view *a, const nb_view *b);
+
 /* A reduction right after a chain, reading x (a result of the chain) and
  * writing out: the recording's call number index. */
 typedef struct nb_fuse_feed {

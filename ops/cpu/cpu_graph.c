@@ -836,17 +836,6 @@ static nb_fuse_call fuse_call_of(const call *c)
                           .index = c->index};
 }
 
-/* a and b are the same elements of the same memory. */
-static bool same_place(const nb_view *a, const nb_view *b)
-{
-    if (!a || !b || a->data != b->data || a->dtype != b->dtype || a->ndim != b->ndim)
-        return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d] || (a->shape[d] > 1 && a->strides[d] != b->strides[d]))
-            return false;
-    return true;
-}
-
 /* Plans run[0 .. n) with the reduce call red right after it as one call
  * (nb__cpu_fuse_plan_reduce). A fill of red's output between them (a debug
  * build's poison) does not stop it: it writes no operand of the chain, so it
@@ -855,7 +844,7 @@ static int plan_reduce(cpu_rec *r, const nb_fuse_call *run, int n, const call *r
 {
     const reduce_call *a = (const reduce_call *)red;
     nb_fuse_feed feed = {.out = V(a->out), .x = V(a->x), .index = red->index};
-    *hoist = n >= 2 && run[n - 1].kind == NB_FUSE_FILL && same_place(run[n - 1].out, feed.out);
+    *hoist = n >= 2 && run[n - 1].kind == NB_FUSE_FILL && nb__fuse_same_place(run[n - 1].out, feed.out);
     int m = n - *hoist;
     if (!feed.out || !feed.x || nb__cpu_fuse_plan_reduce(run, m, a->op, &feed, dead_after, r, plan) != m) {
         *hoist = false;

@@ -85,6 +85,30 @@ typedef struct red_feed {
     bool cols;     /* column sums of a dense [rnumel, knumel] x, as NAME##_cols */
 } red_feed;
 
+/* The column tiles of pl (up to RED_TILE outputs each) run by fn over ctx,
+ * split across the threads; a tile's bits do not depend on the split. */
+static void red_run_cols(const red_plan *pl, nb_range_fn fn, void *ctx)
+{
+    const int64_t kin = pl->kshape[pl->nk - 1];
+    const int64_t units = pl->knumel / kin * ((kin + RED_TILE - 1) / RED_TILE);
+    const int64_t total = pl->knumel * pl->rnumel, per = total / units + 1;
+    if (total < 2 * NB_CPU_GRAIN)
+        fn(ctx, 0, units);
+    else
+        nb__parallel_for(units, NB_CPU_GRAIN / per + 1, fn, ctx);
+}
+
+/* The chunks a full reduction of pl splits into, whose partials combine in
+ * order (the bits depend on this count, so eager and fed reductions both ask
+ * here), or 0 where it does not split. */
+static int64_t red_full_parts(const red_plan *pl)
+{
+    if (pl->knumel != 1 || pl->rnumel < 2 * NB_CPU_GRAIN)
+        return 0;
+    const int64_t parts = pl->rnumel / NB_CPU_GRAIN;
+    return parts > RED_MAX_PARTIALS ? RED_MAX_PARTIALS : parts;
+}
+
 /* ---- one macro stamps out every (op, dtype) ------------------------------------ */
 
 #define RED_IMPL(NAME, T, ACC, INIT, COMB, MEANDIV)                                           \
@@ -270,21 +294,13 @@ typedef struct red_feed {
     }                                                                                         \
     static void NAME(const red_plan *pl, bool cols)                                           \
     {                                                                                         \
-        const int64_t total = pl->knumel * pl->rnumel;                                        \
+        const int64_t total = pl->knumel * pl->rnumel, parts = red_full_parts(pl);            \
         if (cols) {                                                                           \
-            const int64_t kin = pl->kshape[pl->nk - 1];                                       \
-            const int64_t units = pl->knumel / kin * ((kin + RED_TILE - 1) / RED_TILE);       \
-            const int64_t per = total / units + 1;                                            \
-            if (total < 2 * NB_CPU_GRAIN)                                                     \
-                NAME##_cols((void *)pl, 0, units);                                            \
-            else                                                                              \
-                nb__parallel_for(units, NB_CPU_GRAIN / per + 1, NAME##_cols, (void *)pl);     \
-        } else if (pl->knumel == 1 && pl->rnumel >= 2 * NB_CPU_GRAIN) {                       \
+            red_run_cols(pl, NAME##_cols, (void *)pl);                                        \
+        } else if (parts) {                                                                   \
             NAME##_partials pp;                                                               \
             pp.pl = pl;                                                                       \
-            pp.parts = pl->rnumel / NB_CPU_GRAIN;                                             \
-            if (pp.parts > RED_MAX_PARTIALS)                                                  \
-                pp.parts = RED_MAX_PARTIALS;                                                  \
+            pp.parts = parts;                                                                 \
             nb__parallel_for(pp.parts, 1, NAME##_part, &pp);                                  \
             NAME##_store(pl, pl->out, NAME##_combine(pp.part, pp.parts));                     \
         } else if (total < 2 * NB_CPU_GRAIN) {                                                \
@@ -398,19 +414,13 @@ typedef struct red_feed {
     static void NAME##_fed(const red_feed *fd)                                                \
     {                                                                                         \
         const red_plan *pl = fd->pl;                                                          \
-        if (fd->cols) { /* NAME's split of the tiles; each tile's bits do not depend on it */ \
-            const int64_t units = (pl->knumel + RED_TILE - 1) / RED_TILE;                     \
-            const int64_t total = pl->knumel * pl->rnumel, per = total / units + 1;           \
-            if (total < 2 * NB_CPU_GRAIN)                                                     \
-                NAME##_fed_cols((void *)fd, 0, units);                                        \
-            else                                                                              \
-                nb__parallel_for(units, NB_CPU_GRAIN / per + 1, NAME##_fed_cols, (void *)fd); \
-        } else if (pl->knumel == 1 && pl->rnumel >= 2 * NB_CPU_GRAIN) {                       \
+        const int64_t parts = red_full_parts(pl);                                             \
+        if (fd->cols) {                                                                       \
+            red_run_cols(pl, NAME##_fed_cols, (void *)fd);                                    \
+        } else if (parts) {                                                                   \
             NAME##_fed_partials pp;                                                           \
             pp.fd = fd;                                                                       \
-            pp.parts = pl->rnumel / NB_CPU_GRAIN;                                             \
-            if (pp.parts > RED_MAX_PARTIALS)                                                  \
-                pp.parts = RED_MAX_PARTIALS;                                                  \
+            pp.parts = parts;                                                                 \
             nb__parallel_for(pp.parts, 1, NAME##_fed_part, &pp);                              \
             NAME##_store(pl, pl->out, NAME##_combine(pp.part, pp.parts));                     \
         } else if (pl->knumel * pl->rnumel < 2 * fd->grain) {                                 \
