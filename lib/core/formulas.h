@@ -65,8 +65,154 @@ static inline double nb_ref_wrapped_product(double x, double y, int int_bits)
 #define NB_REF_UN NB_REF_SKIP
 #define NB_REF_BIN NB_REF_SKIP
 
+/* ---- exp, expm1, log, log1p and tanh of a float on the CPU ----
+ * nb_expf, nb_expm1f, nb_logf, nb_log1pf and nb_tanhf are those functions
+ * rounded to float. They work in double to a relative error near 2^-38, so
+ * each is within 0.5001 ulp, and the correctly rounded float but for a few
+ * in a million (test_cpu_math counts them; glibc's float functions are
+ * within 0.502 to 2.2 ulp). Unlike libm's they are formulas without branches,
+ * calls or tables, so a loop of them vectorises, and every copy of that loop
+ * (scalar, SSE2, AVX2, AVX-512) gives the same bits. Out-of-range and special
+ * inputs go through the formula as clamped or harmless values, and their
+ * results are selected at the end (with single compares, no && or ||: GCC
+ * leaves a loop with branches unvectorised). The GPU keeps CUDA's expf,
+ * expm1f, logf, log1pf and tanhf: its formulas compile with __CUDACC__. */
+#ifdef __CUDACC__
+#define NB_EXPF expf
+#define NB_LOGF logf
+#define NB_LOG1PF log1pf
+#define NB_TANHF tanhf
+#define NB_EXPM1F expm1f
+#else
+#define NB_EXPF nb_expf
+#define NB_LOGF nb_logf
+#define NB_LOG1PF nb_log1pf
+#define NB_TANHF nb_tanhf
+#define NB_EXPM1F nb_expm1f
+
+NB_FN double nb__bits_double(uint64_t u)
+{
+    double d;
+    __builtin_memcpy(&d, &u, sizeof d);
+    return d;
+}
+NB_FN uint64_t nb__double_bits(double d)
+{
+    uint64_t u;
+    __builtin_memcpy(&u, &d, sizeof u);
+    return u;
+}
+
+/* 2^z = scale (1 + *p) for z in [-1000, 1000]: scale = 2^k with k = round(z)
+ * exactly, and *p = 2^r - 1 for r = z - k, |r| <= 1/2, as r q(r) with q of
+ * degree 7 (relative error 2^-38.8: a Chebyshev fit of (2^r - 1) / r). */
+NB_FN double nb__exp2_parts(double z, double *p)
+{
+    const double shift = 0x1.8p52; /* z + shift holds round(z) in its low bits */
+    const double t = z + shift;
+    const double r = z - (t - shift);
+    double q = 1.325080551750225e-06;
+    q = q * r + 1.5303700711365693e-05;
+    q = q * r + 0.00015403475186530786;
+    q = q * r + 0.0013333478473685416;
+    q = q * r + 0.00961812913523614;
+    q = q * r + 0.055504109063258665;
+    q = q * r + 0.24022650695888503;
+    q = q * r + 0.6931471805568324;
+    *p = r * q;
+    return nb__bits_double((nb__double_bits(t) + 1023) << 52); /* k's two's complement is t's low bits */
+}
+
+/* log(w) for a positive, finite, normal w: w = 2^e m with m in [sqrt(1/2),
+ * sqrt(2)), log m = 2 atanh(s) for s = (m - 1) / (m + 1), |s| <= 0.1716, by
+ * its series to s^15 (relative error 2^-41). */
+NB_FN double nb__log_normal(double w)
+{
+    const uint64_t u = nb__double_bits(w);
+    /* e + 2^52 + 1023 as a double made from the exponent's bits, then e */
+    double e = nb__bits_double(0x4330000000000000ULL | (u >> 52)) - (0x1p52 + 1023.0);
+    double m = nb__bits_double((u & 0x000fffffffffffffULL) | 0x3ff0000000000000ULL);
+    e = m > 1.4142135623730951 ? e + 1.0 : e;
+    m = m > 1.4142135623730951 ? m * 0.5 : m;
+    const double s = (m - 1.0) / (m + 1.0), s2 = s * s;
+    double q = 1.0 / 15;
+    q = q * s2 + 1.0 / 13;
+    q = q * s2 + 1.0 / 11;
+    q = q * s2 + 1.0 / 9;
+    q = q * s2 + 1.0 / 7;
+    q = q * s2 + 1.0 / 5;
+    q = q * s2 + 1.0 / 3;
+    return e * 0.6931471805599453 + (2.0 * s + 2.0 * s * (s2 * q));
+}
+
+/* x is clamped to [-110, 100], past which the result is 0 or inf anyway; a NaN
+ * fails both compares and stays NaN. */
+NB_FN float nb_expf(float x)
+{
+    float xc = x > 100.0f ? 100.0f : x;
+    xc = xc < -110.0f ? -110.0f : xc;
+    double p;
+    const double scale = nb__exp2_parts((double)xc * 1.4426950408889634, &p);
+    return (float)((1.0 + p) * scale);
+}
+
+/* e^x - 1 = (2^k - 1) + 2^k p: no cancellation (for k = 0 it is p); below
+ * 2^-30 it is x to float's precision (and keeps -0). */
+NB_FN float nb_expm1f(float x)
+{
+    float xc = x > 100.0f ? 100.0f : x;
+    xc = xc < -110.0f ? -110.0f : xc;
+    double p;
+    const double scale = nb__exp2_parts((double)xc * 1.4426950408889634, &p);
+    const float y = (float)((scale - 1.0) + scale * p);
+    return __builtin_fabsf(x) < 0x1p-30f ? x : y;
+}
+
+/* A float's double is normal: every positive finite x goes through the
+ * formula; 0, negatives, inf and NaN are selected after. */
+NB_FN float nb_logf(float x)
+{
+    float y = (float)nb__log_normal((double)x);
+    y = x == (float)INFINITY ? x : y;
+    y = x == 0 ? -(float)INFINITY : y;
+    y = x < 0 ? (float)NAN : y;
+    return x != x ? x : y;
+}
+
+/* 1 + x is exact in double for |x| >= 2^-29; below that log1p(x) is x to
+ * float's precision (and keeps -0). */
+NB_FN float nb_log1pf(float x)
+{
+    const double w = 1.0 + (double)x;
+    float y = (float)nb__log_normal(w > 0 ? w : 1.0);
+    y = __builtin_fabsf(x) < 0x1p-29f ? x : y;
+    y = x == (float)INFINITY ? x : y;
+    y = x == -1.0f ? -(float)INFINITY : y;
+    y = x < -1.0f ? (float)NAN : y;
+    return x != x ? x : y;
+}
+
+/* tanh |x| = -m / (m + 2) for m = e^(-2|x|) - 1, made as (2^k - 1) + 2^k p
+ * (no cancellation: for k = 0 it is p); |x| is clamped to 10, past which the
+ * float result is 1; the sign is x's (-0 and NaN included). */
+NB_FN float nb_tanhf(float x)
+{
+    float a = x < 0 ? -x : x;
+    a = a > 10.0f ? 10.0f : a;
+    double p;
+    const double scale = nb__exp2_parts((double)a * -2.8853900817779268, &p);
+    const double m = (scale - 1.0) + scale * p;
+    return __builtin_copysignf((float)(-m / (m + 2.0)), x);
+}
+#endif
+
 #define NB_T float
 #define NB_F(fn) fn##f
+#define NB_EXP NB_EXPF
+#define NB_LOG NB_LOGF
+#define NB_LOG1P NB_LOG1PF
+#define NB_TANH NB_TANHF
+#define NB_EXPM1 NB_EXPM1F
 #define NB_SUF(name) name##_f32
 #include "formulas_float.inc"
 
@@ -77,6 +223,11 @@ static inline double nb_ref_wrapped_product(double x, double y, int int_bits)
 #define NB_REF_BIN NB_REF_DEFINE_BIN
 #define NB_T double
 #define NB_F(fn) fn
+#define NB_EXP exp
+#define NB_LOG log
+#define NB_LOG1P log1p
+#define NB_TANH tanh
+#define NB_EXPM1 expm1
 #define NB_SUF(name) name##_f64
 #include "formulas_float.inc"
 #undef NB_REF_UN

@@ -325,25 +325,31 @@ nb_status nb__cpu_scaler_update(nb_device *dev, double *state, const double *che
 double nb__cpu_philox_uniform(uint64_t seed, uint64_t i);
 double nb__cpu_philox_normal(uint64_t seed, uint64_t i, uint32_t trial);
 
-/* ---- kernels compiled twice ----
- * NB_CPU_AVX2_ENTRY(name, T) makes name_T(ctx, b, e), a nb__parallel_for
+/* ---- kernels compiled for more than one instruction set ----
+ * nb__cpu_simd_level() is what the CPU runs, asked once: 0 the build's
+ * baseline, 1 AVX2 + FMA, 2 AVX-512 (F, DQ, VL and BW) too. Every copy of a
+ * kernel computes the same bits (no contraction into FMA: -ffp-contract=off),
+ * so the level only changes the speed. nb__cpu_simd_use(name) makes the
+ * kernels use "avx512", "avx2" or "baseline" if this CPU runs it, for tests
+ * (not thread-safe), and returns whether they do now (cpu_simd.c). */
+int nb__cpu_simd_level(void);
+bool nb__cpu_simd_use(const char *name);
+
+/* NB_CPU_AVX2_ENTRY(name, T) makes name_T(ctx, b, e), a nb__parallel_for
  * body that runs name_body_T (an always_inline function) as compiled for
- * AVX2 + FMA when the CPU has them (asked at run time, as the gemm's
- * micro-kernels are) and as compiled for the build's baseline otherwise. */
+ * AVX2 + FMA when the CPU has them and as compiled for the build's baseline
+ * otherwise.
+ * NB_CPU_SIMD_LOOP(name) makes name(ctx, n, p, s, flat), a nb_cpu_loop_fn
+ * that runs name##_body (always_inline) as compiled for the CPU's level: the
+ * elementwise loops, which the compiler vectorises to the width it is given.
+ * NB_CPU_SIMD_RANGE(name) does the same for a nb__parallel_for body
+ * name(ctx, b, e). */
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-static inline bool nb__cpu_has_avx2(void)
-{
-    static int known; /* 0 not asked, 1 no, 2 yes */
-    int k = __atomic_load_n(&known, __ATOMIC_RELAXED);
-    if (!k) {
-        __builtin_cpu_init();
-        k = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 2 : 1;
-        __atomic_store_n(&known, k, __ATOMIC_RELAXED);
-    }
-    return k == 2;
-}
+#define NB_CPU_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define NB_CPU_TARGET_AVX512 __attribute__((target("avx2,fma,avx512f,avx512dq,avx512vl,avx512bw")))
+static inline bool nb__cpu_has_avx2(void) { return nb__cpu_simd_level() >= 1; }
 #define NB_CPU_AVX2_ENTRY(name, T)                                                                  \
-    __attribute__((target("avx2,fma"))) static void name##_avx2_##T(void *ctx, int64_t b, int64_t e) \
+    NB_CPU_TARGET_AVX2 static void name##_avx2_##T(void *ctx, int64_t b, int64_t e)                 \
     {                                                                                               \
         name##_body_##T(ctx, b, e);                                                                 \
     }                                                                                               \
@@ -355,9 +361,52 @@ static inline bool nb__cpu_has_avx2(void)
         else                                                                                        \
             name##_base_##T(ctx, b, e);                                                             \
     }
+#define NB_CPU_SIMD_LOOP(name)                                                                      \
+    NB_CPU_TARGET_AVX512 static void name##_avx512(void *c, int64_t n, char *const *p,              \
+                                                   const int64_t *s, int64_t flat)                  \
+    {                                                                                               \
+        name##_body(c, n, p, s, flat);                                                              \
+    }                                                                                               \
+    NB_CPU_TARGET_AVX2 static void name##_avx2(void *c, int64_t n, char *const *p, const int64_t *s, \
+                                               int64_t flat)                                        \
+    {                                                                                               \
+        name##_body(c, n, p, s, flat);                                                              \
+    }                                                                                               \
+    static void name(void *c, int64_t n, char *const *p, const int64_t *s, int64_t flat)            \
+    {                                                                                               \
+        switch (nb__cpu_simd_level()) {                                                             \
+        case 2: name##_avx512(c, n, p, s, flat); break;                                             \
+        case 1: name##_avx2(c, n, p, s, flat); break;                                               \
+        default: name##_body(c, n, p, s, flat); break;                                              \
+        }                                                                                           \
+    }
+#define NB_CPU_SIMD_RANGE(name)                                                                     \
+    NB_CPU_TARGET_AVX512 static void name##_avx512(void *ctx, int64_t b, int64_t e)                 \
+    {                                                                                               \
+        name##_body(ctx, b, e);                                                                     \
+    }                                                                                               \
+    NB_CPU_TARGET_AVX2 static void name##_avx2(void *ctx, int64_t b, int64_t e)                     \
+    {                                                                                               \
+        name##_body(ctx, b, e);                                                                     \
+    }                                                                                               \
+    static void name(void *ctx, int64_t b, int64_t e)                                               \
+    {                                                                                               \
+        switch (nb__cpu_simd_level()) {                                                             \
+        case 2: name##_avx512(ctx, b, e); break;                                                    \
+        case 1: name##_avx2(ctx, b, e); break;                                                      \
+        default: name##_body(ctx, b, e); break;                                                     \
+        }                                                                                           \
+    }
 #else
 #define NB_CPU_AVX2_ENTRY(name, T)                                                                  \
     static void name##_##T(void *ctx, int64_t b, int64_t e) { name##_body_##T(ctx, b, e); }
+#define NB_CPU_SIMD_RANGE(name)                                                                     \
+    static void name(void *ctx, int64_t b, int64_t e) { name##_body(ctx, b, e); }
+#define NB_CPU_SIMD_LOOP(name)                                                                      \
+    static void name(void *c, int64_t n, char *const *p, const int64_t *s, int64_t flat)            \
+    {                                                                                               \
+        name##_body(c, n, p, s, flat);                                                              \
+    }
 #endif
 
 #endif

@@ -1,6 +1,6 @@
 /* Unary elementwise kernels: one loop per (op, dtype) around the op's formula
  * in lib/core/formulas.h, generated from the list in lib/core/ops.def. f32 is
- * computed in float with the float libm functions; the ops the list allows on
+ * computed in float with the float libm functions (exp: nb_expf); the ops the list allows on
  * integers also run on i32 and i64 (wrapping arithmetic; a scalar that is not
  * a whole number is applied in double, truncated and saturated). */
 #include "cpu_internal.h"
@@ -8,9 +8,13 @@
 
 typedef nb_cpu_un_ctx un_ctx;
 
-/* One loop function per (op, dtype): x is the element, alpha the scalar (in T). */
+/* One loop function per (op, dtype): x is the element, alpha the scalar (in T).
+ * The contiguous loop vectorises (this file's flags: ops/cpu/meson.build), to
+ * the CPU's width (NB_CPU_SIMD_LOOP); f32 exp is nb_expf for that reason. */
 #define UN_ROW(NAME, T, ALPHA, EXPR)                                                         \
-    static void NAME(void *vctx, int64_t n, char *const *p, const int64_t *s, int64_t flat) \
+    __attribute__((always_inline)) static inline void NAME##_body(void *vctx, int64_t n,    \
+                                                                  char *const *p,            \
+                                                                  const int64_t *s, int64_t flat) \
     {                                                                                        \
         const un_ctx *c = vctx;                                                              \
         const T alpha = (T)(ALPHA);                                                          \
@@ -30,7 +34,8 @@ typedef nb_cpu_un_ctx un_ctx;
                 *(T *)(p[0] + i * s[0]) = (T)(EXPR);                                         \
             }                                                                                \
         }                                                                                    \
-    }
+    }                                                                                        \
+    NB_CPU_SIMD_LOOP(NAME)
 
 /* Every op on f32 and f64. */
 #define NB_UNARY(ID, name, dtypes, cost, api)                                                \

@@ -1,0 +1,357 @@
+/* The CPU's own float exp, expm1, log, log1p and tanh (lib/core/formulas.h)
+ * and the vectorised loops made of them (ops/cpu/cpu_unary.c, cpu_softmax.c):
+ *   - each function against libm's double, rounded, over every 101st float
+ *     (1009th under AddressSanitizer; NB_MATH_SWEEP_STEP=1: all of them): within 0.5002 ulp, every special
+ *     input exact, and correctly rounded but for few floats (the count is
+ *     printed and bounded);
+ *   - every f32 and f64 unary op at each vector level this CPU runs
+ *     (baseline, AVX2, AVX-512), contiguous and strided, gives the bits of
+ *     its formula called one element at a time, on random values and edges;
+ *   - softmax and log_softmax the same at each level and stride, and near a
+ *     double reference.
+ * Exits 0 on success, 1 on failure. */
+#include <nabla/nabla.h>
+
+#include "lib/core/backend.h"
+#include "lib/core/formulas.h"
+#include "ops/cpu/cpu_internal.h"
+#include "splitmix.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures;
+
+#define EXPECT(cond, ...)                                                                     \
+    do {                                                                                      \
+        if (!(cond)) {                                                                        \
+            if (failures < 40) {                                                              \
+                fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                               \
+                fprintf(stderr, __VA_ARGS__);                                                 \
+                fprintf(stderr, "\n");                                                        \
+            }                                                                                 \
+            failures++;                                                                       \
+        }                                                                                     \
+    } while (0)
+
+static uint32_t fbits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+static float bits_f(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static uint64_t dbits(double d)
+{
+    uint64_t u;
+    memcpy(&u, &d, sizeof u);
+    return u;
+}
+
+/* The same bits, or both NaN (a NaN's payload is not specified). */
+static bool same_f(float a, float b) { return fbits(a) == fbits(b) || (a != a && b != b); }
+static bool same_d(double a, double b) { return dbits(a) == dbits(b) || (a != a && b != b); }
+
+/* ---- the functions against libm's double ---- */
+
+typedef struct math_fn {
+    const char *name;
+    float (*ours)(float);
+    double (*ref)(double);
+} math_fn;
+
+static const math_fn fns[] = {
+    {"exp", nb_expf, exp}, {"expm1", nb_expm1f, expm1}, {"log", nb_logf, log},
+    {"log1p", nb_log1pf, log1p}, {"tanh", nb_tanhf, tanh},
+};
+#define N_FNS (int)(sizeof fns / sizeof fns[0])
+
+/* The spacing of floats at |r| (the largest float's beyond it). */
+static double ulp_at(float r)
+{
+    float a = fabsf(r);
+    if (a == 0)
+        return 0x1p-149;
+    float up = nextafterf(a, INFINITY);
+    return isinf(up) ? (double)a - nextafterf(a, 0) : (double)up - a;
+}
+
+/* Checks f at x: the result's error in ulps (into *worst), and whether it is
+ * not the rounded reference (into *differ). A reference that rounds to inf,
+ * 0, or NaN must be met exactly. */
+static void check_point(const math_fn *f, float x, double *worst, uint64_t *differ)
+{
+    const float y = f->ours(x);
+    const double rd = f->ref((double)x);
+    const float r = (float)rd;
+    if (same_f(y, r))
+        return;
+    bool special = r != r || isinf(r) || r == 0 || y != y || isinf(y) || y == 0;
+    EXPECT(!special && signbit(y) == signbit(r), "%s(%a) = %a, want %a", f->name, (double)x, (double)y, (double)r);
+    if (special)
+        return;
+    (*differ)++;
+    double e = fabs((double)y - rd) / ulp_at(r);
+    EXPECT(e <= 0.5002, "%s(%a) = %a is %.6f ulp from %a", f->name, (double)x, (double)y, e, rd);
+    if (e > *worst)
+        *worst = e;
+}
+
+static void test_sweep(void)
+{
+    const char *env = getenv("NB_MATH_SWEEP_STEP");
+    /* fewer under AddressSanitizer, whose checks make the sweep 15 times slower */
+    uint64_t step = env && atoll(env) > 0 ? (uint64_t)atoll(env) : NB_ASAN ? 1009 : 101;
+    /* the edges, then every step-th bit pattern (both signs, NaNs, infs) */
+    const float edges[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 1.0f, -1.0f, 0x1p-149f, -0x1p-149f,
+                           0x1p-126f, 0x1p-30f, -0x1p-30f, 0x1p-29f, -0x1p-29f, 0x1.fffffep-30f, 0x1.62e42ep+6f,
+                           0x1.62e430p+6f, 89.0f, -87.33654f, -103.2789f, -0x1.9fe368p+6f, -0x1.9fe36ap+6f,
+                           -104.0f, -110.0f, -111.0f, 100.0f, 101.0f, 9.01f, 10.0f, -10.0f, 0x1.fffffep127f,
+                           -0x1.fffffep127f, -0.99999994f, -1.00000012f, 0.346573591f, -0.346573591f};
+    for (int k = 0; k < N_FNS; k++) {
+        double worst = 0;
+        uint64_t differ = 0, n = 0;
+        for (size_t i = 0; i < sizeof edges / sizeof edges[0]; i++, n++)
+            check_point(&fns[k], edges[i], &worst, &differ);
+        for (uint64_t u = k; u < (1ull << 32); u += step, n++)
+            check_point(&fns[k], bits_f((uint32_t)u), &worst, &differ);
+        printf("  %-5s %llu floats: %llu not correctly rounded, at most %.6f ulp\n", fns[k].name,
+               (unsigned long long)n, (unsigned long long)differ, worst);
+        EXPECT(differ * 100000 <= n, "%s: %llu of %llu not correctly rounded", fns[k].name,
+               (unsigned long long)differ, (unsigned long long)n);
+    }
+    /* the values written out */
+    EXPECT(nb_expf(0.0f) == 1.0f && nb_expf(-0.0f) == 1.0f, "exp(+-0)");
+    EXPECT(fbits(nb_expf(-INFINITY)) == 0 && fbits(nb_expf(-200.0f)) == 0, "exp(-inf), exp(-200): +0");
+    EXPECT(nb_expf(0x1.62e42ep+6f) == 0x1.ffff08p+127f && nb_expf(0x1.62e430p+6f) == INFINITY,
+           "exp's last finite float and its overflow");
+    EXPECT(nb_expf(-0x1.9fe368p+6f) == 0x1p-149f && fbits(nb_expf(-0x1.9fe36ap+6f)) == 0,
+           "exp's least subnormal, and +0 past it");
+    EXPECT(fbits(nb_expm1f(-0.0f)) == fbits(-0.0f) && nb_expm1f(-INFINITY) == -1.0f, "expm1(-0), expm1(-inf)");
+    EXPECT(fbits(nb_logf(1.0f)) == 0 && nb_logf(0.0f) == -INFINITY && nb_logf(-0.0f) == -INFINITY, "log(1), log(+-0)");
+    EXPECT(isnan(nb_logf(-1.0f)) && isnan(nb_logf(-INFINITY)) && nb_logf(INFINITY) == INFINITY, "log(-1), log(+-inf)");
+    EXPECT(fbits(nb_log1pf(-0.0f)) == fbits(-0.0f) && nb_log1pf(-1.0f) == -INFINITY && isnan(nb_log1pf(-2.0f)),
+           "log1p(-0), log1p(-1), log1p(-2)");
+    EXPECT(fbits(nb_tanhf(-0.0f)) == fbits(-0.0f) && nb_tanhf(-INFINITY) == -1.0f && nb_tanhf(20.0f) == 1.0f,
+           "tanh(-0), tanh(-inf), tanh(20)");
+    EXPECT(nb_tanhf(0x1p-149f) == 0x1p-149f, "tanh of the least subnormal");
+    for (int k = 0; k < N_FNS; k++)
+        EXPECT(isnan(fns[k].ours(NAN)) && isnan(fns[k].ours(-NAN)), "%s(NaN)", fns[k].name);
+}
+
+/* ---- the loops at each vector level ---- */
+
+static const char *const levels[] = {"baseline", "avx2", "avx512"};
+
+/* Values for op: random over a range where it is interesting, then edges. */
+static void fill_inputs(double *v, int n)
+{
+    const double edges[] = {0.0, -0.0, INFINITY, -INFINITY, NAN, 1.0, -1.0, 0.5, -0.5, 1e-40, -1e-40,
+                            1e-8, -1e-8, 88.72283935546875, 88.8, -103.97, -110.5, 700.0, -750.0, 3e38, -3e38,
+                            9.1, -9.1, 1e-30, 2.0, -2.0, 16.0, -16.0};
+    const int ne = (int)(sizeof edges / sizeof edges[0]);
+    for (int i = 0; i < n; i++) {
+        double u = rng_unit();
+        v[i] = i < ne ? edges[i] : i % 3 == 0 ? (u * 2 - 1) * 120 : i % 3 == 1 ? (u * 2 - 1) * 4 : (u * 2 - 1) * 1e-3;
+    }
+}
+
+/* The formula of op on one element, as the GPU-free scalar code computes it. */
+static float scalar_f32(nb_unary_op op, float x, float a)
+{
+    switch (op) {
+#define NB_UNARY(ID, name, dtypes, cost, api)                                                  \
+    case NB_UN_##ID: return nb_un_##name##_f32(x, a);
+#include "lib/core/ops.def"
+    default: return NAN;
+    }
+}
+static double scalar_f64(nb_unary_op op, double x, double a)
+{
+    switch (op) {
+#define NB_UNARY(ID, name, dtypes, cost, api)                                                  \
+    case NB_UN_##ID: return nb_un_##name##_f64(x, a);
+#include "lib/core/ops.def"
+    default: return NAN;
+    }
+}
+
+static nb_view view_1d(nb_dtype dt, void *data, int64_t n, int64_t estride)
+{
+    nb_view v;
+    memset(&v, 0, sizeof v);
+    v.data = data;
+    v.dtype = dt;
+    v.ndim = 1;
+    v.numel = n;
+    v.shape[0] = n;
+    v.strides[0] = estride * (int64_t)nb_dtype_size(dt);
+    v.contiguous = estride == 1;
+    return v;
+}
+
+static void test_unary_levels(void)
+{
+    enum { N = 1031, STRIDE = 3 };
+    double *in = malloc(N * sizeof *in);
+    float *xf = malloc(N * STRIDE * sizeof *xf), *of = malloc(N * STRIDE * sizeof *of);
+    double *xd = malloc(N * STRIDE * sizeof *xd), *od = malloc(N * STRIDE * sizeof *od);
+    fill_inputs(in, N);
+    int ran = 0;
+    for (int l = 0; l < 3; l++) {
+        if (!nb__cpu_simd_use(levels[l]))
+            continue;
+        ran++;
+        for (int op = 0; op < NB_UN_COUNT; op++) {
+            /* pow's exponents: a general one, besides the ones made cheap */
+            const double alpha = op == NB_UN_POW_SCALAR ? 1.5 : op == NB_UN_STEP ? -1 : 0.25;
+            for (int strided = 0; strided < 2; strided++) {
+                const int64_t st = strided ? STRIDE : 1;
+                for (int i = 0; i < N; i++) {
+                    xf[i * st] = (float)in[i];
+                    xd[i * st] = in[i];
+                    of[i * st] = NAN;
+                    od[i * st] = NAN;
+                }
+                nb_view vx = view_1d(NB_F32, xf, N, st), vo = view_1d(NB_F32, of, N, st);
+                nb_status s1 = nb__cpu_backend.unary(NULL, (nb_unary_op)op, &vo, &vx, alpha);
+                vx = view_1d(NB_F64, xd, N, st);
+                vo = view_1d(NB_F64, od, N, st);
+                nb_status s2 = nb__cpu_backend.unary(NULL, (nb_unary_op)op, &vo, &vx, alpha);
+                EXPECT(s1 == NB_OK && s2 == NB_OK, "%s at %s: %s", nb__unary_name((nb_unary_op)op), levels[l],
+                       nb_error_message());
+                nb_error_clear();
+                int bad = 0;
+                for (int i = 0; i < N && bad < 3; i++) {
+                    float wf = scalar_f32((nb_unary_op)op, (float)in[i], (float)alpha);
+                    double wd = scalar_f64((nb_unary_op)op, in[i], alpha);
+                    bool ok = same_f(of[i * st], wf) && same_d(od[i * st], wd);
+                    EXPECT(ok, "%s at %s, %s, x = %a: f32 %a want %a, f64 %a want %a",
+                           nb__unary_name((nb_unary_op)op), levels[l], strided ? "strided" : "contiguous", in[i],
+                           (double)of[i * st], (double)wf, od[i * st], wd);
+                    bad += !ok;
+                }
+            }
+        }
+    }
+    EXPECT(ran >= 1, "no vector level ran");
+    printf("  unary ops at %d vector level(s): the bits of their formulas\n", ran);
+    free(in), free(xf), free(of), free(xd), free(od);
+}
+
+/* ---- softmax ---- */
+
+static void test_softmax_levels(void)
+{
+    const int64_t lens[] = {1, 2, 7, 8, 9, 15, 16, 17, 33, 1000, 1031};
+    const int64_t rows = 3;
+    for (size_t li = 0; li < sizeof lens / sizeof lens[0]; li++) {
+        const int64_t n = lens[li], total = rows * n;
+        float *x = malloc((size_t)total * sizeof *x);
+        float *first = malloc((size_t)total * sizeof *first);
+        for (int64_t i = 0; i < total; i++)
+            x[i] = (float)((rng_unit() * 2 - 1) * 30);
+        if (n > 2) { /* a row with -inf, a row with a NaN */
+            x[0] = -INFINITY;
+            x[n + 1] = NAN;
+        }
+        for (int is_log = 0; is_log < 2; is_log++) {
+            int runs = 0;
+            for (int l = 0; l < 3; l++) {
+                if (!nb__cpu_simd_use(levels[l]))
+                    continue;
+                for (int strided = 0; strided < 2; strided++) {
+                    /* strided: element j of row r at 2 (r n + j), the columns' stride 2 */
+                    nb_view vx, vo;
+                    memset(&vx, 0, sizeof vx);
+                    vx.dtype = NB_F32;
+                    vx.ndim = 2;
+                    vx.shape[0] = rows;
+                    vx.shape[1] = n;
+                    vx.numel = total;
+                    const int64_t es = strided ? 2 : 1;
+                    vx.strides[0] = n * es * 4;
+                    vx.strides[1] = es * 4;
+                    vx.contiguous = !strided;
+                    vo = vx;
+                    float *xbuf = malloc((size_t)total * es * sizeof *xbuf);
+                    float *obuf = malloc((size_t)total * es * sizeof *obuf);
+                    for (int64_t i = 0; i < total; i++) {
+                        xbuf[i * es] = x[i];
+                        obuf[i * es] = NAN;
+                    }
+                    vx.data = xbuf;
+                    vo.data = obuf;
+                    EXPECT(nb__cpu_backend.softmax(NULL, is_log, &vo, &vx) == NB_OK, "softmax: %s", nb_error_message());
+                    nb_error_clear();
+                    for (int64_t i = 0; i < total; i++) {
+                        float got = obuf[i * es];
+                        if (runs == 0) {
+                            first[i] = got;
+                        } else if (!same_f(got, first[i])) {
+                            EXPECT(false, "%ssoftmax len %lld at %s %s, element %lld: %a, first run %a", is_log ? "log_" : "",
+                                   (long long)n, levels[l], strided ? "strided" : "contiguous", (long long)i,
+                                   (double)got, (double)first[i]);
+                            break;
+                        }
+                    }
+                    runs++;
+                    free(xbuf);
+                    free(obuf);
+                }
+            }
+            /* against double, from the differences x - max as the kernel rounds them to float */
+            for (int64_t r = 0; r < rows; r++) {
+                const float *xr = x + r * n;
+                float m = xr[0];
+                bool has_nan = false;
+                for (int64_t j = 0; j < n; j++) {
+                    has_nan |= xr[j] != xr[j];
+                    m = xr[j] > m ? xr[j] : m;
+                }
+                m = isinf(m) ? 0 : m;
+                double sum = 0;
+                for (int64_t j = 0; j < n; j++)
+                    sum += exp((double)(xr[j] - m));
+                for (int64_t j = 0; j < n; j++) {
+                    const double d = (double)(xr[j] - m);
+                    const double want = is_log ? d - log(sum) : exp(d) / sum;
+                    const float got = first[r * n + j];
+                    if (has_nan)
+                        EXPECT(got != got, "softmax of a row with a NaN: %a", (double)got);
+                    else if (want == -INFINITY)
+                        EXPECT(got == -INFINITY, "log_softmax of -inf: %a", (double)got);
+                    else
+                        EXPECT(fabs(got - want) <= 3e-7 * (fabs(want) + (is_log ? 1 : 0)) + 1e-44,
+                               "%ssoftmax len %lld [%lld, %lld]: %a want %a", is_log ? "log_" : "", (long long)n,
+                               (long long)r, (long long)j, (double)got, want);
+                }
+            }
+        }
+        free(x), free(first);
+    }
+    printf("  softmax and log_softmax: the same bits at every level and stride, near double\n");
+}
+
+int main(void)
+{
+    const int level = nb__cpu_simd_level();
+    printf("test_cpu_math: this CPU's vectors: %s\n", levels[level]);
+    test_sweep();
+    test_unary_levels();
+    test_softmax_levels();
+    nb__cpu_simd_use(levels[level]);
+    if (failures) {
+        fprintf(stderr, "%d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("test_cpu_math: all passed\n");
+    return 0;
+}
