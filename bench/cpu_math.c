@@ -1,0 +1,72 @@
+/* The CPU's transcendental ops, eager, on f32 tensors, beside the same ops in
+ * PyTorch eager from Python (bench/cpu_math.py), same machine, same run.
+ *
+ *   bench_cpu_math [--mib M] [--reps R] [--no-peer]
+ *
+ * Each tensor holds M MiB of f32 (default 64: past the caches). The ops:
+ * exp, sigmoid, silu, tanh, softplus, and softmax and log_softmax over rows
+ * of 1024. exp (nb_expf, lib/core/formulas.h) and the ops made of it run in
+ * vectorised loops, compiled for the CPU's widest vectors (NB_CPU_SIMD caps
+ * them: "baseline", "avx2", "avx512"); tanh (libm's tanhf) does not.
+ * Figures: milliseconds per op, median of R after a warm-up. */
+#include "bench_util.h"
+#include <nabla/nabla.h>
+
+typedef struct op_case {
+    const char *name, *peer;
+    nb_tensor *(*fn)(const nb_tensor *x);
+} op_case;
+
+static nb_tensor *softmax_rows(const nb_tensor *x) { return nb_softmax(x, -1); }
+static nb_tensor *log_softmax_rows(const nb_tensor *x) { return nb_log_softmax(x, -1); }
+
+typedef struct timed {
+    nb_tensor *(*fn)(const nb_tensor *x);
+    nb_tensor *x;
+} timed;
+
+static void once(void *ctx)
+{
+    const timed *t = ctx;
+    nb_scope *s = nb_scope_begin();
+    if (!t->fn(t->x))
+        fprintf(stderr, "op: %s\n", nb_error_message());
+    nb_scope_end(s);
+}
+
+int main(int argc, char **argv)
+{
+    int mib = 64, reps = 10;
+    bool run_peer = true;
+    BENCH_OPTIONS(argc, argv, BENCH_NUMBER("--mib", "M", &mib, 1), BENCH_REPS(&reps), BENCH_NO_PEER(&run_peer));
+    const int64_t cols = 1024, rows = ((int64_t)mib * 1024 * 1024 / 4 + cols - 1) / cols;
+    const op_case cases[] = {
+        {"exp", "exp", nb_exp},
+        {"sigmoid", "sigmoid", nb_sigmoid},
+        {"silu", "silu", nb_silu},
+        {"tanh", "tanh", nb_tanh},
+        {"softplus", "softplus", nb_softplus},
+        {"log", "log", nb_log},
+        {"softmax over rows of 1024", "softmax", softmax_rows},
+        {"log_softmax over rows of 1024", "log_softmax", log_softmax_rows},
+    };
+    const int n_cases = (int)(sizeof cases / sizeof cases[0]);
+    nb_scope *s = nb_scope_begin();
+    nb_tensor *x = nb_random_uniform(NB_F32, NB_SHAPE(rows, cols), -8, 8, 1);
+    double ms[16];
+    for (int i = 0; i < n_cases; i++)
+        ms[i] = bench_median_ms(once, &(timed){cases[i].fn, x}, 2, reps);
+    bench_peer p;
+    bench_peer_run(&p, run_peer, "cpu_math.py", "%lld %lld %d", (long long)rows, (long long)cols, reps);
+    char title[160];
+    snprintf(title, sizeof title, "Transcendental ops on /cpu:0, eager (f32, [%lld, %lld], %d MiB)", (long long)rows,
+             (long long)cols, mib);
+    bench_header(title, "milliseconds per op", &p);
+    for (int i = 0; i < n_cases; i++)
+        bench_row(cases[i].name, ms[i], bench_peer_get(&p, cases[i].peer));
+    const char *cap = getenv("NB_CPU_SIMD");
+    printf("(nabla's vectors: the CPU's widest%s%s%s; PyTorch's threads: %.0f)\n", cap ? ", capped at " : "",
+           cap ? cap : "", cap ? " by NB_CPU_SIMD" : "", bench_peer_get(&p, "threads"));
+    nb_scope_end(s);
+    return 0;
+}

@@ -1,0 +1,24 @@
+"""PyTorch side of bench/cpu_math.c: exp, sigmoid, silu, tanh, softplus, and
+softmax and log_softmax over the last dim, on an f32 CPU tensor of uniform
+values in [-8, 8), eager. Arguments: rows, columns, timed repetitions. Prints
+"name milliseconds" lines."""
+from torch_peer import arg, median_wall, need_torch
+
+torch = need_torch()
+ROWS = arg(1, 16384)
+COLS = arg(2, 1024)
+R = arg(3, 10)
+torch.set_grad_enabled(False)
+x = torch.rand(ROWS, COLS) * 16 - 8
+F = torch.nn.functional
+
+print("version", torch.__version__)
+print("threads", torch.get_num_threads())
+print("exp", median_wall(lambda: torch.exp(x), R, 2, 1e6))
+print("sigmoid", median_wall(lambda: torch.sigmoid(x), R, 2, 1e6))
+print("silu", median_wall(lambda: F.silu(x), R, 2, 1e6))
+print("tanh", median_wall(lambda: torch.tanh(x), R, 2, 1e6))
+print("log", median_wall(lambda: torch.log(x), R, 2, 1e6))
+print("softplus", median_wall(lambda: F.softplus(x), R, 2, 1e6))
+print("softmax", median_wall(lambda: torch.softmax(x, -1), R, 2, 1e6))
+print("log_softmax", median_wall(lambda: torch.log_softmax(x, -1), R, 2, 1e6))
