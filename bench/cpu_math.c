@@ -4,10 +4,12 @@
  *   bench_cpu_math [--mib M] [--reps R] [--no-peer]
  *
  * Each tensor holds M MiB of f32 (default 64: past the caches). The ops:
- * exp, sigmoid, silu, tanh, softplus, and softmax and log_softmax over rows
- * of 1024. exp (nb_expf, lib/core/formulas.h) and the ops made of it run in
- * vectorised loops, compiled for the CPU's widest vectors (NB_CPU_SIMD caps
- * them: "baseline", "avx2", "avx512"); tanh (libm's tanhf) does not.
+ * exp, sigmoid, silu, tanh, softplus, log, the exact GELU, and softmax and
+ * log_softmax over rows of 1024. exp, log, log1p and tanh (nb_expf and
+ * friends, lib/core/formulas.h) and the ops made of them run in vectorised
+ * loops, compiled for the CPU's widest vectors (NB_CPU_SIMD caps them:
+ * "baseline", "avx2", "avx512"); GELU's erfc is libm's, one element at a
+ * time.
  * Figures: milliseconds per op, median of R after a warm-up. */
 #include "bench_util.h"
 #include <nabla/nabla.h>
@@ -47,6 +49,7 @@ int main(int argc, char **argv)
         {"tanh", "tanh", nb_tanh},
         {"softplus", "softplus", nb_softplus},
         {"log", "log", nb_log},
+        {"gelu (exact, erfc)", "gelu", nb_gelu},
         {"softmax over rows of 1024", "softmax", softmax_rows},
         {"log_softmax over rows of 1024", "log_softmax", log_softmax_rows},
     };
@@ -65,8 +68,11 @@ int main(int argc, char **argv)
     for (int i = 0; i < n_cases; i++)
         bench_row(cases[i].name, ms[i], bench_peer_get(&p, cases[i].peer));
     const char *cap = getenv("NB_CPU_SIMD");
-    printf("(nabla's vectors: the CPU's widest%s%s%s; PyTorch's threads: %.0f)\n", cap ? ", capped at " : "",
-           cap ? cap : "", cap ? " by NB_CPU_SIMD" : "", bench_peer_get(&p, "threads"));
+    printf("(nabla's vectors: the CPU's widest%s%s%s", cap ? ", capped at " : "", cap ? cap : "",
+           cap ? " by NB_CPU_SIMD" : "");
+    if (bench_peer_get(&p, "threads") > 0)
+        printf("; PyTorch's threads: %.0f", bench_peer_get(&p, "threads"));
+    printf(")\n");
     nb_scope_end(s);
     return 0;
 }

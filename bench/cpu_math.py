@@ -1,5 +1,5 @@
-"""PyTorch side of bench/cpu_math.c: exp, sigmoid, silu, tanh, softplus, and
-softmax and log_softmax over the last dim, on an f32 CPU tensor of uniform
+"""PyTorch side of bench/cpu_math.c: exp, sigmoid, silu, tanh, softplus, log,
+the exact GELU, and softmax and log_softmax over the last dim, on an f32 CPU tensor of uniform
 values in [-8, 8), eager. Arguments: rows, columns, timed repetitions. Prints
 "name milliseconds" lines."""
 from torch_peer import arg, median_wall, need_torch
@@ -19,6 +19,7 @@ print("sigmoid", median_wall(lambda: torch.sigmoid(x), R, 2, 1e6))
 print("silu", median_wall(lambda: F.silu(x), R, 2, 1e6))
 print("tanh", median_wall(lambda: torch.tanh(x), R, 2, 1e6))
 print("log", median_wall(lambda: torch.log(x), R, 2, 1e6))
+print("gelu", median_wall(lambda: F.gelu(x), R, 2, 1e6))
 print("softplus", median_wall(lambda: F.softplus(x), R, 2, 1e6))
 print("softmax", median_wall(lambda: torch.softmax(x, -1), R, 2, 1e6))
 print("log_softmax", median_wall(lambda: torch.log_softmax(x, -1), R, 2, 1e6))

@@ -1,4 +1,5 @@
-/* The CPU's own float exp, expm1, log, log1p and tanh (lib/core/formulas.h)
+/* The CPU's own float exp, expm1, log, log1p, tanh, erf and erfc
+ * (lib/core/formulas.h)
  * and the vectorised loops made of them (ops/cpu/cpu_unary.c, cpu_softmax.c):
  *   - each function against libm's double, rounded, over every 101st float
  *     (1009th under AddressSanitizer; NB_MATH_SWEEP_STEP=1: all of them): within 0.5002 ulp, every special
@@ -68,8 +69,8 @@ typedef struct math_fn {
 } math_fn;
 
 static const math_fn fns[] = {
-    {"exp", nb_expf, exp}, {"expm1", nb_expm1f, expm1}, {"log", nb_logf, log},
-    {"log1p", nb_log1pf, log1p}, {"tanh", nb_tanhf, tanh},
+    {"exp", nb_expf, exp},     {"expm1", nb_expm1f, expm1}, {"log", nb_logf, log}, {"log1p", nb_log1pf, log1p},
+    {"tanh", nb_tanhf, tanh}, {"erf", nb_erff, erf},         {"erfc", nb_erfcf, erfc},
 };
 #define N_FNS (int)(sizeof fns / sizeof fns[0])
 
@@ -114,7 +115,7 @@ static void test_sweep(void)
                            0x1p-126f, 0x1p-30f, -0x1p-30f, 0x1p-29f, -0x1p-29f, 0x1.fffffep-30f, 0x1.62e42ep+6f,
                            0x1.62e430p+6f, 89.0f, -87.33654f, -103.2789f, -0x1.9fe368p+6f, -0x1.9fe36ap+6f,
                            -104.0f, -110.0f, -111.0f, 100.0f, 101.0f, 9.01f, 10.0f, -10.0f, 0x1.fffffep127f,
-                           -0x1.fffffep127f, -0.99999994f, -1.00000012f, 0.346573591f, -0.346573591f};
+                           -0x1.fffffep127f, -0.99999994f, -1.00000012f, 0.346573591f, -0.346573591f, 0.5f, -0.5f, 0.49999997f, 10.0f, 10.05f, 10.06f, 11.0f, 12.0f};
     for (int k = 0; k < N_FNS; k++) {
         double worst = 0;
         uint64_t differ = 0, n = 0;
@@ -142,6 +143,11 @@ static void test_sweep(void)
     EXPECT(fbits(nb_tanhf(-0.0f)) == fbits(-0.0f) && nb_tanhf(-INFINITY) == -1.0f && nb_tanhf(20.0f) == 1.0f,
            "tanh(-0), tanh(-inf), tanh(20)");
     EXPECT(nb_tanhf(0x1p-149f) == 0x1p-149f, "tanh of the least subnormal");
+    EXPECT(fbits(nb_erff(-0.0f)) == fbits(-0.0f) && nb_erff(-INFINITY) == -1.0f && nb_erff(0.5f) == (float)erf(0.5),
+           "erf(-0), erf(-inf), erf at the series' end");
+    EXPECT(nb_erfcf(0.0f) == 1.0f && nb_erfcf(-INFINITY) == 2.0f && fbits(nb_erfcf(INFINITY)) == 0 &&
+               nb_erfcf(10.0f) == (float)erfc(10.0),
+           "erfc(0), erfc(-inf), erfc(inf), erfc(10) (a subnormal)");
     for (int k = 0; k < N_FNS; k++)
         EXPECT(isnan(fns[k].ours(NAN)) && isnan(fns[k].ours(-NAN)), "%s(NaN)", fns[k].name);
 }

@@ -83,12 +83,16 @@ static inline double nb_ref_wrapped_product(double x, double y, int int_bits)
 #define NB_LOG1PF log1pf
 #define NB_TANHF tanhf
 #define NB_EXPM1F expm1f
+#define NB_ERFF erff
+#define NB_ERFCF erfcf
 #else
 #define NB_EXPF nb_expf
 #define NB_LOGF nb_logf
 #define NB_LOG1PF nb_log1pf
 #define NB_TANHF nb_tanhf
 #define NB_EXPM1F nb_expm1f
+#define NB_ERFF nb_erff
+#define NB_ERFCF nb_erfcf
 
 NB_FN double nb__bits_double(uint64_t u)
 {
@@ -111,37 +115,29 @@ NB_FN double nb__exp2_parts(double z, double *p)
     const double shift = 0x1.8p52; /* z + shift holds round(z) in its low bits */
     const double t = z + shift;
     const double r = z - (t - shift);
-    double q = 1.325080551750225e-06;
-    q = q * r + 1.5303700711365693e-05;
-    q = q * r + 0.00015403475186530786;
-    q = q * r + 0.0013333478473685416;
-    q = q * r + 0.00961812913523614;
-    q = q * r + 0.055504109063258665;
-    q = q * r + 0.24022650695888503;
-    q = q * r + 0.6931471805568324;
-    *p = r * q;
+    const double r2 = r * r; /* Estrin's scheme, as in nb__erfc_abs */
+    const double q01 = 0.6931471805568324 + 0.24022650695888503 * r;
+    const double q23 = 0.055504109063258665 + 0.00961812913523614 * r;
+    const double q45 = 0.0013333478473685416 + 0.00015403475186530786 * r;
+    const double q67 = 1.5303700711365693e-05 + 1.325080551750225e-06 * r;
+    *p = r * ((q01 + q23 * r2) + (q45 + q67 * r2) * (r2 * r2));
     return nb__bits_double((nb__double_bits(t) + 1023) << 52); /* k's two's complement is t's low bits */
 }
 
 /* log(w) for a positive, finite, normal w: w = 2^e m with m in [sqrt(1/2),
  * sqrt(2)), log m = 2 atanh(s) for s = (m - 1) / (m + 1), |s| <= 0.1716, by
- * its series to s^15 (relative error 2^-41). */
+ * its series to s^15 (relative error 2^-41). e and m come from w's bits moved
+ * by sqrt(1/2)'s, so that m's range starts there: no compare, no select. */
 NB_FN double nb__log_normal(double w)
 {
-    const uint64_t u = nb__double_bits(w);
+    const uint64_t u = nb__double_bits(w) + (0x3ff0000000000000ULL - 0x3fe6a09e667f3bcdULL);
     /* e + 2^52 + 1023 as a double made from the exponent's bits, then e */
-    double e = nb__bits_double(0x4330000000000000ULL | (u >> 52)) - (0x1p52 + 1023.0);
-    double m = nb__bits_double((u & 0x000fffffffffffffULL) | 0x3ff0000000000000ULL);
-    e = m > 1.4142135623730951 ? e + 1.0 : e;
-    m = m > 1.4142135623730951 ? m * 0.5 : m;
+    const double e = nb__bits_double(0x4330000000000000ULL | (u >> 52)) - (0x1p52 + 1023.0);
+    const double m = nb__bits_double((u & 0x000fffffffffffffULL) + 0x3fe6a09e667f3bcdULL);
     const double s = (m - 1.0) / (m + 1.0), s2 = s * s;
-    double q = 1.0 / 15;
-    q = q * s2 + 1.0 / 13;
-    q = q * s2 + 1.0 / 11;
-    q = q * s2 + 1.0 / 9;
-    q = q * s2 + 1.0 / 7;
-    q = q * s2 + 1.0 / 5;
-    q = q * s2 + 1.0 / 3;
+    const double s4 = s2 * s2; /* Estrin's scheme, as in nb__erfc_abs */
+    const double q = ((1.0 / 3 + 1.0 / 5 * s2) + (1.0 / 7 + 1.0 / 9 * s2) * s4) +
+                     ((1.0 / 11 + 1.0 / 13 * s2) + 1.0 / 15 * s4) * (s4 * s4);
     return e * 0.6931471805599453 + (2.0 * s + 2.0 * s * (s2 * q));
 }
 
@@ -166,6 +162,61 @@ NB_FN float nb_expm1f(float x)
     const double scale = nb__exp2_parts((double)xc * 1.4426950408889634, &p);
     const float y = (float)((scale - 1.0) + scale * p);
     return __builtin_fabsf(x) < 0x1p-30f ? x : y;
+}
+
+/* erfc |x| = t e^(-x^2 + g(t)) for t = 1 / (1 + |x| / 2), g of degree 16 in
+ * t (relative error 2^-39: a Chebyshev fit of log(erfc(|x|) / t) + x^2 over
+ * |x| in [0, 11]; |x| is clamped to 11, past which erfc is 0 in float), and
+ * erfc x = 2 - erfc |x| below 0. A NaN goes through as NaN. */
+NB_FN double nb__erfc_abs(float x, double *a_out)
+{
+    double a = (double)x;
+    a = a < 0 ? -a : a;
+    a = a > 11.0 ? 11.0 : a;
+    *a_out = a;
+    const double t = 1.0 / (1.0 + 0.5 * a);
+    /* Estrin's scheme: a short chain of dependent operations, so that the
+     * iterations of a vectorised loop overlap */
+    const double t2 = t * t, t4 = t2 * t2, t8 = t4 * t4;
+    const double p01 = -1.265512897792885 + 1.0000326024765 * t, p23 = 0.3743776796757403 + 0.0904698112871604 * t;
+    const double p45 = -0.14083712529929845 + 0.15558977620363482 * t, p67 = -1.2815582898009237 + 3.51154383465738 * t;
+    const double p89 = -7.317108378770192 + 11.408906499657713 * t, pab = -11.11865107118424 + 4.878244882249847 * t;
+    const double pcd = 1.9402552593731803 - 4.113908224807878 * t, pef = 2.560364034601602 - 0.7810106020444999 * t;
+    const double p03 = p01 + p23 * t2, p47 = p45 + p67 * t2, p8b = p89 + pab * t2, pcf = pcd + pef * t2;
+    const double p07 = p03 + p47 * t4, p8f = p8b + pcf * t4;
+    const double g = p07 + (p8f + 0.09880220951833689 * t8) * t8;
+    double p;
+    const double scale = nb__exp2_parts((g - a * a) * 1.4426950408889634, &p);
+    return t * ((1.0 + p) * scale);
+}
+NB_FN float nb_erfcf(float x)
+{
+    double a;
+    const double r = nb__erfc_abs(x, &a);
+    return (float)(x < 0 ? 2.0 - r : r);
+}
+
+/* erf x = 1 - erfc |x| with x's sign from |x| = 1/2 up, and below, where that
+ * would cancel, its series 2x / sqrt(pi) sum (-x^2)^n / (n! (2n + 1)) to n =
+ * 10 (relative error 2^-46). */
+NB_FN float nb_erff(float x)
+{
+    double a;
+    const double r = 1.0 - nb__erfc_abs(x, &a);
+    const double x2 = (double)x * (double)x;
+    double s = -1.0 / 76204800.0; /* (-1)^n / (n! (2n + 1)), n = 10 down to 1 */
+    s = s * x2 + 1.0 / 6894720.0;
+    s = s * x2 - 1.0 / 685440.0;
+    s = s * x2 + 1.0 / 75600.0;
+    s = s * x2 - 1.0 / 9360.0;
+    s = s * x2 + 1.0 / 1320.0;
+    s = s * x2 - 1.0 / 216.0;
+    s = s * x2 + 1.0 / 42.0;
+    s = s * x2 - 1.0 / 10.0;
+    s = s * x2 + 1.0 / 3.0;
+    const double series = 1.1283791670955126 * ((double)x * (1.0 - x2 * s)); /* keeps -0 */
+    const double big = x < 0 ? -r : r;
+    return (float)(a < 0.5 ? series : big);
 }
 
 /* A float's double is normal: every positive finite x goes through the
@@ -213,6 +264,8 @@ NB_FN float nb_tanhf(float x)
 #define NB_LOG1P NB_LOG1PF
 #define NB_TANH NB_TANHF
 #define NB_EXPM1 NB_EXPM1F
+#define NB_ERF NB_ERFF
+#define NB_ERFC NB_ERFCF
 #define NB_SUF(name) name##_f32
 #include "formulas_float.inc"
 
@@ -228,6 +281,8 @@ NB_FN float nb_tanhf(float x)
 #define NB_LOG1P log1p
 #define NB_TANH tanh
 #define NB_EXPM1 expm1
+#define NB_ERF erf
+#define NB_ERFC erfc
 #define NB_SUF(name) name##_f64
 #include "formulas_float.inc"
 #undef NB_REF_UN
