@@ -49,16 +49,10 @@ static float bits_f(uint32_t u)
     memcpy(&f, &u, sizeof f);
     return f;
 }
-static uint64_t dbits(double d)
-{
-    uint64_t u;
-    memcpy(&u, &d, sizeof u);
-    return u;
-}
 
 /* The same bits, or both NaN (a NaN's payload is not specified). */
 static bool same_f(float a, float b) { return fbits(a) == fbits(b) || (a != a && b != b); }
-static bool same_d(double a, double b) { return dbits(a) == dbits(b) || (a != a && b != b); }
+static bool same_d(double a, double b) { return nb__double_bits(a) == nb__double_bits(b) || (a != a && b != b); }
 
 /* ---- the functions against libm's double ---- */
 
