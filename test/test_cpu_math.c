@@ -340,10 +340,26 @@ static void test_softmax_levels(void)
     printf("  softmax and log_softmax: the same bits at every level and stride, near double\n");
 }
 
+/* NB_CPU_SIMD caps the level the kernels start at; nb__cpu_simd_use takes
+ * only the names, and only a level this CPU runs. */
+static void test_level_choice(int level)
+{
+    const char *cap = getenv("NB_CPU_SIMD");
+    for (int l = 0; l < 3; l++)
+        if (cap && strcmp(cap, levels[l]) == 0)
+            EXPECT(level <= l, "NB_CPU_SIMD=%s, but the kernels started at %s", cap, levels[level]);
+    EXPECT(!nb__cpu_simd_use("avx1024") && !nb__cpu_simd_use("") && nb__cpu_simd_level() == level,
+           "an unknown level was taken");
+    EXPECT(nb__cpu_simd_use("baseline") && nb__cpu_simd_level() == 0, "the baseline was refused");
+    EXPECT(nb__cpu_simd_use(levels[level]) && nb__cpu_simd_level() == level, "the starting level was refused");
+}
+
 int main(void)
 {
     const int level = nb__cpu_simd_level();
-    printf("test_cpu_math: this CPU's vectors: %s\n", levels[level]);
+    printf("test_cpu_math: this CPU's vectors: %s%s%s\n", levels[level], getenv("NB_CPU_SIMD") ? ", NB_CPU_SIMD=" : "",
+           getenv("NB_CPU_SIMD") ? getenv("NB_CPU_SIMD") : "");
+    test_level_choice(level);
     test_sweep();
     test_unary_levels();
     test_softmax_levels();
