@@ -6,11 +6,10 @@
  * Each tensor holds M MiB of f32 (default 64: past the caches), uniform in
  * [-8, 8) (log's in (0, 16)). The ops:
  * exp, sigmoid, silu, tanh, softplus, log, the exact GELU, and softmax and
- * log_softmax over rows of 1024. exp, log, log1p and tanh (nb_expf and
- * friends, lib/core/formulas.h) and the ops made of them run in vectorised
- * loops, compiled for the CPU's widest vectors (NB_CPU_SIMD caps them:
- * "baseline", "avx2", "avx512"); GELU's erfc is libm's, one element at a
- * time.
+ * log_softmax over rows of 1024. exp, log, log1p, tanh and erfc (nb_expf
+ * and the rest, lib/core/formulas.h) and the ops made of them run in
+ * vectorised loops, compiled for the CPU's widest vectors (NB_CPU_SIMD caps
+ * them: "baseline", "avx2", "avx512").
  * Figures: milliseconds per op, median of R after a warm-up. */
 #include "bench_util.h"
 #include <nabla/nabla.h>

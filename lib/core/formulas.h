@@ -65,34 +65,23 @@ static inline double nb_ref_wrapped_product(double x, double y, int int_bits)
 #define NB_REF_UN NB_REF_SKIP
 #define NB_REF_BIN NB_REF_SKIP
 
-/* ---- exp, expm1, log, log1p and tanh of a float on the CPU ----
- * nb_expf, nb_expm1f, nb_logf, nb_log1pf and nb_tanhf are those functions
- * rounded to float. They work in double to a relative error near 2^-38, so
- * each is within 0.5001 ulp, and the correctly rounded float but for a few
- * in a million (test_cpu_math counts them; glibc's float functions are
- * within 0.502 to 2.2 ulp). Unlike libm's they are formulas without branches,
- * calls or tables, so a loop of them vectorises, and every copy of that loop
- * (scalar, SSE2, AVX2, AVX-512) gives the same bits. Out-of-range and special
- * inputs go through the formula as clamped or harmless values, and their
- * results are selected at the end (with single compares, no && or ||: GCC
- * leaves a loop with branches unvectorised). The GPU keeps CUDA's expf,
- * expm1f, logf, log1pf and tanhf: its formulas compile with __CUDACC__. */
+/* ---- exp, expm1, log, log1p, tanh, erf and erfc of a float on the CPU ----
+ * nb_expf, nb_expm1f, nb_logf, nb_log1pf, nb_tanhf, nb_erff and nb_erfcf are
+ * those functions rounded to float. They work in double to a relative error
+ * near 2^-38, so each is within 0.5001 ulp, and the correctly rounded float
+ * but for a few in a million (test_cpu_math counts them; glibc's float
+ * functions are within 0.502 to 3.2 ulp). Unlike libm's they are formulas
+ * without branches, calls or tables, so a loop of them vectorises, and every
+ * copy of that loop (scalar, SSE2, AVX2, AVX-512) gives the same bits.
+ * Out-of-range and special inputs go through the formula as clamped or
+ * harmless values, and their results are selected at the end (with single
+ * compares, no && or ||: GCC leaves a loop with branches unvectorised).
+ * NB_MATH_F32(fn) names the one the f32 formulas call: nabla's on the CPU,
+ * CUDA's fn##f on the GPU (its formulas compile with __CUDACC__). */
 #ifdef __CUDACC__
-#define NB_EXPF expf
-#define NB_LOGF logf
-#define NB_LOG1PF log1pf
-#define NB_TANHF tanhf
-#define NB_EXPM1F expm1f
-#define NB_ERFF erff
-#define NB_ERFCF erfcf
+#define NB_MATH_F32(fn) fn##f
 #else
-#define NB_EXPF nb_expf
-#define NB_LOGF nb_logf
-#define NB_LOG1PF nb_log1pf
-#define NB_TANHF nb_tanhf
-#define NB_EXPM1F nb_expm1f
-#define NB_ERFF nb_erff
-#define NB_ERFCF nb_erfcf
+#define NB_MATH_F32(fn) nb_##fn##f
 
 NB_FN double nb__bits_double(uint64_t u)
 {
@@ -141,14 +130,20 @@ NB_FN double nb__log_normal(double w)
     return e * 0.6931471805599453 + (2.0 * s + 2.0 * s * (s2 * q));
 }
 
-/* x is clamped to [-110, 100], past which the result is 0 or inf anyway; a NaN
- * fails both compares and stays NaN. */
-NB_FN float nb_expf(float x)
+/* e^x = scale (1 + *p), nb__exp2_parts of x log2 e, x clamped to [-110, 100]
+ * first, past which a float result is 0 or inf anyway; a NaN fails both
+ * compares and stays NaN. */
+NB_FN double nb__exp_parts(float x, double *p)
 {
     float xc = x > 100.0f ? 100.0f : x;
     xc = xc < -110.0f ? -110.0f : xc;
+    return nb__exp2_parts((double)xc * 1.4426950408889634, p);
+}
+
+NB_FN float nb_expf(float x)
+{
     double p;
-    const double scale = nb__exp2_parts((double)xc * 1.4426950408889634, &p);
+    const double scale = nb__exp_parts(x, &p);
     return (float)((1.0 + p) * scale);
 }
 
@@ -156,10 +151,8 @@ NB_FN float nb_expf(float x)
  * 2^-30 it is x to float's precision (and keeps -0). */
 NB_FN float nb_expm1f(float x)
 {
-    float xc = x > 100.0f ? 100.0f : x;
-    xc = xc < -110.0f ? -110.0f : xc;
     double p;
-    const double scale = nb__exp2_parts((double)xc * 1.4426950408889634, &p);
+    const double scale = nb__exp_parts(x, &p);
     const float y = (float)((scale - 1.0) + scale * p);
     return __builtin_fabsf(x) < 0x1p-30f ? x : y;
 }
@@ -259,13 +252,7 @@ NB_FN float nb_tanhf(float x)
 
 #define NB_T float
 #define NB_F(fn) fn##f
-#define NB_EXP NB_EXPF
-#define NB_LOG NB_LOGF
-#define NB_LOG1P NB_LOG1PF
-#define NB_TANH NB_TANHF
-#define NB_EXPM1 NB_EXPM1F
-#define NB_ERF NB_ERFF
-#define NB_ERFC NB_ERFCF
+#define NB_MATH NB_MATH_F32
 #define NB_SUF(name) name##_f32
 #include "formulas_float.inc"
 
@@ -276,13 +263,7 @@ NB_FN float nb_tanhf(float x)
 #define NB_REF_BIN NB_REF_DEFINE_BIN
 #define NB_T double
 #define NB_F(fn) fn
-#define NB_EXP exp
-#define NB_LOG log
-#define NB_LOG1P log1p
-#define NB_TANH tanh
-#define NB_EXPM1 expm1
-#define NB_ERF erf
-#define NB_ERFC erfc
+#define NB_MATH(fn) fn
 #define NB_SUF(name) name##_f64
 #include "formulas_float.inc"
 #undef NB_REF_UN

@@ -94,7 +94,7 @@ typedef struct sm_plan {
 #define SM_OUT_AT(i) o[i]
 #define SM_STRIDED_X(i) (*(const sm_t *)(xp + (i) * sx))
 #define SM_STRIDED_O(i) (*(sm_t *)(op + (i) * so))
-SM_IMPL(softmax_f32, float, double, NB_EXPF, log)
+SM_IMPL(softmax_f32, float, double, nb_expf, log)
 SM_IMPL(softmax_f64, double, double, exp, log)
 
 nb_status nb__cpu_softmax(nb_device *dev, bool log, const nb_view *out, const nb_view *x)

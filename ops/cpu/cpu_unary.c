@@ -1,8 +1,10 @@
 /* Unary elementwise kernels: one loop per (op, dtype) around the op's formula
  * in lib/core/formulas.h, generated from the list in lib/core/ops.def. f32 is
- * computed in float with the float libm functions (exp: nb_expf); the ops the list allows on
- * integers also run on i32 and i64 (wrapping arithmetic; a scalar that is not
- * a whole number is applied in double, truncated and saturated). */
+ * computed in float, with nabla's own exp, log, tanh, erf and their kin
+ * (nb_expf and the rest) and libm's float functions otherwise; the ops the
+ * list allows on integers also run on i32 and i64 (wrapping arithmetic; a
+ * scalar that is not a whole number is applied in double, truncated and
+ * saturated). */
 #include "cpu_internal.h"
 #include "lib/core/formulas.h"
 
@@ -10,7 +12,7 @@ typedef nb_cpu_un_ctx un_ctx;
 
 /* One loop function per (op, dtype): x is the element, alpha the scalar (in T).
  * The contiguous loop vectorises (this file's flags: ops/cpu/meson.build), to
- * the CPU's width (NB_CPU_SIMD_LOOP); f32 exp is nb_expf for that reason. */
+ * the CPU's width (NB_CPU_SIMD_LOOP), but where a formula calls libm. */
 #define UN_ROW(NAME, T, ALPHA, EXPR)                                                         \
     __attribute__((always_inline)) static inline void NAME##_body(void *vctx, int64_t n,    \
                                                                   char *const *p,            \
