@@ -5,11 +5,13 @@
  *
  * Each tensor holds M MiB of f32 (default 64: past the caches), uniform in
  * [-8, 8) (log's in (0, 16)). The ops:
- * exp, sigmoid, silu, tanh, softplus, log, the exact GELU, and softmax and
- * log_softmax over rows of 1024. exp, log, log1p, tanh and erfc (nb_expf
- * and the rest, lib/core/formulas.h) and the ops made of them run in
- * vectorised loops, compiled for the CPU's widest vectors (NB_CPU_SIMD caps
- * them: "baseline", "avx2", "avx512").
+ * exp, sigmoid, silu, tanh, softplus, log, the exact GELU, softmax and
+ * log_softmax over rows of 1024, and new random tensors of the same shape
+ * (normal, uniform, and normal truncated at 2 sd: torch.randn, torch.rand,
+ * torch.nn.init.trunc_normal_). exp, log, log1p, tanh and erfc (nb_expf
+ * and the rest, lib/core/formulas.h), the ops made of them and the random
+ * generator run in vectorised loops, compiled for the CPU's widest vectors
+ * (NB_CPU_SIMD caps them: "baseline", "avx2", "avx512").
  * Figures: milliseconds per op, median of R after a warm-up. */
 #include "bench_util.h"
 #include <nabla/nabla.h>
@@ -22,6 +24,12 @@ typedef struct op_case {
 
 static nb_tensor *softmax_rows(const nb_tensor *x) { return nb_softmax(x, -1); }
 static nb_tensor *log_softmax_rows(const nb_tensor *x) { return nb_log_softmax(x, -1); }
+static nb_tensor *normal_like(const nb_tensor *x) { return nb_random_normal(NB_F32, nb_tensor_shape(x), 0, 1, 7); }
+static nb_tensor *uniform_like(const nb_tensor *x) { return nb_random_uniform(NB_F32, nb_tensor_shape(x), 0, 1, 8); }
+static nb_tensor *truncated_like(const nb_tensor *x)
+{
+    return nb_truncated_normal(NB_F32, nb_tensor_shape(x), 0, 1, 9);
+}
 
 typedef struct timed {
     nb_tensor *(*fn)(const nb_tensor *x);
@@ -53,6 +61,9 @@ int main(int argc, char **argv)
         {"gelu (exact, erfc)", "gelu", nb_gelu, false},
         {"softmax over rows of 1024", "softmax", softmax_rows, false},
         {"log_softmax over rows of 1024", "log_softmax", log_softmax_rows, false},
+        {"new random normal tensor", "randn", normal_like, false},
+        {"new random uniform tensor", "rand", uniform_like, false},
+        {"new truncated normal tensor (2 sd)", "trunc_normal", truncated_like, false},
     };
     const int n_cases = (int)(sizeof cases / sizeof cases[0]);
     nb_scope *s = nb_scope_begin();

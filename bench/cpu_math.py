@@ -1,6 +1,7 @@
 """PyTorch side of bench/cpu_math.c: exp, sigmoid, silu, tanh, softplus, log,
 the exact GELU, and softmax and log_softmax over the last dim, on an f32 CPU tensor of uniform
-values in [-8, 8) (log: in (0, 16)), eager. Arguments: rows, columns, timed repetitions. Prints
+values in [-8, 8) (log: in (0, 16)), eager; then new random tensors of its shape (normal,
+uniform, and normal truncated at 2 sd). Arguments: rows, columns, timed repetitions. Prints
 "name milliseconds" lines."""
 from torch_peer import arg, median_wall, need_torch
 
@@ -24,3 +25,6 @@ print("gelu", median_wall(lambda: F.gelu(x), R, 2, 1e6))
 print("softplus", median_wall(lambda: F.softplus(x), R, 2, 1e6))
 print("softmax", median_wall(lambda: torch.softmax(x, -1), R, 2, 1e6))
 print("log_softmax", median_wall(lambda: torch.log_softmax(x, -1), R, 2, 1e6))
+print("randn", median_wall(lambda: torch.randn(ROWS, COLS), R, 2, 1e6))
+print("rand", median_wall(lambda: torch.rand(ROWS, COLS), R, 2, 1e6))
+print("trunc_normal", median_wall(lambda: torch.nn.init.trunc_normal_(torch.empty(ROWS, COLS)), R, 2, 1e6))

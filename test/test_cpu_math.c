@@ -9,7 +9,12 @@
  *     (baseline, AVX2, AVX-512), contiguous and strided, gives the bits of
  *     its formula called one element at a time, on random values and edges;
  *   - softmax and log_softmax the same at each level and stride, and near a
- *     double reference.
+ *     double reference;
+ *   - the random generator (ops/cpu/cpu_random.c): Philox4x32-10 against its
+ *     published answers and a copy written here from its definition, the
+ *     Box-Muller normal within 2.5 units of 2^-52 of a long double reference
+ *     (edges and random words), and every distribution and dtype at each
+ *     vector level, contiguous and strided, the bits of the one-element draw.
  * Exits 0 on success, 1 on failure. */
 #include <nabla/nabla.h>
 
@@ -340,6 +345,193 @@ static void test_softmax_levels(void)
     printf("  softmax and log_softmax: the same bits at every level and stride, near double\n");
 }
 
+/* ---- the random generator ---- */
+
+/* Philox4x32-10 from its definition (Salmon et al., SC'11) on counter c, key k. */
+static void ref_philox(uint32_t c[4], uint32_t k0, uint32_t k1)
+{
+    for (int r = 0; r < 10; r++) {
+        const uint64_t p0 = (uint64_t)0xD2511F53u * c[0], p1 = (uint64_t)0xCD9E8D57u * c[2];
+        const uint32_t n0 = (uint32_t)(p1 >> 32) ^ c[1] ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c[3] ^ k1;
+        c[1] = (uint32_t)p1;
+        c[3] = (uint32_t)p0;
+        c[0] = n0;
+        c[2] = n2;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+}
+
+/* The words nabla's element i draws on try t: counter (i, i >> 32, t, "nabl"). */
+static void ref_words(uint64_t seed, uint64_t i, uint32_t t, uint64_t *w0, uint64_t *w1)
+{
+    uint32_t c[4] = {(uint32_t)i, (uint32_t)(i >> 32), t, 0x6e61626cu};
+    ref_philox(c, (uint32_t)seed, (uint32_t)(seed >> 32));
+    *w0 = (uint64_t)c[0] << 32 | c[1];
+    *w1 = (uint64_t)c[2] << 32 | c[3];
+}
+
+/* sqrt(-2 log u1) cos(2 pi u2) in long double, and the radius. */
+static long double ref_box_muller(uint64_t w0, uint64_t w1, long double *radius)
+{
+    const long double u1 = ((long double)(w0 >> 11) + 1) * 0x1p-53L, u2 = (long double)(w1 >> 11) * 0x1p-53L;
+    *radius = sqrtl(-2 * logl(u1));
+    return *radius * cosl(6.28318530717958647692528676655900577L * u2);
+}
+
+static void test_random_words(void)
+{
+    /* Random123's known answers for Philox4x32-10 */
+    uint32_t zero[4] = {0, 0, 0, 0}, ones[4] = {~0u, ~0u, ~0u, ~0u};
+    ref_philox(zero, 0, 0);
+    ref_philox(ones, ~0u, ~0u);
+    EXPECT(zero[0] == 0x6627e8d5u && zero[1] == 0xe169c58du && zero[2] == 0xbc57ac4cu && zero[3] == 0x9b00dbd8u,
+           "Philox4x32-10 of zeros: %08x %08x %08x %08x", zero[0], zero[1], zero[2], zero[3]);
+    EXPECT(ones[0] == 0x408f276du && ones[1] == 0x41c83b0eu && ones[2] == 0xa20bc7c6u && ones[3] == 0x6d5451fdu,
+           "Philox4x32-10 of ones: %08x %08x %08x %08x", ones[0], ones[1], ones[2], ones[3]);
+    /* the library's draws are those words' */
+    const uint64_t seeds[] = {0, 42, 0xfedcba9876543210ULL};
+    for (int si = 0; si < 3; si++)
+        for (uint64_t i = 0; i < 20000; i++) {
+            const uint64_t at = i < 10000 ? i : (1ULL << 32) - 5000 + i; /* across i's high word */
+            uint64_t w0, w1;
+            ref_words(seeds[si], at, 0, &w0, &w1);
+            const double u = nb__cpu_philox_uniform(seeds[si], at);
+            EXPECT(u == (double)(w0 >> 11) * 0x1p-53, "uniform of seed %llx element %llu: %a",
+                   (unsigned long long)seeds[si], (unsigned long long)at, u);
+            for (uint32_t t = 0; t < 3; t += 2) {
+                ref_words(seeds[si], at, t, &w0, &w1);
+                const double z = nb__cpu_philox_normal(seeds[si], at, t), want = nb__cpu_box_muller(w0, w1);
+                EXPECT(z == want, "normal of seed %llx element %llu try %u: %a, its words give %a",
+                       (unsigned long long)seeds[si], (unsigned long long)at, t, z, want);
+            }
+        }
+}
+
+/* |z - exact| <= 2.5 2^-52 r: the log's and the cosine's few units. */
+static double box_muller_error(uint64_t w0, uint64_t w1)
+{
+    long double r;
+    const long double ref = ref_box_muller(w0, w1, &r);
+    const double z = nb__cpu_box_muller(w0, w1);
+    if (r == 0) /* u1 = 1 */
+        return z == 0 ? 0 : INFINITY;
+    return (double)(fabsl((long double)z - ref) / r) / 0x1p-52;
+}
+
+static void test_box_muller(void)
+{
+    const uint64_t top = 1ULL << 53;
+    /* u1 at 2^-53, 1/2 + 2^-53, 1 - 2^-53, 1; u2 at the quarter turns, the
+     * eighths (where the reduction's nearest quarter changes) and beside them */
+    const uint64_t x1[] = {0, 1, top / 2, top / 2 - 1, top - 2, top - 1, 12345};
+    const uint64_t x2[] = {0, 1, top / 8 - 1, top / 8, top / 8 + 1, top / 4 - 1, top / 4, top / 4 + 1,
+                           3 * top / 8, top / 2, 5 * top / 8, 3 * top / 4, 7 * top / 8, 7 * top / 8 + 1,
+                           top - 1};
+    double worst = 0;
+    for (size_t a = 0; a < sizeof x1 / sizeof *x1; a++)
+        for (size_t b = 0; b < sizeof x2 / sizeof *x2; b++) {
+            const uint64_t w0 = x1[a] << 11 | 0x7ff, w1 = x2[b] << 11; /* the low bits are dropped */
+            const double e = box_muller_error(w0, w1);
+            worst = e > worst ? e : worst;
+            EXPECT(e <= 2.5, "Box-Muller of u1 = (%llu + 1) 2^-53, u2 = %llu 2^-53: %g units off", (unsigned long long)x1[a],
+                   (unsigned long long)x2[b], e);
+        }
+    EXPECT(nb__cpu_box_muller((top - 1) << 11, 12345) == 0, "u1 = 1 gives radius 0");
+    EXPECT(nb__cpu_box_muller(0, (top / 4) << 11) == 0 && nb__cpu_box_muller(0, (3 * top / 4) << 11) == 0,
+           "a quarter turn gives 0");
+    EXPECT(nb__cpu_box_muller(0, 0) == -nb__cpu_box_muller(0, (top / 2) << 11), "cos 0 = -cos pi");
+    const int n = NB_ASAN ? 200000 : 2000000;
+    for (int i = 0; i < n; i++) {
+        const uint64_t w0 = rng_u64(), w1 = rng_u64();
+        const double e = box_muller_error(w0, w1);
+        worst = e > worst ? e : worst;
+        if (!(e <= 2.5))
+            EXPECT(false, "Box-Muller of words %016llx %016llx: %g units off", (unsigned long long)w0,
+                   (unsigned long long)w1, e);
+    }
+    printf("  Box-Muller: within %.2f units of 2^-52 times the radius (%d random words and the edges)\n", worst, n);
+}
+
+/* Element `flat` of a random tensor as the one-element draws give it. */
+static double expected_draw(nb_random_dist dist, nb_dtype dt, double a, double b, uint64_t seed, uint64_t flat)
+{
+    if (dist == NB_RAND_UNIFORM) {
+        const double u = nb__cpu_philox_uniform(seed, flat);
+        if (dt == NB_F32) {
+            const float v = (float)(a + (b - a) * u);
+            return b > a && (double)v >= b ? nextafterf((float)b, (float)a) : v;
+        }
+        const double v = a + (b - a) * u;
+        return b > a && v >= b ? nextafter(b, a) : v;
+    }
+    double z = nb__cpu_philox_normal(seed, flat, 0);
+    for (uint32_t t = 1; dist == NB_RAND_TRUNCATED_NORMAL && !(fabs(z) <= 2.0); t++)
+        z = nb__cpu_philox_normal(seed, flat, t);
+    return dt == NB_F32 ? (double)(float)(a + b * z) : a + b * z;
+}
+
+static void test_random_levels(void)
+{
+    /* rows whose first element is anywhere in a block of 128; a range whose
+     * f32 values round up to b (a + 8u at 1e8: the floats there are 8 apart) */
+    const int64_t shapes[][2] = {{1, 1}, {1, 5}, {1, 127}, {1, 128}, {1, 129}, {7, 131}, {3, 1000}, {2, 4099}};
+    const double ranges[][2] = {{-1.0, 4.0}, {2.0, 3.0}, {1e8, 1e8 + 8}};
+    int ran = 0;
+    for (int l = 0; l < 3; l++) {
+        if (!nb__cpu_simd_use(levels[l]))
+            continue;
+        ran++;
+        for (int di = 0; di < 2; di++) {
+            const nb_dtype dt = di ? NB_F64 : NB_F32;
+            const size_t es = nb_dtype_size(dt);
+            for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+                for (int dist = NB_RAND_UNIFORM; dist <= NB_RAND_TRUNCATED_NORMAL; dist++)
+                    for (size_t ri = 0; ri < 3; ri++)
+                        for (int transposed = 0; transposed < 2; transposed++) {
+                            const int64_t rows = shapes[si][0], cols = shapes[si][1], total = rows * cols;
+                            nb_view v;
+                            memset(&v, 0, sizeof v);
+                            v.dtype = dt;
+                            v.ndim = 2;
+                            v.shape[0] = rows;
+                            v.shape[1] = cols;
+                            v.numel = total;
+                            /* transposed: (r, c) stored at c rows + r */
+                            v.strides[0] = (int64_t)es * (transposed ? 1 : cols);
+                            v.strides[1] = (int64_t)es * (transposed ? rows : 1);
+                            v.contiguous = !transposed || rows == 1;
+                            char *buf = malloc((size_t)total * es);
+                            memset(buf, 0xff, (size_t)total * es); /* NaNs: an unwritten element fails */
+                            v.data = buf;
+                            const double a = ranges[ri][0], b = ranges[ri][1];
+                            const uint64_t seed = 1000 + si;
+                            EXPECT(nb__cpu_backend.random(NULL, &v, (nb_random_dist)dist, a, b, seed, NULL) == NB_OK,
+                                   "random: %s", nb_error_message());
+                            nb_error_clear();
+                            int bad = 0;
+                            for (int64_t r = 0; r < rows; r++)
+                                for (int64_t c = 0; c < cols; c++) {
+                                    const char *at = buf + r * v.strides[0] + c * v.strides[1];
+                                    const double got = dt == NB_F32 ? (double)*(const float *)at : *(const double *)at;
+                                    const double want = expected_draw((nb_random_dist)dist, dt, a, b, seed,
+                                                                      (uint64_t)(r * cols + c));
+                                    if (!(got == want) && bad++ < 3)
+                                        EXPECT(false, "random dist %d %s [%lld, %lld]%s at %s, [a, b) = [%g, %g), element (%lld, %lld): %a, want %a",
+                                               dist, nb_dtype_name(dt), (long long)rows, (long long)cols,
+                                               transposed ? " transposed" : "", levels[l], a, b, (long long)r,
+                                               (long long)c, got, want);
+                                    if (dist == NB_RAND_UNIFORM && b > a)
+                                        EXPECT(got >= a && got < b, "uniform %a outside [%g, %g)", got, a, b);
+                                }
+                            free(buf);
+                        }
+        }
+    }
+    EXPECT(ran >= 1, "no vector level ran");
+    printf("  random tensors at %d vector level(s): the bits of the one-element draws\n", ran);
+}
+
 /* NB_CPU_SIMD caps the level the kernels start at; nb__cpu_simd_use takes
  * only the names, and only a level this CPU runs. */
 static void test_level_choice(int level)
@@ -363,6 +555,9 @@ int main(void)
     test_sweep();
     test_unary_levels();
     test_softmax_levels();
+    test_random_words();
+    test_box_muller();
+    test_random_levels();
     nb__cpu_simd_use(levels[level]);
     if (failures) {
         fprintf(stderr, "%d check(s) failed\n", failures);

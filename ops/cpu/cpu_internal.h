@@ -320,10 +320,13 @@ nb_status nb__cpu_adam_update(nb_device *dev, const nb_view *param, const nb_vie
 nb_status nb__cpu_scaler_update(nb_device *dev, double *state, const double *check, double *count,
                                 const nb_scaler_params *p);
 
-/* Philox4x32-10 (cpu_random.c): the uniform double in [0, 1) and the standard
- * normal that element i of a random tensor with seed draws on its first try. */
+/* Philox4x32-10 (cpu_random.c): the uniform double in [0, 1) that element i
+ * of a random tensor with seed draws, and the standard normal it draws on try
+ * `trial`; nb__cpu_box_muller is that normal for the generator's two 64-bit
+ * words w0 and w1 (for tests). */
 double nb__cpu_philox_uniform(uint64_t seed, uint64_t i);
 double nb__cpu_philox_normal(uint64_t seed, uint64_t i, uint32_t trial);
+double nb__cpu_box_muller(uint64_t w0, uint64_t w1);
 
 /* ---- kernels compiled for more than one instruction set ----
  * nb__cpu_simd_level() is what the CPU runs, asked once: 0 the build's
