@@ -4,14 +4,14 @@
  *   bench_cpu_math [--mib M] [--reps R] [--no-peer]
  *
  * Each tensor holds M MiB of f32 (default 64: past the caches), uniform in
- * [-8, 8) (log's in (0, 16)). The ops:
- * exp, sigmoid, silu, tanh, softplus, log, the exact GELU, softmax and
- * log_softmax over rows of 1024, and new random tensors of the same shape
- * (normal, uniform, and normal truncated at 2 sd: torch.randn, torch.rand,
- * torch.nn.init.trunc_normal_). exp, log, log1p, tanh and erfc (nb_expf
- * and the rest, lib/core/formulas.h), the ops made of them and the random
- * generator run in vectorised loops, compiled for the CPU's widest vectors
- * (NB_CPU_SIMD caps them: "baseline", "avx2", "avx512").
+ * [-8, 8) (log's in (0, 16)). The ops: exp, sigmoid, silu, tanh, softplus,
+ * sin, cos, log, the exact GELU, softmax and log_softmax over rows of 1024,
+ * and new random tensors of the same shape (normal, uniform, and normal
+ * truncated at 2 sd: torch.randn, torch.rand, torch.nn.init.trunc_normal_).
+ * exp, log, log1p, tanh, erfc, sin and cos (nb_expf and the rest,
+ * lib/core/formulas.h), the ops made of them and the random generator run in
+ * vectorised loops, compiled for the CPU's widest vectors (NB_CPU_SIMD caps
+ * them: "baseline", "avx2", "avx512").
  * Figures: milliseconds per op, median of R after a warm-up. */
 #include "bench_util.h"
 #include <nabla/nabla.h>
@@ -57,6 +57,8 @@ int main(int argc, char **argv)
         {"silu", "silu", nb_silu, false},
         {"tanh", "tanh", nb_tanh, false},
         {"softplus", "softplus", nb_softplus, false},
+        {"sin", "sin", nb_sin, false},
+        {"cos", "cos", nb_cos, false},
         {"log (of values in (0, 16))", "log", nb_log, true},
         {"gelu (exact, erfc)", "gelu", nb_gelu, false},
         {"softmax over rows of 1024", "softmax", softmax_rows, false},
@@ -69,7 +71,7 @@ int main(int argc, char **argv)
     nb_scope *s = nb_scope_begin();
     nb_tensor *x = nb_random_uniform(NB_F32, NB_SHAPE(rows, cols), -8, 8, 1);
     nb_tensor *xp = nb_random_uniform(NB_F32, NB_SHAPE(rows, cols), 0x1p-20, 16, 2);
-    double ms[16];
+    double ms[sizeof cases / sizeof cases[0]];
     for (int i = 0; i < n_cases; i++)
         ms[i] = bench_median_ms(once, &(timed){cases[i].fn, cases[i].positive ? xp : x}, 2, reps);
     bench_peer p;

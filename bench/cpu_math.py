@@ -1,4 +1,4 @@
-"""PyTorch side of bench/cpu_math.c: exp, sigmoid, silu, tanh, softplus, log,
+"""PyTorch side of bench/cpu_math.c: exp, sigmoid, silu, tanh, softplus, sin, cos, log,
 the exact GELU, and softmax and log_softmax over the last dim, on an f32 CPU tensor of uniform
 values in [-8, 8) (log: in (0, 16)), eager; then new random tensors of its shape (normal,
 uniform, and normal truncated at 2 sd). Arguments: rows, columns, timed repetitions. Prints
@@ -20,6 +20,8 @@ print("exp", median_wall(lambda: torch.exp(x), R, 2, 1e6))
 print("sigmoid", median_wall(lambda: torch.sigmoid(x), R, 2, 1e6))
 print("silu", median_wall(lambda: F.silu(x), R, 2, 1e6))
 print("tanh", median_wall(lambda: torch.tanh(x), R, 2, 1e6))
+print("sin", median_wall(lambda: torch.sin(x), R, 2, 1e6))
+print("cos", median_wall(lambda: torch.cos(x), R, 2, 1e6))
 print("log", median_wall(lambda: torch.log(xp), R, 2, 1e6))
 print("gelu", median_wall(lambda: F.gelu(x), R, 2, 1e6))
 print("softplus", median_wall(lambda: F.softplus(x), R, 2, 1e6))

@@ -69,7 +69,8 @@ typedef struct math_fn {
 
 static const math_fn fns[] = {
     {"exp", nb_expf, exp},     {"expm1", nb_expm1f, expm1}, {"log", nb_logf, log}, {"log1p", nb_log1pf, log1p},
-    {"tanh", nb_tanhf, tanh}, {"erf", nb_erff, erf},         {"erfc", nb_erfcf, erfc},
+    {"tanh", nb_tanhf, tanh}, {"erf", nb_erff, erf},         {"erfc", nb_erfcf, erfc}, {"sin", nb_sinf, sin},
+    {"cos", nb_cosf, cos},
 };
 #define N_FNS (int)(sizeof fns / sizeof fns[0])
 
@@ -114,7 +115,11 @@ static void test_sweep(void)
                            0x1p-126f, 0x1p-30f, -0x1p-30f, 0x1p-29f, -0x1p-29f, 0x1.fffffep-30f, 0x1.62e42ep+6f,
                            0x1.62e430p+6f, 89.0f, -87.33654f, -103.2789f, -0x1.9fe368p+6f, -0x1.9fe36ap+6f,
                            -104.0f, -110.0f, -111.0f, 100.0f, 101.0f, 9.01f, 10.0f, -10.0f, 0x1.fffffep127f,
-                           -0x1.fffffep127f, -0.99999994f, -1.00000012f, 0.346573591f, -0.346573591f, 0.5f, -0.5f, 0.49999997f, 10.0f, 10.05f, 10.06f, 11.0f, 12.0f};
+                           -0x1.fffffep127f, -0.99999994f, -1.00000012f, 0.346573591f, -0.346573591f, 0.5f, -0.5f, 0.49999997f, 10.0f, 10.05f, 10.06f, 11.0f, 12.0f,
+                           /* sin and cos: pi/2 and pi, the near reduction's end, far multiples of pi/2 */
+                           0x1.921fb6p0f, -0x1.921fb6p0f, 0x1.921fb6p1f, 0x1p20f, -0x1p20f, 0x1.000002p20f,
+                           0x1.fffffep19f, 0x1.921fb6p20f, 0x1.921fb6p50f, 0x1.921fb6p100f, 0x1p127f, 0x1p-126f,
+                           1e6f, 1e7f, 1e30f, 16367173.0f, 0x1.7d9e3p126f};
     for (int k = 0; k < N_FNS; k++) {
         double worst = 0;
         uint64_t differ = 0, n = 0;

@@ -65,17 +65,20 @@ static inline double nb_ref_wrapped_product(double x, double y, int int_bits)
 #define NB_REF_UN NB_REF_SKIP
 #define NB_REF_BIN NB_REF_SKIP
 
-/* ---- exp, expm1, log, log1p, tanh, erf and erfc of a float on the CPU ----
- * nb_expf, nb_expm1f, nb_logf, nb_log1pf, nb_tanhf, nb_erff and nb_erfcf are
- * those functions rounded to float. They work in double to a relative error
- * near 2^-38, so each is within 0.5001 ulp, and the correctly rounded float
- * but for a few in a million (test_cpu_math counts them; glibc's float
- * functions are within 0.502 to 3.2 ulp). Unlike libm's they are formulas
- * without branches, calls or tables, so a loop of them vectorises, and every
- * copy of that loop (scalar, SSE2, AVX2, AVX-512) gives the same bits.
- * Out-of-range and special inputs go through the formula as clamped or
- * harmless values, and their results are selected at the end (with single
- * compares, no && or ||: GCC leaves a loop with branches unvectorised).
+/* ---- exp, expm1, log, log1p, tanh, erf, erfc, sin and cos of a float on the CPU ----
+ * nb_expf, nb_expm1f, nb_logf, nb_log1pf, nb_tanhf, nb_erff, nb_erfcf,
+ * nb_sinf and nb_cosf are those functions rounded to float. They work in
+ * double to a relative error near 2^-38, so each is within 0.5001 ulp, and
+ * the correctly rounded float but for a few in a million (test_cpu_math
+ * counts them; glibc's float functions are within 0.502 to 3.2 ulp). Unlike
+ * libm's they are formulas without branches, calls or tables, so a loop of
+ * them vectorises, and every copy of that loop (scalar, SSE2, AVX2, AVX-512)
+ * gives the same bits. Out-of-range and special inputs go through the formula
+ * as clamped or harmless values, and their results are selected at the end
+ * (with single compares, no && or ||: GCC leaves a loop with branches
+ * unvectorised). sin and cos are the exception: past 2^20 their argument is
+ * reduced with a table of 2/pi's bits, so a loop runs their branch-free near
+ * form and redoes the far few (nb__sinf_near).
  * NB_MATH_F32(fn) names the one the f32 formulas call: nabla's on the CPU,
  * CUDA's fn##f on the GPU (its formulas compile with __CUDACC__). */
 #ifdef __CUDACC__
@@ -247,6 +250,107 @@ NB_FN float nb_tanhf(float x)
     const double scale = nb__exp2_parts((double)a * -2.8853900817779268, &p);
     const double m = (scale - 1.0) + scale * p;
     return __builtin_copysignf((float)(-m / (m + 2.0)), x);
+}
+
+/* sin(q pi/2 + r) for |r| <= pi/4 (a little more where q was rounded the
+ * other way), rounded to float: sin r to r^13 or cos r to r^12 (their next
+ * terms are below 2^-45 and 2^-41 of the result), picked and signed by q's
+ * two low bits. */
+NB_FN float nb__sin_quadrant(double r, uint64_t q)
+{
+    const double r2 = r * r, r4 = r2 * r2, r8 = r4 * r4;
+    /* r (1 + ...), not r + r (...), which makes sin -0 +0 */
+    const double s = r * (1.0 + r2 * (((-1.0 / 6 + 1.0 / 120 * r2) + (-1.0 / 5040 + 1.0 / 362880 * r2) * r4) +
+                                      (-1.0 / 39916800 + 1.0 / 6227020800.0 * r2) * r8));
+    const double c = 1.0 + r2 * (((-1.0 / 2 + 1.0 / 24 * r2) + (-1.0 / 720 + 1.0 / 40320 * r2) * r4) +
+                                 (-1.0 / 3628800 + 1.0 / 479001600 * r2) * r8);
+    const double v = (q & 1) ? c : s;
+    return (float)((q & 2) ? -v : v);
+}
+
+/* x = k pi/2 + r for |x| <= 2^20: k = round(x 2/pi) (its low bits in *q),
+ * r = (x - k p1) - k p2 with pi/2 = p1 + p2 + 3.5e-27, p1 of 31 bits so that
+ * k p1 and x - k p1 are exact (|k| < 2^20): r is within 2^-66 of the truth,
+ * and no float this small is nearer than 2^-29 to a multiple of pi/2. */
+NB_FN double nb__trig_reduce_near(float x, uint64_t *q)
+{
+    const double t = (double)x * 0.63661977236758138 + 0x1.8p52;
+    *q = nb__double_bits(t);
+    const double k = t - 0x1.8p52;
+    return ((double)x - k * 0x1.921fb544p0) - k * 0x1.0b4611a626331p-34;
+}
+
+/* x = k pi/2 + r for a finite float |x| > 2^20 (Payne and Hanek): with x = m
+ * 2^e, the bits of 2/pi above 4 / (m 2^e) only add whole turns, so m times
+ * the next 96 bits, modulo 2^96, is x 2/pi modulo 4 with 94 bits after the
+ * point (the rest of 2/pi adds under 2^-70); k is its nearest whole number. */
+NB_FN double nb__trig_reduce_far(float x, uint64_t *q)
+{
+    static const uint32_t two_over_pi[10] = {0, /* then 2/pi's bits from the first after the point */
+                                             0xa2f9836eu, 0x4e441529u, 0xfc2757d1u, 0xf534ddc0u, 0xdb629599u,
+                                             0x3c439041u, 0xfe5163abu, 0xdebbc561u, 0xb7246e3au};
+    uint32_t b;
+    __builtin_memcpy(&b, &x, sizeof b);
+    const int e = (int)((b >> 23) & 0xff) - 150; /* -3 .. 104 here */
+    const uint64_t m = (b & 0x7fffffu) | 0x800000u;
+    const int g = e + 30; /* 2/pi's bit e - 1 in the table (its bit i at i + 31) */
+    const int w = g >> 5, sh = g & 31;
+    uint64_t c[3];
+    for (int i = 0; i < 3; i++)
+        c[i] = sh ? (uint32_t)(two_over_pi[w + i] << sh | two_over_pi[w + i + 1] >> (32 - sh)) : two_over_pi[w + i];
+    const uint64_t p2 = m * c[2], p1 = m * c[1], p0 = m * c[0];
+    const uint64_t mid = (p2 >> 32) + (uint32_t)p1;
+    const uint32_t lo = (uint32_t)p2, hi = (uint32_t)((mid >> 32) + (p1 >> 32) + p0);
+    /* y 2^94 = hi 2^64 + mid 2^32 + lo: the quadrant is hi's top 2 bits; f
+     * the 64 bits after the point, rounded to the nearest quadrant as a
+     * signed fraction */
+    const uint64_t f = (uint64_t)(hi & 0x3fffffffu) << 34 | (uint64_t)(uint32_t)mid << 2 | lo >> 30;
+    uint64_t k = (uint64_t)(hi >> 30) + (f >> 63);
+    double r = ((double)(int64_t)f * 0x1p-64 + (double)(lo & 0x3fffffffu) * 0x1p-94) * 1.5707963267948966;
+    if (b >> 31) {
+        r = -r;
+        k = 0 - k;
+    }
+    *q = k;
+    return r;
+}
+
+/* The near reduction's sine and cosine, without a branch (vectorised loops
+ * call them for every x, then redo the rare |x| > 2^20 with nb_sinf and
+ * nb_cosf: ops/cpu/cpu_unary.c). */
+NB_FN float nb__sinf_near(float x)
+{
+    uint64_t q;
+    const double r = nb__trig_reduce_near(x, &q);
+    return nb__sin_quadrant(r, q);
+}
+NB_FN float nb__cosf_near(float x)
+{
+    uint64_t q;
+    const double r = nb__trig_reduce_near(x, &q);
+    return nb__sin_quadrant(r, q + 1);
+}
+
+/* inf and NaN give NaN (x - x). */
+NB_FN float nb_sinf(float x)
+{
+    if (__builtin_fabsf(x) <= 0x1p20f)
+        return nb__sinf_near(x);
+    if (x - x != 0)
+        return x - x;
+    uint64_t q;
+    const double r = nb__trig_reduce_far(x, &q);
+    return nb__sin_quadrant(r, q);
+}
+NB_FN float nb_cosf(float x)
+{
+    if (__builtin_fabsf(x) <= 0x1p20f)
+        return nb__cosf_near(x);
+    if (x - x != 0)
+        return x - x;
+    uint64_t q;
+    const double r = nb__trig_reduce_far(x, &q);
+    return nb__sin_quadrant(r, q + 1);
 }
 #endif
 

@@ -1,12 +1,14 @@
 /* Unary elementwise kernels: one loop per (op, dtype) around the op's formula
  * in lib/core/formulas.h, generated from the list in lib/core/ops.def. f32 is
- * computed in float, with nabla's own exp, log, tanh, erf and their kin
- * (nb_expf and the rest) and libm's float functions otherwise; the ops the
+ * computed in float, with nabla's own exp, log, tanh, erf, sin, cos and their
+ * kin (nb_expf and the rest) and libm's float functions otherwise; the ops the
  * list allows on integers also run on i32 and i64 (wrapping arithmetic; a
  * scalar that is not a whole number is applied in double, truncated and
  * saturated). */
 #include "cpu_internal.h"
 #include "lib/core/formulas.h"
+
+#include <string.h>
 
 typedef nb_cpu_un_ctx un_ctx;
 
@@ -59,6 +61,40 @@ UN_ROW(un_add_frac_i64, int64_t, c->ialpha, nb_un_add_frac_i64(x, c->alpha))
 UN_ROW(un_mul_frac_i32, int32_t, c->ialpha, nb_un_mul_frac_i32(x, c->alpha))
 UN_ROW(un_mul_frac_i64, int64_t, c->ialpha, nb_un_mul_frac_i64(x, c->alpha))
 
+/* sin and cos of f32: the loop runs their branch-free near form (|x| <= 2^20,
+ * nb__sinf_near) on a block, then redoes the block's rare far, infinite or NaN
+ * x one at a time with the whole function (the same bits where both apply).
+ * A block is written only once it is done, so an op in place still reads its
+ * x. */
+#define TRIG_BLOCK 256
+#define UN_TRIG_ROW(NAME, NEAR, WHOLE)                                                       \
+    __attribute__((always_inline)) static inline void NAME##_body(void *vctx, int64_t n,    \
+                                                                  char *const *p,            \
+                                                                  const int64_t *s, int64_t flat) \
+    {                                                                                        \
+        (void)vctx;                                                                          \
+        (void)flat;                                                                          \
+        if (s[0] != (int64_t)sizeof(float) || s[1] != (int64_t)sizeof(float)) {              \
+            for (int64_t i = 0; i < n; i++)                                                  \
+                *(float *)(p[0] + i * s[0]) = WHOLE(*(const float *)(p[1] + i * s[1]));      \
+            return;                                                                          \
+        }                                                                                    \
+        float y[TRIG_BLOCK];                                                                 \
+        for (int64_t base = 0; base < n; base += TRIG_BLOCK) {                               \
+            const int m = (int)(n - base < TRIG_BLOCK ? n - base : TRIG_BLOCK);              \
+            const float *in = (const float *)p[1] + base;                                    \
+            for (int j = 0; j < m; j++)                                                      \
+                y[j] = NEAR(in[j]);                                                          \
+            for (int j = 0; j < m; j++)                                                      \
+                if (!(__builtin_fabsf(in[j]) <= 0x1p20f))                                    \
+                    y[j] = WHOLE(in[j]);                                                     \
+            memcpy((float *)p[0] + base, y, (size_t)m * sizeof(float));                      \
+        }                                                                                    \
+    }                                                                                        \
+    NB_CPU_SIMD_LOOP(NAME)
+UN_TRIG_ROW(un_sin_blocks_f32, nb__sinf_near, nb_sinf)
+UN_TRIG_ROW(un_cos_blocks_f32, nb__cosf_near, nb_cosf)
+
 /* [op][0: f32, 1: f64] and [op][0: i32, 1: i64] */
 static const nb_cpu_loop_fn un_float_table[][2] = {
 #define NB_UNARY(ID, name, dtypes, cost, api) [NB_UN_##ID] = {un_##name##_f32, un_##name##_f64},
@@ -84,6 +120,10 @@ nb_cpu_loop_fn nb__cpu_unary_loop(nb_unary_op op, nb_dtype out, nb_dtype x, doub
     if (x == NB_F32 || x == NB_F64) {
         int k = x == NB_F64;
         fn = un_float_table[op][k];
+        if (!k && op == NB_UN_SIN)
+            fn = un_sin_blocks_f32;
+        else if (!k && op == NB_UN_COS)
+            fn = un_cos_blocks_f32;
         if (op == NB_UN_POW_SCALAR) {
             /* the exponents that are a multiplication or a division: cheap loops */
             if (alpha == 2) {
