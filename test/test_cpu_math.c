@@ -5,6 +5,8 @@
  *     (1009th under AddressSanitizer; NB_MATH_SWEEP_STEP=1: all of them): within 0.5002 ulp, every special
  *     input exact, and correctly rounded but for few floats (the count is
  *     printed and bounded);
+ *   - pow over every 10007th float against 17 exponents, random pairs and
+ *     every pair of special values, the same way;
  *   - every f32 and f64 unary op at each vector level this CPU runs
  *     (baseline, AVX2, AVX-512), contiguous and strided, gives the bits of
  *     its formula called one element at a time, on random values and edges;
@@ -154,6 +156,70 @@ static void test_sweep(void)
            "erfc(0), erfc(-inf), erfc(inf), erfc(10) (a subnormal)");
     for (int k = 0; k < N_FNS; k++)
         EXPECT(isnan(fns[k].ours(NAN)) && isnan(fns[k].ours(-NAN)), "%s(NaN)", fns[k].name);
+}
+
+/* pow: x over every step-th float against exponents that training uses and
+ * some far ones, random pairs, and every pair of special values; each within
+ * 0.5002 ulp of libm's double pow rounded, specials exact. nb__log_fine, under
+ * it, within 2^-51 of log. */
+static void check_pow(float x, float y, double *worst, uint64_t *differ)
+{
+    const float got = nb_powf(x, y);
+    const double rd = pow((double)x, (double)y);
+    const float r = (float)rd;
+    if (same_f(got, r))
+        return;
+    bool special = r != r || isinf(r) || r == 0 || got != got || isinf(got) || got == 0;
+    EXPECT(!special && signbit(got) == signbit(r), "pow(%a, %a) = %a, want %a", (double)x, (double)y, (double)got,
+           (double)r);
+    if (special)
+        return;
+    (*differ)++;
+    const double e = fabs((double)got - rd) / ulp_at(r);
+    EXPECT(e <= 0.5002, "pow(%a, %a) = %a is %.6f ulp from %a", (double)x, (double)y, (double)got, e, rd);
+    *worst = e > *worst ? e : *worst;
+}
+
+static void test_pow(void)
+{
+    double worst = 0;
+    uint64_t differ = 0, n = 0;
+    const float specials[] = {0.0f, -0.0f, 1.0f, -1.0f, 0.5f, -0.5f, 2.0f, -2.0f, 3.0f, -3.0f, 2.5f, -2.5f,
+                              INFINITY, -INFINITY, NAN, 0x1p24f, -0x1p24f, 0x1.000002p24f, -0x1.000002p24f,
+                              0x1.fffffep23f, -0x1.fffffep23f, 0x1p-149f, -0x1p-149f, 0x1.fffffep127f,
+                              -0x1.fffffep127f, 1.00000012f, 0.99999994f, -1.00000012f, 127.0f, -149.0f, 1e-3f};
+    const int ns = (int)(sizeof specials / sizeof *specials);
+    for (int i = 0; i < ns; i++)
+        for (int j = 0; j < ns; j++, n++)
+            check_pow(specials[i], specials[j], &worst, &differ);
+    const float exps[] = {0.5f, -0.5f, 1.5f, -1.5f, 3.0f, -3.0f, 2.2f, 0.33333334f, 7.0f, -7.5f, 0.1f, 100.0f, -100.0f,
+                          1e-3f, 4.0f, -2.0f, 0.75f};
+    const uint64_t step = NB_ASAN ? 100003 : 10007;
+    for (size_t k = 0; k < sizeof exps / sizeof *exps; k++)
+        for (uint64_t u = k; u < (1ull << 32); u += step, n++)
+            check_pow(bits_f((uint32_t)u), exps[k], &worst, &differ);
+    for (int i = 0; i < (NB_ASAN ? 100000 : 1000000); i++, n++) {
+        /* x log-uniform over floats' range, y anywhere from -64 to 64 */
+        const float x = (float)exp2((rng_unit() * 2 - 1) * 126), y = (float)((rng_unit() * 2 - 1) * 64);
+        check_pow(i & 1 ? x : -x, i & 2 ? y : nearbyintf(y), &worst, &differ);
+    }
+    printf("  pow   %llu pairs: %llu not correctly rounded, at most %.6f ulp\n", (unsigned long long)n,
+           (unsigned long long)differ, worst);
+    EXPECT(differ * 10000 <= n, "pow: %llu of %llu not correctly rounded", (unsigned long long)differ,
+           (unsigned long long)n);
+    EXPECT(nb_powf(NAN, 0.0f) == 1.0f && nb_powf(1.0f, NAN) == 1.0f && nb_powf(-1.0f, INFINITY) == 1.0f,
+           "pow(NaN, 0), pow(1, NaN), pow(-1, inf)");
+    EXPECT(fbits(nb_powf(-0.0f, 3.0f)) == fbits(-0.0f) && nb_powf(-0.0f, -3.0f) == -INFINITY &&
+               nb_powf(-INFINITY, 3.0f) == -INFINITY && isnan(nb_powf(-2.0f, 0.5f)),
+           "pow(-0, 3), pow(-0, -3), pow(-inf, 3), pow(-2, 0.5)");
+    double worst_log = 0;
+    for (int i = 0; i < 200000; i++) {
+        const double w = i & 1 ? exp2((rng_unit() * 2 - 1) * 1000) : 1 + (rng_unit() * 2 - 1) * 0x1p-20;
+        const long double ref = logl((long double)w);
+        const double e = ref == 0 ? fabs(nb__log_fine(w)) : (double)(fabsl(nb__log_fine(w) - ref) / fabsl(ref));
+        worst_log = e > worst_log ? e : worst_log;
+    }
+    EXPECT(worst_log <= 0x1p-51, "nb__log_fine is %g from log, relative", worst_log);
 }
 
 /* ---- the loops at each vector level ---- */
@@ -558,6 +624,7 @@ int main(void)
            getenv("NB_CPU_SIMD") ? getenv("NB_CPU_SIMD") : "");
     test_level_choice(level);
     test_sweep();
+    test_pow();
     test_unary_levels();
     test_softmax_levels();
     test_random_words();

@@ -32,6 +32,9 @@
 #else
 #define NB_FN static inline
 #endif
+/* For the parts of the CPU's own functions that a vectorised loop must
+ * inline whole (GCC's -O2 estimate leaves the larger ones as calls). */
+#define NB_FN_INLINE NB_FN __attribute__((always_inline))
 
 #define NB_INV_SQRT2 0.70710678118654752440
 #define NB_INV_SQRT_2PI 0.39894228040143267794
@@ -65,9 +68,9 @@ static inline double nb_ref_wrapped_product(double x, double y, int int_bits)
 #define NB_REF_UN NB_REF_SKIP
 #define NB_REF_BIN NB_REF_SKIP
 
-/* ---- exp, expm1, log, log1p, tanh, erf, erfc, sin and cos of a float on the CPU ----
+/* ---- exp, expm1, log, log1p, tanh, erf, erfc, sin, cos and pow of a float on the CPU ----
  * nb_expf, nb_expm1f, nb_logf, nb_log1pf, nb_tanhf, nb_erff, nb_erfcf,
- * nb_sinf and nb_cosf are those functions rounded to float. They work in
+ * nb_sinf, nb_cosf and nb_powf are those functions rounded to float. They work in
  * double to a relative error near 2^-38, so each is within 0.5001 ulp, and
  * the correctly rounded float but for a few in a million (test_cpu_math
  * counts them; glibc's float functions are within 0.502 to 3.2 ulp). Unlike
@@ -102,7 +105,7 @@ NB_FN uint64_t nb__double_bits(double d)
 /* 2^z = scale (1 + *p) for z in [-1000, 1000]: scale = 2^k with k = round(z)
  * exactly, and *p = 2^r - 1 for r = z - k, |r| <= 1/2, as r q(r) with q of
  * degree 7 (relative error 2^-38.8: a Chebyshev fit of (2^r - 1) / r). */
-NB_FN double nb__exp2_parts(double z, double *p)
+NB_FN_INLINE double nb__exp2_parts(double z, double *p)
 {
     const double shift = 0x1.8p52; /* z + shift holds round(z) in its low bits */
     const double t = z + shift;
@@ -131,6 +134,23 @@ NB_FN double nb__log_normal(double w)
     const double q = ((1.0 / 3 + 1.0 / 5 * s2) + (1.0 / 7 + 1.0 / 9 * s2) * s4) +
                      ((1.0 / 11 + 1.0 / 13 * s2) + 1.0 / 15 * s4) * (s4 * s4);
     return e * 0.6931471805599453 + (2.0 * s + 2.0 * s * (s2 * q));
+}
+
+/* log w for a positive, finite, normal w to within 2^-51 of it (pow's, and
+ * the random normals'): as nb__log_normal, its series summed to s^21 (the
+ * next term is below 2^-60 of the result), and ln 2 in two parts, so that
+ * e ln 2's first part is exact. */
+NB_FN_INLINE double nb__log_fine(double w)
+{
+    const uint64_t u = nb__double_bits(w) + (0x3ff0000000000000ULL - 0x3fe6a09e667f3bcdULL);
+    const double e = nb__bits_double(0x4330000000000000ULL | (u >> 52)) - (0x1p52 + 1023.0);
+    const double m = nb__bits_double((u & 0x000fffffffffffffULL) + 0x3fe6a09e667f3bcdULL);
+    const double s = (m - 1.0) / (m + 1.0), s2 = s * s, s4 = s2 * s2, s8 = s4 * s4;
+    const double q = (((1.0 / 3 + 1.0 / 5 * s2) + (1.0 / 7 + 1.0 / 9 * s2) * s4) +
+                      ((1.0 / 11 + 1.0 / 13 * s2) + (1.0 / 15 + 1.0 / 17 * s2) * s4) * s8) +
+                     (1.0 / 19 + 1.0 / 21 * s2) * (s8 * s8);
+    const double ln2_hi = 0x1.62e42feep-1, ln2_lo = 0x1.a39ef35793c76p-33;
+    return e * ln2_hi + ((e * ln2_lo + 2.0 * s * (s2 * q)) + 2.0 * s);
 }
 
 /* e^x = scale (1 + *p), nb__exp2_parts of x log2 e, x clamped to [-110, 100]
@@ -252,11 +272,50 @@ NB_FN float nb_tanhf(float x)
     return __builtin_copysignf((float)(-m / (m + 2.0)), x);
 }
 
+/* x^y for floats, the C standard's special cases included: |x|^y =
+ * 2^(y log2 |x|) in double (the exponent within 2^-43 of the truth, clamped
+ * to [-200, 200], past which a float is 0 or inf), signed for a negative x
+ * and an odd y, NaN for a negative x and a y that is no whole number; then
+ * the cases of 0, inf, 1 and NaN selected. Every float past 2^24 is an even
+ * whole number; below it, y + 1.5 2^52 holds y's parity in its last bit. */
+NB_FN_INLINE float nb_powf(float x, float y)
+{
+    const float ax = __builtin_fabsf(x), ay = __builtin_fabsf(y);
+    const double yd = (double)y, t = yd + 0x1.8p52;
+    const bool small_y = ay < 0x1p24f;
+    const bool y_whole = !small_y | (t - 0x1.8p52 == yd);
+    const bool y_odd = small_y & y_whole & ((nb__double_bits(t) & 1) != 0);
+    /* (0, inf and NaN give nonsense here, replaced below) */
+    double z = yd * (nb__log_fine((double)ax) * 1.4426950408889634);
+    z = z > 200.0 ? 200.0 : z;
+    z = z < -200.0 ? -200.0 : z;
+    double p;
+    const double scale = nb__exp2_parts(z, &p);
+    float r = (float)((1.0 + p) * scale);
+    const bool neg = (x < 0) & y_odd;
+    r = neg ? -r : r;
+    r = ((x < 0) & !y_whole) ? (float)NAN : r;
+    /* x = +-0: inf for y < 0, 0 for y > 0, x's sign where y is odd */
+    float edge = y < 0 ? (float)INFINITY : 0.0f;
+    r = ax == 0 ? (y_odd ? __builtin_copysignf(edge, x) : edge) : r;
+    /* x = +-inf: the other way round */
+    edge = y < 0 ? 0.0f : (float)INFINITY;
+    r = ax == (float)INFINITY ? (neg ? -edge : edge) : r;
+    /* y = +-inf: inf where |x| < 1 and y < 0 or |x| > 1 and y > 0, 0 where the
+     * other, 1 where |x| = 1 */
+    edge = (ax < 1.0f) == (y < 0) ? (float)INFINITY : 0.0f;
+    edge = ax == 1.0f ? 1.0f : edge;
+    r = ay == (float)INFINITY ? edge : r;
+    r = ((x != x) | (y != y)) ? x + y : r;
+    r = x == 1.0f ? 1.0f : r; /* even for a NaN y */
+    return y == 0 ? 1.0f : r; /* even for a NaN x */
+}
+
 /* sin(q pi/2 + r) for |r| <= pi/4 (a little more where q was rounded the
  * other way), rounded to float: sin r to r^13 or cos r to r^12 (their next
  * terms are below 2^-45 and 2^-41 of the result), picked and signed by q's
  * two low bits. */
-NB_FN float nb__sin_quadrant(double r, uint64_t q)
+NB_FN_INLINE float nb__sin_quadrant(double r, uint64_t q)
 {
     const double r2 = r * r, r4 = r2 * r2, r8 = r4 * r4;
     /* r (1 + ...), not r + r (...), which makes sin -0 +0 */
@@ -272,7 +331,7 @@ NB_FN float nb__sin_quadrant(double r, uint64_t q)
  * r = (x - k p1) - k p2 with pi/2 = p1 + p2 + 3.5e-27, p1 of 31 bits so that
  * k p1 and x - k p1 are exact (|k| < 2^20): r is within 2^-66 of the truth,
  * and no float this small is nearer than 2^-29 to a multiple of pi/2. */
-NB_FN double nb__trig_reduce_near(float x, uint64_t *q)
+NB_FN_INLINE double nb__trig_reduce_near(float x, uint64_t *q)
 {
     const double t = (double)x * 0.63661977236758138 + 0x1.8p52;
     *q = nb__double_bits(t);
@@ -318,13 +377,13 @@ NB_FN double nb__trig_reduce_far(float x, uint64_t *q)
 /* The near reduction's sine and cosine, without a branch (vectorised loops
  * call them for every x, then redo the rare |x| > 2^20 with nb_sinf and
  * nb_cosf: ops/cpu/cpu_unary.c). */
-NB_FN float nb__sinf_near(float x)
+NB_FN_INLINE float nb__sinf_near(float x)
 {
     uint64_t q;
     const double r = nb__trig_reduce_near(x, &q);
     return nb__sin_quadrant(r, q);
 }
-NB_FN float nb__cosf_near(float x)
+NB_FN_INLINE float nb__cosf_near(float x)
 {
     uint64_t q;
     const double r = nb__trig_reduce_near(x, &q);

@@ -5,9 +5,9 @@
  *             that round up to b are moved just below it);
  *  normal:    a + b * z, z by Box-Muller (the cosine branch) from one draw;
  *  truncated: the same, drawn again with the next try number until |z| <= 2.
- * The arithmetic is done in double, with a log and a cosine of this file's own
- * (within a few units in the last place of a double) that, unlike libm's,
- * vectorise: rows are drawn a block at a time, the block's loops compiled for
+ * The arithmetic is done in double, with a log (nb__log_fine, formulas.h) and
+ * a cosine of nabla's own (within a few units in the last place of a double)
+ * that, unlike libm's, vectorise: rows are drawn a block at a time, the block's loops compiled for
  * the CPU's vector width (NB_CPU_SIMD_LOOP; this file is one of the vector
  * sources in ops/cpu/meson.build). Every width gives the same bits, and
  * nb__cpu_philox_uniform and nb__cpu_philox_normal give them one at a time. */
@@ -141,23 +141,6 @@ static inline double exact53(uint64_t x)
     return 2.0 * half + (nb__bits_double(0x4330000000000000ULL | (x & 1)) - 0x1p52);
 }
 
-/* log x for x in [2^-53, 1]: x = 2^e m with m in [sqrt(1/2), sqrt(2)) taken
- * from the bits, log m = 2 atanh(s) for s = (m - 1)/(m + 1), |s| <= 0.172,
- * summed to s^21 (the next term is below 2^-60 of the result), and ln 2 in two
- * parts so that e ln 2's first part is exact. */
-static inline double log_unit(double x)
-{
-    const uint64_t u = nb__double_bits(x) + (0x3ff0000000000000ULL - 0x3fe6a09e667f3bcdULL);
-    const double e = nb__bits_double(0x4330000000000000ULL | (u >> 52)) - (0x1p52 + 1023.0);
-    const double m = nb__bits_double((u & 0x000fffffffffffffULL) + 0x3fe6a09e667f3bcdULL);
-    const double s = (m - 1.0) / (m + 1.0), s2 = s * s, s4 = s2 * s2, s8 = s4 * s4;
-    const double q = (((1.0 / 3 + 1.0 / 5 * s2) + (1.0 / 7 + 1.0 / 9 * s2) * s4) +
-                      ((1.0 / 11 + 1.0 / 13 * s2) + (1.0 / 15 + 1.0 / 17 * s2) * s4) * s8) +
-                     (1.0 / 19 + 1.0 / 21 * s2) * (s8 * s8);
-    const double ln2_hi = 0x1.62e42feep-1, ln2_lo = 0x1.a39ef35793c76p-33;
-    return e * ln2_hi + ((e * ln2_lo + 2.0 * s * (s2 * q)) + 2.0 * s);
-}
-
 /* cos(2 pi x / 2^53) for x < 2^53: the nearest quarter turn k is taken from
  * x's bits and the rest, at most an eighth of a turn, is exact, so only the
  * final multiply by pi/2 rounds; then the sine or cosine of the rest (Taylor
@@ -187,7 +170,7 @@ static inline double uniform_of(uint64_t w0) { return exact53(w0 >> 11) * 0x1.0p
 static inline double normal_of(uint64_t w0, uint64_t w1)
 {
     const double u1 = (exact53(w0 >> 11) + 1.0) * 0x1.0p-53;
-    return __builtin_sqrt(-2.0 * log_unit(u1)) * cos_turns53(w1 >> 11);
+    return __builtin_sqrt(-2.0 * nb__log_fine(u1)) * cos_turns53(w1 >> 11);
 }
 
 double nb__cpu_box_muller(uint64_t w0, uint64_t w1) { return normal_of(w0, w1); }

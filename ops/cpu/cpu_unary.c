@@ -48,6 +48,10 @@ typedef nb_cpu_un_ctx un_ctx;
 #include "lib/core/ops.def"
 UN_ROW(un_identity_f32, float, c->alpha, x)
 UN_ROW(un_identity_f64, double, c->alpha, x)
+/* x^a for the a that nb__cpu_unary_loop gives no loop of its own: the formula
+ * without its tests of a, which would keep the loop from vectorising. */
+UN_ROW(un_pow_general_f32, float, c->alpha, NB_MATH_F32(pow)(x, alpha))
+UN_ROW(un_pow_general_f64, double, c->alpha, pow(x, alpha))
 
 /* The ops the list allows on integers, on i32 and i64. */
 #define INT_ROWS_FLOAT(name)
@@ -135,6 +139,8 @@ nb_cpu_loop_fn nb__cpu_unary_loop(nb_unary_op op, nb_dtype out, nb_dtype x, doub
             } else if (alpha == -1) {
                 fn = k ? un_reciprocal_f64 : un_reciprocal_f32;
                 heavy = false;
+            } else {
+                fn = k ? un_pow_general_f64 : un_pow_general_f32;
             }
         }
     } else if (x == NB_I32 || x == NB_I64) {
