@@ -4,11 +4,11 @@
  *   bench_cpu_math [--mib M] [--reps R] [--no-peer]
  *
  * Each tensor holds M MiB of f32 (default 64: past the caches), uniform in
- * [-8, 8) (log's in (0, 16)). The ops: exp, sigmoid, silu, tanh, softplus,
- * sin, cos, log, the exact GELU, softmax and log_softmax over rows of 1024,
+ * [-8, 8) (log's and pow's in (0, 16)). The ops: exp, sigmoid, silu, tanh,
+ * softplus, sin, cos, log, x^1.7, the exact GELU, softmax and log_softmax over rows of 1024,
  * and new random tensors of the same shape (normal, uniform, and normal
  * truncated at 2 sd: torch.randn, torch.rand, torch.nn.init.trunc_normal_).
- * exp, log, log1p, tanh, erfc, sin and cos (nb_expf and the rest,
+ * exp, log, log1p, tanh, erfc, sin, cos and pow (nb_expf and the rest,
  * lib/core/formulas.h), the ops made of them and the random generator run in
  * vectorised loops, compiled for the CPU's widest vectors (NB_CPU_SIMD caps
  * them: "baseline", "avx2", "avx512").
@@ -24,6 +24,7 @@ typedef struct op_case {
 
 static nb_tensor *softmax_rows(const nb_tensor *x) { return nb_softmax(x, -1); }
 static nb_tensor *log_softmax_rows(const nb_tensor *x) { return nb_log_softmax(x, -1); }
+static nb_tensor *pow_1_7(const nb_tensor *x) { return nb_pow_scalar(x, 1.7); }
 static nb_tensor *normal_like(const nb_tensor *x) { return nb_random_normal(NB_F32, nb_tensor_shape(x), 0, 1, 7); }
 static nb_tensor *uniform_like(const nb_tensor *x) { return nb_random_uniform(NB_F32, nb_tensor_shape(x), 0, 1, 8); }
 static nb_tensor *truncated_like(const nb_tensor *x)
@@ -60,6 +61,7 @@ int main(int argc, char **argv)
         {"sin", "sin", nb_sin, false},
         {"cos", "cos", nb_cos, false},
         {"log (of values in (0, 16))", "log", nb_log, true},
+        {"x^1.7 (of values in (0, 16))", "pow", pow_1_7, true},
         {"gelu (exact, erfc)", "gelu", nb_gelu, false},
         {"softmax over rows of 1024", "softmax", softmax_rows, false},
         {"log_softmax over rows of 1024", "log_softmax", log_softmax_rows, false},

@@ -1,6 +1,6 @@
 """PyTorch side of bench/cpu_math.c: exp, sigmoid, silu, tanh, softplus, sin, cos, log,
-the exact GELU, and softmax and log_softmax over the last dim, on an f32 CPU tensor of uniform
-values in [-8, 8) (log: in (0, 16)), eager; then new random tensors of its shape (normal,
+x^1.7, the exact GELU, and softmax and log_softmax over the last dim, on an f32 CPU tensor of uniform
+values in [-8, 8) (log and pow: in (0, 16)), eager; then new random tensors of its shape (normal,
 uniform, and normal truncated at 2 sd). Arguments: rows, columns, timed repetitions. Prints
 "name milliseconds" lines."""
 from torch_peer import arg, median_wall, need_torch
@@ -23,6 +23,7 @@ print("tanh", median_wall(lambda: torch.tanh(x), R, 2, 1e6))
 print("sin", median_wall(lambda: torch.sin(x), R, 2, 1e6))
 print("cos", median_wall(lambda: torch.cos(x), R, 2, 1e6))
 print("log", median_wall(lambda: torch.log(xp), R, 2, 1e6))
+print("pow", median_wall(lambda: torch.pow(xp, 1.7), R, 2, 1e6))
 print("gelu", median_wall(lambda: F.gelu(x), R, 2, 1e6))
 print("softplus", median_wall(lambda: F.softplus(x), R, 2, 1e6))
 print("softmax", median_wall(lambda: torch.softmax(x, -1), R, 2, 1e6))

@@ -27,14 +27,15 @@
 #include <math.h>
 #include <stdint.h>
 
+/* Every formula is inlined whole on the CPU: a call in a loop keeps it from
+ * vectorising, and GCC's -O2 estimate would leave the larger ones calls.
+ * NB_FN_RARE marks the rare paths (sin and cos of a far x) that may be. */
 #ifdef __CUDACC__
 #define NB_FN static inline __host__ __device__
 #else
-#define NB_FN static inline
+#define NB_FN static inline __attribute__((always_inline))
 #endif
-/* For the parts of the CPU's own functions that a vectorised loop must
- * inline whole (GCC's -O2 estimate leaves the larger ones as calls). */
-#define NB_FN_INLINE NB_FN __attribute__((always_inline))
+#define NB_FN_RARE static inline
 
 #define NB_INV_SQRT2 0.70710678118654752440
 #define NB_INV_SQRT_2PI 0.39894228040143267794
@@ -105,7 +106,7 @@ NB_FN uint64_t nb__double_bits(double d)
 /* 2^z = scale (1 + *p) for z in [-1000, 1000]: scale = 2^k with k = round(z)
  * exactly, and *p = 2^r - 1 for r = z - k, |r| <= 1/2, as r q(r) with q of
  * degree 7 (relative error 2^-38.8: a Chebyshev fit of (2^r - 1) / r). */
-NB_FN_INLINE double nb__exp2_parts(double z, double *p)
+NB_FN double nb__exp2_parts(double z, double *p)
 {
     const double shift = 0x1.8p52; /* z + shift holds round(z) in its low bits */
     const double t = z + shift;
@@ -140,7 +141,7 @@ NB_FN double nb__log_normal(double w)
  * the random normals'): as nb__log_normal, its series summed to s^21 (the
  * next term is below 2^-60 of the result), and ln 2 in two parts, so that
  * e ln 2's first part is exact. */
-NB_FN_INLINE double nb__log_fine(double w)
+NB_FN double nb__log_fine(double w)
 {
     const uint64_t u = nb__double_bits(w) + (0x3ff0000000000000ULL - 0x3fe6a09e667f3bcdULL);
     const double e = nb__bits_double(0x4330000000000000ULL | (u >> 52)) - (0x1p52 + 1023.0);
@@ -278,7 +279,7 @@ NB_FN float nb_tanhf(float x)
  * and an odd y, NaN for a negative x and a y that is no whole number; then
  * the cases of 0, inf, 1 and NaN selected. Every float past 2^24 is an even
  * whole number; below it, y + 1.5 2^52 holds y's parity in its last bit. */
-NB_FN_INLINE float nb_powf(float x, float y)
+NB_FN float nb_powf(float x, float y)
 {
     const float ax = __builtin_fabsf(x), ay = __builtin_fabsf(y);
     const double yd = (double)y, t = yd + 0x1.8p52;
@@ -315,7 +316,7 @@ NB_FN_INLINE float nb_powf(float x, float y)
  * other way), rounded to float: sin r to r^13 or cos r to r^12 (their next
  * terms are below 2^-45 and 2^-41 of the result), picked and signed by q's
  * two low bits. */
-NB_FN_INLINE float nb__sin_quadrant(double r, uint64_t q)
+NB_FN float nb__sin_quadrant(double r, uint64_t q)
 {
     const double r2 = r * r, r4 = r2 * r2, r8 = r4 * r4;
     /* r (1 + ...), not r + r (...), which makes sin -0 +0 */
@@ -331,7 +332,7 @@ NB_FN_INLINE float nb__sin_quadrant(double r, uint64_t q)
  * r = (x - k p1) - k p2 with pi/2 = p1 + p2 + 3.5e-27, p1 of 31 bits so that
  * k p1 and x - k p1 are exact (|k| < 2^20): r is within 2^-66 of the truth,
  * and no float this small is nearer than 2^-29 to a multiple of pi/2. */
-NB_FN_INLINE double nb__trig_reduce_near(float x, uint64_t *q)
+NB_FN double nb__trig_reduce_near(float x, uint64_t *q)
 {
     const double t = (double)x * 0.63661977236758138 + 0x1.8p52;
     *q = nb__double_bits(t);
@@ -343,7 +344,7 @@ NB_FN_INLINE double nb__trig_reduce_near(float x, uint64_t *q)
  * 2^e, the bits of 2/pi above 4 / (m 2^e) only add whole turns, so m times
  * the next 96 bits, modulo 2^96, is x 2/pi modulo 4 with 94 bits after the
  * point (the rest of 2/pi adds under 2^-70); k is its nearest whole number. */
-NB_FN double nb__trig_reduce_far(float x, uint64_t *q)
+NB_FN_RARE double nb__trig_reduce_far(float x, uint64_t *q)
 {
     static const uint32_t two_over_pi[10] = {0, /* then 2/pi's bits from the first after the point */
                                              0xa2f9836eu, 0x4e441529u, 0xfc2757d1u, 0xf534ddc0u, 0xdb629599u,
@@ -377,13 +378,13 @@ NB_FN double nb__trig_reduce_far(float x, uint64_t *q)
 /* The near reduction's sine and cosine, without a branch (vectorised loops
  * call them for every x, then redo the rare |x| > 2^20 with nb_sinf and
  * nb_cosf: ops/cpu/cpu_unary.c). */
-NB_FN_INLINE float nb__sinf_near(float x)
+NB_FN float nb__sinf_near(float x)
 {
     uint64_t q;
     const double r = nb__trig_reduce_near(x, &q);
     return nb__sin_quadrant(r, q);
 }
-NB_FN_INLINE float nb__cosf_near(float x)
+NB_FN float nb__cosf_near(float x)
 {
     uint64_t q;
     const double r = nb__trig_reduce_near(x, &q);
@@ -391,7 +392,7 @@ NB_FN_INLINE float nb__cosf_near(float x)
 }
 
 /* inf and NaN give NaN (x - x). */
-NB_FN float nb_sinf(float x)
+NB_FN_RARE float nb_sinf(float x)
 {
     if (__builtin_fabsf(x) <= 0x1p20f)
         return nb__sinf_near(x);
@@ -401,7 +402,7 @@ NB_FN float nb_sinf(float x)
     const double r = nb__trig_reduce_far(x, &q);
     return nb__sin_quadrant(r, q);
 }
-NB_FN float nb_cosf(float x)
+NB_FN_RARE float nb_cosf(float x)
 {
     if (__builtin_fabsf(x) <= 0x1p20f)
         return nb__cosf_near(x);
