@@ -16,7 +16,8 @@
  *     published answers and a copy written here from its definition, the
  *     Box-Muller normal within 2.5 units of 2^-52 of a long double reference
  *     (edges and random words), and every distribution and dtype at each
- *     vector level, contiguous and strided, the bits of the one-element draw.
+ *     vector level, contiguous and strided, the bits of the one-element draw;
+ *   - the reductions over rows, columns and all, the same bits at each level.
  * Exits 0 on success, 1 on failure. */
 #include <nabla/nabla.h>
 
@@ -603,6 +604,89 @@ static void test_random_levels(void)
     printf("  random tensors at %d vector level(s): the bits of the one-element draws\n", ran);
 }
 
+/* The reductions (ops/cpu/cpu_reduce.c) over rows, columns and all of x, f32,
+ * f64, i32 and i64, give the same bits at every vector level (any NaN for a
+ * NaN): their accumulating loops are compiled for each (the integers' where
+ * that is safe). A float x holds a NaN, infs and signed zeros in its dirty
+ * variant. */
+static void test_reduce_levels(void)
+{
+    const int64_t shapes[][2] = {{3, 7}, {5, 200}, {3, 1000}, {2000, 3}, {300, 300}, {40, 1030}, {70000, 2}};
+    int ran = 0;
+    const nb_dtype dts[] = {NB_F32, NB_F64, NB_I32, NB_I64};
+    for (int di = 0; di < 4; di++) {
+        const nb_dtype dt = dts[di];
+        const int64_t es = (int64_t)nb_dtype_size(dt);
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+            for (int dirty = 0; dirty < 2; dirty++) {
+                const int64_t rows = shapes[si][0], cols = shapes[si][1], total = rows * cols;
+                char *x = malloc((size_t)(total * es));
+                for (int64_t i = 0; i < total; i++) {
+                    double v = 0.5 + rng_unit(); /* near 1, so that products stay finite */
+                    v = i % 3 ? v : -v;
+                    if (dirty && i % 97 == 5)
+                        v = i % 5 == 0 ? NAN : i % 5 == 1 ? INFINITY : i % 5 == 2 ? -INFINITY : i % 5 == 3 ? 0.0 : -0.0;
+                    if (dt == NB_F32)
+                        ((float *)x)[i] = (float)v;
+                    else if (dt == NB_F64)
+                        ((double *)x)[i] = v;
+                    else if (dt == NB_I32) /* wrapping sums and products in 64 bits, cut to 32 */
+                        ((int32_t *)x)[i] = (int32_t)(rng_u64() % 2001) - 1000;
+                    else
+                        ((int64_t *)x)[i] = (int64_t)(rng_u64() >> 1) * (i % 2 ? 1 : -1);
+                }
+                nb_view vx;
+                memset(&vx, 0, sizeof vx);
+                vx.data = x;
+                vx.dtype = dt;
+                vx.ndim = 2;
+                vx.shape[0] = rows;
+                vx.shape[1] = cols;
+                vx.numel = total;
+                vx.strides[0] = cols * es;
+                vx.strides[1] = es;
+                vx.contiguous = true;
+                for (int op = 0; op < NB_RED_COUNT; op++)
+                    for (int axes = 1; axes <= 3; axes++) { /* 1: rows, 2: columns, 3: all */
+                        nb_view vo = vx;
+                        vo.shape[0] = axes & 2 ? 1 : rows;
+                        vo.shape[1] = axes & 1 ? 1 : cols;
+                        vo.numel = vo.shape[0] * vo.shape[1];
+                        vo.strides[0] = vo.shape[1] * es;
+                        char *first = malloc((size_t)(vo.numel * es)), *o = malloc((size_t)(vo.numel * es));
+                        int runs = 0;
+                        for (int l = 0; l < 3; l++) {
+                            if (!nb__cpu_simd_use(levels[l]))
+                                continue;
+                            vo.data = runs ? o : first;
+                            EXPECT(nb__cpu_backend.reduce(NULL, (nb_reduce_op)op, &vo, &vx) == NB_OK, "reduce: %s",
+                                   nb_error_message());
+                            nb_error_clear();
+                            for (int64_t i = 0; runs && i < vo.numel; i++) {
+                                const bool same = dt == NB_F32   ? same_f(((float *)o)[i], ((float *)first)[i])
+                                                  : dt == NB_F64 ? same_d(((double *)o)[i], ((double *)first)[i])
+                                                                 : memcmp(o + i * es, first + i * es, (size_t)es) == 0;
+                                if (!same) {
+                                    EXPECT(false, "%s %s [%lld, %lld]%s over %s at %s, output %lld differs from %s's",
+                                           nb__reduce_name((nb_reduce_op)op), nb_dtype_name(dt), (long long)rows,
+                                           (long long)cols, dirty ? " with NaN, inf, -0" : "",
+                                           axes == 1 ? "rows" : axes == 2 ? "columns" : "all", levels[l],
+                                           (long long)i, levels[0]);
+                                    break;
+                                }
+                            }
+                            runs++;
+                        }
+                        ran = runs > ran ? runs : ran;
+                        free(first);
+                        free(o);
+                    }
+                free(x);
+            }
+    }
+    printf("  reductions over rows, columns and all: the same bits at %d vector level(s)\n", ran);
+}
+
 /* NB_CPU_SIMD caps the level the kernels start at; nb__cpu_simd_use takes
  * only the names, and only a level this CPU runs. */
 static void test_level_choice(int level)
@@ -630,6 +714,7 @@ int main(void)
     test_random_words();
     test_box_muller();
     test_random_levels();
+    test_reduce_levels();
     nb__cpu_simd_use(levels[level]);
     if (failures) {
         fprintf(stderr, "%d check(s) failed\n", failures);

@@ -34,6 +34,29 @@
 #define RED_ONE_COPY __attribute__((noinline, noclone))
 #endif
 
+/* NAME, a void function of PARAMS called with ARGS, as NAME##_body compiled
+ * for each vector level (one machine code each: RED_ONE_COPY) and picked at
+ * run time, so that the eager and the fed paths run the same code. */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define RED_SIMD_COPIES(NAME, PARAMS, ARGS)                                                   \
+    NB_CPU_TARGET_AVX512 RED_ONE_COPY static void NAME##_avx512 PARAMS { NAME##_body ARGS; } \
+    NB_CPU_TARGET_AVX2 RED_ONE_COPY static void NAME##_avx2 PARAMS { NAME##_body ARGS; }     \
+    RED_ONE_COPY static void NAME##_base PARAMS { NAME##_body ARGS; }                        \
+    static inline void NAME PARAMS                                                            \
+    {                                                                                         \
+        switch (nb__cpu_simd_level()) {                                                       \
+        case 2: NAME##_avx512 ARGS; break;                                                    \
+        case 1: NAME##_avx2 ARGS; break;                                                      \
+        default: NAME##_base ARGS; break;                                                     \
+        }                                                                                     \
+    }
+#else
+#define RED_SIMD_COPIES(NAME, PARAMS, ARGS) RED_SCALAR_COPY(NAME, PARAMS, ARGS)
+#endif
+/* The same for the integer reductions, one copy for the build's baseline: GCC
+ * 12's AVX-512 copy of the i32 lanes loop summed wrong (test_backend_ops). */
+#define RED_SCALAR_COPY(NAME, PARAMS, ARGS) RED_ONE_COPY static void NAME PARAMS { NAME##_body ARGS; }
+
 #define RED_TILE 256
 #define RED_ROWS 64 /* short rows reduced per call */
 #define RED_MAX_PARTIALS 64
@@ -111,17 +134,34 @@ static int64_t red_full_parts(const red_plan *pl)
 
 /* ---- one macro stamps out every (op, dtype) ------------------------------------ */
 
-#define RED_IMPL(NAME, T, ACC, INIT, COMB, MEANDIV)                                           \
+#define RED_IMPL(NAME, T, ACC, INIT, COMB, MEANDIV, COPIES)                                           \
     /* Dense runs, fed or read from memory, go through _lanes, _close and _combine, never     \
      * inlined: one machine code for both, since where two NaNs meet, which one an add keeps  \
      * follows the order of the instruction's operands, which the compiler picks per copy */  \
+    /* rows rows of w (<= RED_TILE) column accumulators, row i at xr + i * rs bytes, into  \
+     * acc in row order: the eager and the fed column paths both accumulate here */           \
+    __attribute__((always_inline)) static inline void NAME##_colacc_body(ACC *restrict acc,  \
+                                                                         const char *xr,      \
+                                                                         int64_t rows,        \
+                                                                         int64_t rs, int64_t w) \
+    {                                                                                         \
+        for (int64_t i = 0; i < rows; i++) {                                                  \
+            const T *restrict x = (const T *)(xr + i * rs);                                   \
+            for (int64_t j = 0; j < w; j++)                                                   \
+                acc[j] = COMB(acc[j], (ACC)x[j]);                                             \
+        }                                                                                     \
+    }                                                                                         \
+    COPIES(NAME##_colacc, (ACC *restrict acc, const char *xr, int64_t rows, int64_t rs, int64_t w), \
+                    (acc, xr, rows, rs, w))                                                   \
     /* the lanes' part of a dense run: n8 (a multiple of 8) elements, element i into lane i % 8 */ \
-    RED_ONE_COPY static void NAME##_lanes(ACC *restrict a, const T *restrict x, int64_t n8) \
+    __attribute__((always_inline)) static inline void NAME##_lanes_body(ACC *restrict a, const T *restrict x, \
+                                                                        int64_t n8)           \
     {                                                                                         \
         for (int64_t i = 0; i < n8; i += 8)                                                   \
             for (int j = 0; j < 8; j++)                                                       \
                 a[j] = COMB(a[j], (ACC)x[i + j]);                                             \
     }                                                                                         \
+    COPIES(NAME##_lanes, (ACC *restrict a, const T *restrict x, int64_t n8), (a, x, n8)) \
     /* the lanes combined in order, then the run's last n (< 8) elements */                   \
     RED_ONE_COPY static ACC NAME##_close(const ACC *a, const T *x, int64_t n)    \
     {                                                                                         \
@@ -143,8 +183,9 @@ static int64_t red_full_parts(const red_plan *pl)
     /* rows dense runs of rn (<= FEED_PIECE) elements each, row i at rowp[i], into res[i]:    \
      * a short row's lanes and close in one function called once for many rows, so a       \
      * reduction of short rows pays no call per row */                                       \
-    RED_ONE_COPY static void NAME##_rows(ACC *restrict res, const char *const *rowp, int64_t rows, \
-                                         int64_t rn)                                          \
+    __attribute__((always_inline)) static inline void NAME##_rows_body(ACC *restrict res,   \
+                                                                       const char *const *rowp, \
+                                                                       int64_t rows, int64_t rn) \
     {                                                                                         \
         const int64_t n8 = rn - rn % 8;                                                       \
         for (int64_t r = 0; r < rows; r++) {                                                  \
@@ -161,17 +202,8 @@ static int64_t red_full_parts(const red_plan *pl)
             res[r] = v;                                                                       \
         }                                                                                     \
     }                                                                                         \
-    /* rows rows of w (<= RED_TILE) column accumulators, row i at xr + i * rs bytes, into  \
-     * acc in row order: the eager and the fed column paths both accumulate here */           \
-    RED_ONE_COPY static void NAME##_colacc(ACC *restrict acc, const char *xr, int64_t rows,   \
-                                           int64_t rs, int64_t w)                             \
-    {                                                                                         \
-        for (int64_t i = 0; i < rows; i++) {                                                  \
-            const T *restrict x = (const T *)(xr + i * rs);                                   \
-            for (int64_t j = 0; j < w; j++)                                                   \
-                acc[j] = COMB(acc[j], (ACC)x[j]);                                             \
-        }                                                                                     \
-    }                                                                                         \
+    COPIES(NAME##_rows, (ACC *restrict res, const char *const *rowp, int64_t rows, int64_t rn), \
+                    (res, rowp, rows, rn))                                                    \
     /* n elements from p with byte stride s */                                                \
     static inline ACC NAME##_run(const char *p, int64_t n, int64_t s)                         \
     {                                                                                         \
@@ -433,8 +465,10 @@ static int64_t red_full_parts(const red_plan *pl)
 
 #define ADD(a, v) ((a) + (v))
 #define MUL(a, v) ((a) * (v))
-#define FMAX(a, v) (((v) > (a) || (v) != (v)) ? (v) : (a))
-#define FMIN(a, v) (((v) < (a) || (v) != (v)) ? (v) : (a))
+/* Two selects, not (v > a || v != v): GCC makes that branches, which keep
+ * the lanes from vectorising. */
+#define FMAX(a, v) ((v) != (v) ? (v) : (v) > (a) ? (v) : (a))
+#define FMIN(a, v) ((v) != (v) ? (v) : (v) < (a) ? (v) : (a))
 #define IMAX(a, v) ((v) > (a) ? (v) : (a))
 #define IMIN(a, v) ((v) < (a) ? (v) : (a))
 #define UADD(a, v) ((int64_t)((uint64_t)(a) + (uint64_t)(v)))
@@ -442,22 +476,22 @@ static int64_t red_full_parts(const red_plan *pl)
 #define FDIV(acc, n) ((acc) / (double)(n))
 #define IDIV(acc, n) ((n) ? (acc) / (int64_t)(n) : 0)
 
-RED_IMPL(red_sum_f32, float, double, 0.0, ADD, FDIV)
-RED_IMPL(red_sum_f64, double, double, 0.0, ADD, FDIV)
-RED_IMPL(red_sum_i32, int32_t, int64_t, 0, UADD, IDIV)
-RED_IMPL(red_sum_i64, int64_t, int64_t, 0, UADD, IDIV)
-RED_IMPL(red_prod_f32, float, double, 1.0, MUL, FDIV)
-RED_IMPL(red_prod_f64, double, double, 1.0, MUL, FDIV)
-RED_IMPL(red_prod_i32, int32_t, int64_t, 1, UMUL, IDIV)
-RED_IMPL(red_prod_i64, int64_t, int64_t, 1, UMUL, IDIV)
-RED_IMPL(red_max_f32, float, float, -INFINITY, FMAX, FDIV)
-RED_IMPL(red_max_f64, double, double, -INFINITY, FMAX, FDIV)
-RED_IMPL(red_max_i32, int32_t, int32_t, INT32_MIN, IMAX, IDIV)
-RED_IMPL(red_max_i64, int64_t, int64_t, INT64_MIN, IMAX, IDIV)
-RED_IMPL(red_min_f32, float, float, INFINITY, FMIN, FDIV)
-RED_IMPL(red_min_f64, double, double, INFINITY, FMIN, FDIV)
-RED_IMPL(red_min_i32, int32_t, int32_t, INT32_MAX, IMIN, IDIV)
-RED_IMPL(red_min_i64, int64_t, int64_t, INT64_MAX, IMIN, IDIV)
+RED_IMPL(red_sum_f32, float, double, 0.0, ADD, FDIV, RED_SIMD_COPIES)
+RED_IMPL(red_sum_f64, double, double, 0.0, ADD, FDIV, RED_SIMD_COPIES)
+RED_IMPL(red_sum_i32, int32_t, int64_t, 0, UADD, IDIV, RED_SCALAR_COPY)
+RED_IMPL(red_sum_i64, int64_t, int64_t, 0, UADD, IDIV, RED_SCALAR_COPY)
+RED_IMPL(red_prod_f32, float, double, 1.0, MUL, FDIV, RED_SIMD_COPIES)
+RED_IMPL(red_prod_f64, double, double, 1.0, MUL, FDIV, RED_SIMD_COPIES)
+RED_IMPL(red_prod_i32, int32_t, int64_t, 1, UMUL, IDIV, RED_SCALAR_COPY)
+RED_IMPL(red_prod_i64, int64_t, int64_t, 1, UMUL, IDIV, RED_SCALAR_COPY)
+RED_IMPL(red_max_f32, float, float, -INFINITY, FMAX, FDIV, RED_SIMD_COPIES)
+RED_IMPL(red_max_f64, double, double, -INFINITY, FMAX, FDIV, RED_SIMD_COPIES)
+RED_IMPL(red_max_i32, int32_t, int32_t, INT32_MIN, IMAX, IDIV, RED_SCALAR_COPY)
+RED_IMPL(red_max_i64, int64_t, int64_t, INT64_MIN, IMAX, IDIV, RED_SCALAR_COPY)
+RED_IMPL(red_min_f32, float, float, INFINITY, FMIN, FDIV, RED_SIMD_COPIES)
+RED_IMPL(red_min_f64, double, double, INFINITY, FMIN, FDIV, RED_SIMD_COPIES)
+RED_IMPL(red_min_i32, int32_t, int32_t, INT32_MAX, IMIN, IDIV, RED_SCALAR_COPY)
+RED_IMPL(red_min_i64, int64_t, int64_t, INT64_MAX, IMIN, IDIV, RED_SCALAR_COPY)
 
 typedef void (*red_fn)(const red_plan *pl, bool cols);
 typedef void (*red_fed_fn)(const red_feed *fd);
