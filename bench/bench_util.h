@@ -256,4 +256,17 @@ static inline void bench_header(const char *title, const char *unit, const bench
     printf("%-40s %10s %10s %9s\n", unit, "nabla", "PyTorch", "speed-up");
 }
 
+/* The line under a CPU table: the vectors nabla's loops ran with (the CPU's
+ * widest, or the NB_CPU_SIMD cap) and the threads PyTorch's ran on, where the
+ * peer printed a "threads" line. */
+static inline void bench_cpu_footer(const bench_peer *p)
+{
+    const char *cap = getenv("NB_CPU_SIMD");
+    printf("(nabla's vectors: the CPU's widest%s%s%s", cap ? ", capped at " : "", cap ? cap : "",
+           cap ? " by NB_CPU_SIMD" : "");
+    if (bench_peer_get(p, "threads") > 0)
+        printf("; PyTorch's threads: %.0f", bench_peer_get(p, "threads"));
+    printf(")\n");
+}
+
 #endif

@@ -60,12 +60,7 @@ int main(int argc, char **argv)
     bench_header("Reductions on /cpu:0, eager (f32)", "milliseconds per op", &p);
     for (int i = 0; i < n_cases; i++)
         bench_row(cases[i].name, ms[i], bench_peer_get(&p, cases[i].peer));
-    const char *cap = getenv("NB_CPU_SIMD");
-    printf("(nabla's vectors: the CPU's widest%s%s%s", cap ? ", capped at " : "", cap ? cap : "",
-           cap ? " by NB_CPU_SIMD" : "");
-    if (bench_peer_get(&p, "threads") > 0)
-        printf("; PyTorch's threads: %.0f", bench_peer_get(&p, "threads"));
-    printf(")\n");
+    bench_cpu_footer(&p);
     nb_scope_end(s);
     return 0;
 }

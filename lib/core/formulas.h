@@ -391,27 +391,22 @@ NB_FN float nb__cosf_near(float x)
     return nb__sin_quadrant(r, q + 1);
 }
 
-/* inf and NaN give NaN (x - x). */
-NB_FN_RARE float nb_sinf(float x)
+/* sin(x + quarter pi/2) of any float (quarter 0: sin, 1: cos); inf and NaN
+ * give NaN (x - x). */
+NB_FN_RARE float nb__sinf_turned(float x, uint64_t quarter)
 {
-    if (__builtin_fabsf(x) <= 0x1p20f)
-        return nb__sinf_near(x);
+    uint64_t q;
+    if (__builtin_fabsf(x) <= 0x1p20f) {
+        const double r = nb__trig_reduce_near(x, &q);
+        return nb__sin_quadrant(r, q + quarter);
+    }
     if (x - x != 0)
         return x - x;
-    uint64_t q;
     const double r = nb__trig_reduce_far(x, &q);
-    return nb__sin_quadrant(r, q);
+    return nb__sin_quadrant(r, q + quarter);
 }
-NB_FN_RARE float nb_cosf(float x)
-{
-    if (__builtin_fabsf(x) <= 0x1p20f)
-        return nb__cosf_near(x);
-    if (x - x != 0)
-        return x - x;
-    uint64_t q;
-    const double r = nb__trig_reduce_far(x, &q);
-    return nb__sin_quadrant(r, q + 1);
-}
+NB_FN_RARE float nb_sinf(float x) { return nb__sinf_turned(x, 0); }
+NB_FN_RARE float nb_cosf(float x) { return nb__sinf_turned(x, 1); }
 #endif
 
 #define NB_T float

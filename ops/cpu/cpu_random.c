@@ -7,10 +7,11 @@
  *  truncated: the same, drawn again with the next try number until |z| <= 2.
  * The arithmetic is done in double, with a log (nb__log_fine, formulas.h) and
  * a cosine of nabla's own (within a few units in the last place of a double)
- * that, unlike libm's, vectorise: rows are drawn a block at a time, the block's loops compiled for
- * the CPU's vector width (NB_CPU_SIMD_LOOP; this file is one of the vector
- * sources in ops/cpu/meson.build). Every width gives the same bits, and
- * nb__cpu_philox_uniform and nb__cpu_philox_normal give them one at a time. */
+ * that, unlike libm's, vectorise: rows are drawn a block at a time, the
+ * block's loops compiled for the CPU's vector width (NB_CPU_SIMD_LOOP; this
+ * file is one of the vector sources in ops/cpu/meson.build). Every width gives
+ * the same bits, and nb__cpu_philox_uniform and nb__cpu_philox_normal give
+ * them one at a time. */
 #include "cpu_internal.h"
 #include "lib/core/formulas.h"
 
@@ -75,9 +76,10 @@ static void draw_words_scalar(const philox_keys *k, const uint64_t *at, uint64_t
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
 #include <immintrin.h>
 
-/* One Philox round on vectors of 64-bit lanes whose low halves hold the
- * counter words: the multiplies read only the low halves, so the high ones may
- * hold anything until the words are packed. */
+/* draw_words for vectors V of 64-bit lanes, one element per lane, whose low
+ * halves hold its counter words: the multiplies read only the low halves, so
+ * the high ones may hold anything until the words are packed; the last
+ * elements, fewer than a vector, one at a time. */
 #define PHILOX_VECTOR_BODY(V, SET1, MUL, SRL, SLL, XOR3, AND, OR, ADD, LANES, LOAD, STORE)        \
     const V m0 = SET1(PHILOX_M0), m1 = SET1(PHILOX_M1), low = SET1(0xffffffffLL);                 \
     V k0[PHILOX_ROUNDS], k1[PHILOX_ROUNDS];                                                         \
