@@ -364,24 +364,27 @@ static inline bool nb__cpu_has_avx2(void) { return nb__cpu_simd_level() >= 1; }
         else                                                                                        \
             name##_base_##T(ctx, b, e);                                                             \
     }
-/* The three copies of name##_body and the one that picks among them, for a
- * function of the parameter list params, called with the argument list args. */
-#define NB_CPU_SIMD_FN(name, params, args)                                                          \
-    NB_CPU_TARGET_AVX512 static void name##_avx512 params { name##_body args; }                     \
-    NB_CPU_TARGET_AVX2 static void name##_avx2 params { name##_body args; }                         \
-    static void name params                                                                         \
+/* The three copies of name##_body, each declared with attr (which may be
+ * empty), and the one that picks among them, for a void function of the
+ * parameter list params, called with the argument list args. */
+#define NB_CPU_SIMD_COPIES(name, attr, params, args)                                                \
+    NB_CPU_TARGET_AVX512 attr static void name##_avx512 params { name##_body args; }                \
+    NB_CPU_TARGET_AVX2 attr static void name##_avx2 params { name##_body args; }                    \
+    attr static void name##_base params { name##_body args; }                                       \
+    static inline void name params                                                                  \
     {                                                                                               \
         switch (nb__cpu_simd_level()) {                                                             \
         case 2: name##_avx512 args; break;                                                          \
         case 1: name##_avx2 args; break;                                                            \
-        default: name##_body args; break;                                                           \
+        default: name##_base args; break;                                                           \
         }                                                                                           \
     }
 #else
 #define NB_CPU_AVX2_ENTRY(name, T)                                                                  \
     static void name##_##T(void *ctx, int64_t b, int64_t e) { name##_body_##T(ctx, b, e); }
-#define NB_CPU_SIMD_FN(name, params, args) static void name params { name##_body args; }
+#define NB_CPU_SIMD_COPIES(name, attr, params, args) attr static void name params { name##_body args; }
 #endif
+#define NB_CPU_SIMD_FN(name, params, args) NB_CPU_SIMD_COPIES(name, , params, args)
 #define NB_CPU_SIMD_LOOP(name)                                                                      \
     NB_CPU_SIMD_FN(name, (void *c, int64_t n, char *const *p, const int64_t *s, int64_t flat), (c, n, p, s, flat))
 #define NB_CPU_SIMD_RANGE(name) NB_CPU_SIMD_FN(name, (void *ctx, int64_t b, int64_t e), (ctx, b, e))

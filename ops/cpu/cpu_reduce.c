@@ -35,24 +35,9 @@
 #endif
 
 /* NAME, a void function of PARAMS called with ARGS, as NAME##_body compiled
- * for each vector level (one machine code each: RED_ONE_COPY) and picked at
+ * for each vector level, one machine code each (RED_ONE_COPY), and picked at
  * run time, so that the eager and the fed paths run the same code. */
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
-#define RED_SIMD_COPIES(NAME, PARAMS, ARGS)                                                   \
-    NB_CPU_TARGET_AVX512 RED_ONE_COPY static void NAME##_avx512 PARAMS { NAME##_body ARGS; } \
-    NB_CPU_TARGET_AVX2 RED_ONE_COPY static void NAME##_avx2 PARAMS { NAME##_body ARGS; }     \
-    RED_ONE_COPY static void NAME##_base PARAMS { NAME##_body ARGS; }                        \
-    static inline void NAME PARAMS                                                            \
-    {                                                                                         \
-        switch (nb__cpu_simd_level()) {                                                       \
-        case 2: NAME##_avx512 ARGS; break;                                                    \
-        case 1: NAME##_avx2 ARGS; break;                                                      \
-        default: NAME##_base ARGS; break;                                                     \
-        }                                                                                     \
-    }
-#else
-#define RED_SIMD_COPIES(NAME, PARAMS, ARGS) RED_SCALAR_COPY(NAME, PARAMS, ARGS)
-#endif
+#define RED_SIMD_COPIES(NAME, PARAMS, ARGS) NB_CPU_SIMD_COPIES(NAME, RED_ONE_COPY, PARAMS, ARGS)
 /* The same for the integer reductions, one copy for the build's baseline: GCC
  * 12's AVX-512 copy of the i32 lanes loop summed wrong (test_backend_ops). */
 #define RED_SCALAR_COPY(NAME, PARAMS, ARGS) RED_ONE_COPY static void NAME PARAMS { NAME##_body ARGS; }
