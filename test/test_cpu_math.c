@@ -611,7 +611,9 @@ static void test_random_levels(void)
  * variant. */
 static void test_reduce_levels(void)
 {
-    const int64_t shapes[][2] = {{3, 7}, {5, 200}, {3, 1000}, {2000, 3}, {300, 300}, {40, 1030}, {70000, 2}};
+    /* the last two: columns split by rows (more than 8 grains of work, few tiles) */
+    const int64_t shapes[][2] = {{3, 7},     {5, 200},    {3, 1000},  {2000, 3}, {300, 300},
+                                 {40, 1030}, {70000, 2}, {1100, 300}, {5000, 64}};
     int ran = 0;
     const nb_dtype dts[] = {NB_F32, NB_F64, NB_I32, NB_I64};
     for (int di = 0; di < 4; di++) {

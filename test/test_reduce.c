@@ -494,6 +494,56 @@ static void test_reduce_edge_points(void)
     CHECK(has_shape(nb_logsumexp(e, NB_AXES(0), false), NB_SHAPE(0)));
 }
 
+/* On the CPU a float reduction that meets a NaN gives the one default NaN
+ * (positive, quiet, no payload), whatever NaNs it met and in whatever order
+ * its lanes met them; rows without a NaN are not NaN. Rows long enough for
+ * the vector lanes, columns enough to split by rows, and all. */
+static void test_reduce_nan_default(void)
+{
+    CHECK_OK(nb_device_push("/cpu:0"));
+    const int64_t rows = 1500, cols = 300, total = rows * cols;
+    const uint32_t want_f = 0x7fc00000u;
+    const uint64_t want_d = 0x7ff8000000000000ull;
+    /* NaNs of both signs and odd payloads in row 3 (columns 5 and 200) and in column 7 of row 1000 */
+    const int64_t at[3] = {3 * cols + 5, 3 * cols + 200, 1000 * cols + 7};
+    for (int dti = 0; dti < 2; dti++) {
+        const nb_dtype dt = dti ? NB_F64 : NB_F32;
+        const size_t es = nb_dtype_size(dt);
+        char *buf = malloc(es * (size_t)total), *out = malloc(es * (size_t)total);
+        CHECK_OK(nb_tensor_read(nb_random_normal(dt, NB_SHAPE(rows, cols), 0, 1, 77), buf, es * (size_t)total));
+        for (int k = 0; k < 3; k++) {
+            const uint64_t bits = dt == NB_F32 ? (k == 1 ? 0x7fc00123u : 0xffc00123u)
+                                               : (k == 1 ? 0x7ff8000000000456ull : 0xfff8000000000456ull);
+            memcpy(buf + (size_t)at[k] * es, &bits, es); /* little-endian: the low bytes */
+        }
+        nb_tensor *x = nb_from_buffer(dt, NB_SHAPE(rows, cols), buf);
+        for (int k = 0; k < R_LSE; k++)
+            for (int axes = 0; axes < 3; axes++) {
+                nb_tensor *r = axes == 0   ? rops[k](x, NB_AXES(1), false)
+                               : axes == 1 ? rops[k](x, NB_AXES(0), false)
+                                           : rops[k](x, NB_ALL_AXES, false);
+                const int64_t n = nb_tensor_numel(r);
+                CHECK_OK(nb_tensor_read(r, out, es * (size_t)n));
+                for (int64_t i = 0; i < n; i++) {
+                    const bool nan_in = axes == 2 || (axes == 0 ? i == 3 || i == 1000 : i == 5 || i == 200 || i == 7);
+                    uint64_t b = 0;
+                    memcpy(&b, out + (size_t)i * es, es);
+                    const bool is_nan = dt == NB_F32 ? isnan(((float *)out)[i]) : isnan(((double *)out)[i]);
+                    const bool ok = nan_in ? b == (dt == NB_F32 ? want_f : want_d) : !is_nan;
+                    if (!ok) {
+                        CHECKF(false, "%s %s over %s: output %lld (bits %llx) is not %s", rnames[k],
+                               nb_dtype_name(dt), axes == 0 ? "rows" : axes == 1 ? "columns" : "all",
+                               (long long)i, (unsigned long long)b, nan_in ? "the default NaN" : "a number");
+                        break;
+                    }
+                }
+            }
+        free(buf);
+        free(out);
+    }
+    nb_device_pop();
+}
+
 /* prod's second derivative where inputs are 0 is exact, as PyTorch's (the zeros
  * were held constant, so the others' slopes had no slope in them): in a row,
  * d2 prod / dx_i dx_j is the product of the rest. logsumexp's slope at finite
@@ -537,6 +587,7 @@ int main(void)
     RUN(test_logsumexp_stable);
     RUN(test_reduce_edge_points);
     RUN(test_edge_points_higher_order);
+    RUN(test_reduce_nan_default);
     RUN(test_reduce_gradients);
     RUN(test_ties_share);
     RUN(test_second_order);

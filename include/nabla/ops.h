@@ -21,7 +21,10 @@
  *   through maximum/minimum and the max/min reductions; argmax/argmin take NaN as
  *   the extreme (its first index); comparisons with NaN are false (not_equal
  *   true). sign(NaN) is NaN (PyTorch gives 0; nabla does not turn NaN into a
- *   number), and abs's slope there is NaN too.
+ *   number), and abs's slope there is NaN too. Which NaN (sign, payload) a
+ *   reduction gives is not kept: on the CPU a sum, mean, prod, max or min that
+ *   meets a NaN gives the default one (positive, quiet), whatever order its
+ *   vector lanes met them in.
  * - Integers wrap on overflow (two's complement); division truncates toward
  *   zero; division by zero is NB_ERR_INVALID_ARGUMENT. Casts: see nb_cast.
  * - Empty axes: sum 0, prod 1, mean NaN, logsumexp -inf; max, min, argmax and

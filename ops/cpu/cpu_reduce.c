@@ -1,17 +1,20 @@
 /* Reductions: reduce (SUM MEAN MAX MIN PROD) and arg_reduce.
  *
  * reduce: f32, f64, i32, i64 (out has x's dtype). f32 sums and products
- * accumulate in double (eight lanes, so they vectorise); integer sums and
- * products in wrapping 64-bit; float MAX/MIN propagate NaN; integer MEAN
- * truncates. The reduced dims (out size 1, x size > 1) and the kept dims are
- * coalesced separately; then either
- *  - each output element reduces runs along the innermost reduced dim, or
+ * accumulate in double; integer sums and products in wrapping 64-bit; float
+ * MAX/MIN propagate NaN, and any float result that is NaN is the default NaN;
+ * integer MEAN truncates. The reduced dims (out size 1, x size > 1) and the
+ * kept dims are coalesced separately; then either
+ *  - each output element reduces runs along the innermost reduced dim (a
+ *    dense run in 32 or 64 lanes, four vectors of accumulators), or
  *  - when the innermost kept dim is contiguous and the reduced one is not
  *    (column sums such as a bias gradient), tiles of up to 256 outputs
- *    accumulate row by row, which vectorises across the outputs.
- * Large work splits over output elements, or, for a full reduction, over fixed
- * chunks of the input whose partials combine in a fixed order (so the result
- * does not depend on the number of threads).
+ *    accumulate row by row, four rows a pass, which vectorises across the
+ *    outputs.
+ * Large work splits over output elements; a full reduction over fixed chunks
+ * of the input, and a column reduction of few tiles over fixed parts of its
+ * rows, whose partials combine in a fixed order (so the result does not
+ * depend on the number of threads).
  *
  * A reduction of a dense x over its trailing dims (or all of them), or over
  * its leading ones (columns), can also be fed (nb__cpu_reduce_fed): a fused
@@ -47,6 +50,16 @@
  * or min were left scalar. */
 #define RED_KEEP_LOOP _Pragma("GCC unroll 1")
 
+/* Lanes of a dense run's accumulation: four 512-bit vectors of accumulators
+ * for floats, whose chains of adds or selects overlap where one vector's
+ * waited on itself (one thread, [256, 1024] f32 in L2: max over rows 52 ->
+ * 22 us, sum of all 24 -> 19 us; f32 sums stay bound by their conversions
+ * to double); the integer reductions, compiled for the baseline, keep eight.
+ * FEED_PIECE is a multiple of each. */
+#define RED_LANES_DOUBLE 32
+#define RED_LANES_FLOAT 64
+#define RED_LANES_INT 8
+
 #define RED_TILE 256
 #define RED_ROWS 64 /* short rows reduced per call */
 #define RED_MAX_PARTIALS 64
@@ -55,11 +68,11 @@
  * pieces measured slower: 2048 took 11.8 ms where 256 took 9.4 ms for
  * mean((a - b)^2) on 64 MiB f32, one thread); a multiple of the 8 lanes. */
 #define FEED_PIECE 256
-_Static_assert(FEED_PIECE % 8 == 0, "a piece must end on a lane boundary");
+_Static_assert(FEED_PIECE % RED_LANES_DOUBLE == 0 && FEED_PIECE % RED_LANES_FLOAT == 0 && FEED_PIECE % RED_LANES_INT == 0,
+               "a piece must end on a lane boundary");
 /* Elements (rows of a column tile, each padded to 64 bytes) one call of
- * NAME##_colacc takes: the compiler may pair rows in that loop, so which NaN
- * an add keeps depends on how the rows fall into calls, and the eager and
- * the fed paths both call it on blocks of red_col_rows rows from the first. */
+ * NAME##_colacc takes, so that a fed block of rows stays in L1; the eager and
+ * the fed paths both call it on blocks of red_col_rows rows. */
 #define RED_COL_SPAN 2048
 _Static_assert(RED_COL_SPAN % FEED_PIECE == 0 && RED_COL_SPAN >= RED_TILE, "a block holds whole pieces");
 
@@ -122,20 +135,59 @@ static int64_t red_full_parts(const red_plan *pl)
     return parts > RED_MAX_PARTIALS ? RED_MAX_PARTIALS : parts;
 }
 
+/* Units (a column tile's part of the rows) a split column reduction runs at most. */
+#define RED_COL_MAX_UNITS 16
+
+/* Row parts each column tile of pl splits into, whose partial columns
+ * combine in order, or 1 where it does not split: only a [rows, K]
+ * reduction of few tiles (a bias gradient's [N*H*W, C] is one), which
+ * otherwise leaves threads idle. The count depends on the sizes alone, never
+ * on the threads, since the bits depend on it; eager and fed ask here. */
+static int64_t red_col_parts(const red_plan *pl)
+{
+    if (pl->nk != 1 || pl->nr != 1)
+        return 1;
+    const int64_t ntiles = (pl->kshape[0] + RED_TILE - 1) / RED_TILE;
+    int64_t parts = pl->knumel * pl->rnumel / (4 * NB_CPU_GRAIN);
+    if (parts > RED_COL_MAX_UNITS / ntiles)
+        parts = RED_COL_MAX_UNITS / ntiles;
+    return parts > 1 ? parts : 1;
+}
+
 /* ---- one macro stamps out every (op, dtype) ------------------------------------ */
 
-#define RED_IMPL(NAME, T, ACC, INIT, COMB, MEANDIV, COPIES)                                           \
-    /* Dense runs, fed or read from memory, go through _lanes, _close and _combine, never     \
-     * inlined: one machine code for both, since where two NaNs meet, which one an add keeps  \
-     * follows the order of the instruction's operands, which the compiler picks per copy */  \
+#define RED_IMPL(NAME, T, ACC, INIT, COMB, MEANDIV, LANES, COPIES)                                           \
+    /* Dense runs, fed or read from memory, meet their elements in the same order (the lanes, \
+     * then the close); where two NaNs meet, which one an add keeps follows the order of the  \
+     * instruction's operands, which the compiler picks per copy, so NAME##_store makes any   \
+     * NaN the default one */                                                                 \
     /* rows rows of w (<= RED_TILE) column accumulators, row i at xr + i * rs bytes, into  \
      * acc in row order: the eager and the fed column paths both accumulate here */           \
+    /* rows x0..x3, in that order, into w column accumulators (parameters, so that restrict \
+     * tells the vectoriser that acc is none of them) */                                      \
+    __attribute__((always_inline)) static inline void NAME##_acc4(ACC *restrict acc, const T *restrict x0, \
+                                                                  const T *restrict x1,       \
+                                                                  const T *restrict x2,       \
+                                                                  const T *restrict x3, int64_t w) \
+    {                                                                                         \
+        for (int64_t j = 0; j < w; j++) {                                                     \
+            ACC a = acc[j];                                                                   \
+            a = COMB(a, (ACC)x0[j]);                                                          \
+            a = COMB(a, (ACC)x1[j]);                                                          \
+            a = COMB(a, (ACC)x2[j]);                                                          \
+            acc[j] = COMB(a, (ACC)x3[j]);                                                     \
+        }                                                                                     \
+    }                                                                                         \
     __attribute__((always_inline)) static inline void NAME##_colacc_body(ACC *restrict acc,  \
                                                                          const char *xr,      \
                                                                          int64_t rows,        \
                                                                          int64_t rs, int64_t w) \
     {                                                                                         \
-        for (int64_t i = 0; i < rows; i++) {                                                  \
+        int64_t i = 0;                                                                        \
+        for (; i + 4 <= rows; i += 4) /* each acc[j] loaded and stored once per 4 rows */     \
+            NAME##_acc4(acc, (const T *)(xr + i * rs), (const T *)(xr + (i + 1) * rs),         \
+                        (const T *)(xr + (i + 2) * rs), (const T *)(xr + (i + 3) * rs), w);    \
+        for (; i < rows; i++) {                                                               \
             const T *restrict x = (const T *)(xr + i * rs);                                   \
             for (int64_t j = 0; j < w; j++)                                                   \
                 acc[j] = COMB(acc[j], (ACC)x[j]);                                             \
@@ -143,25 +195,49 @@ static int64_t red_full_parts(const red_plan *pl)
     }                                                                                         \
     COPIES(NAME##_colacc, (ACC *restrict acc, const char *xr, int64_t rows, int64_t rs, int64_t w), \
                     (acc, xr, rows, rs, w))                                                   \
-    /* the lanes' part of a dense run: n8 (a multiple of 8) elements, element i into lane i % 8 */ \
+    /* the lanes' part of a dense run: n (a multiple of LANES) elements, element i into lane \
+     * i % LANES; the lanes are held in registers, several vectors of them, so that their    \
+     * chains of adds overlap */                                                              \
     __attribute__((always_inline)) static inline void NAME##_lanes_body(ACC *restrict a, const T *restrict x, \
-                                                                        int64_t n8)           \
+                                                                        int64_t n)            \
     {                                                                                         \
-        for (int64_t i = 0; i < n8; i += 8)                                                   \
-            RED_KEEP_LOOP for (int j = 0; j < 8; j++)                                         \
-                a[j] = COMB(a[j], (ACC)x[i + j]);                                             \
+        ACC v[LANES];                                                                         \
+        for (int j = 0; j < LANES; j++)                                                       \
+            v[j] = a[j];                                                                      \
+        for (int64_t i = 0; i < n; i += LANES)                                                \
+            RED_KEEP_LOOP for (int j = 0; j < LANES; j++)                                     \
+                v[j] = COMB(v[j], (ACC)x[i + j]);                                             \
+        for (int j = 0; j < LANES; j++)                                                       \
+            a[j] = v[j];                                                                      \
     }                                                                                         \
-    COPIES(NAME##_lanes, (ACC *restrict a, const T *restrict x, int64_t n8), (a, x, n8)) \
-    /* the lanes combined in order, then the run's last n (< 8) elements */                   \
-    RED_ONE_COPY static ACC NAME##_close(const ACC *a, const T *x, int64_t n)    \
+    COPIES(NAME##_lanes, (ACC *restrict a, const T *restrict x, int64_t n), (a, x, n))        \
+    /* the lanes combined pairwise (lane j with lane j + half, halving), then the run's last  \
+     * n (< LANES) elements in order, into *r */                                              \
+    __attribute__((always_inline)) static inline void NAME##_close_body(const ACC *lanes, const T *x, \
+                                                                        int64_t n, ACC *r)    \
     {                                                                                         \
-        ACC r = INIT;                                                                         \
-        for (int j = 0; j < 8; j++)                                                           \
-            r = COMB(r, a[j]);                                                                \
+        ACC a[LANES];                                                                         \
+        memcpy(a, lanes, sizeof a);                                                           \
+        for (int half = LANES / 2; half >= 1; half /= 2)                                      \
+            for (int j = 0; j < half; j++)                                                    \
+                a[j] = COMB(a[j], a[j + half]);                                               \
+        ACC v = a[0];                                                                         \
         for (int64_t i = 0; i < n; i++)                                                       \
-            r = COMB(r, (ACC)x[i]);                                                           \
-        return r;                                                                             \
+            v = COMB(v, (ACC)x[i]);                                                           \
+        *r = v;                                                                               \
     }                                                                                         \
+    COPIES(NAME##_close, (const ACC *lanes, const T *x, int64_t n, ACC *r), (lanes, x, n, r)) \
+    /* a dense run of n elements into *r: the lanes and the close in one call */             \
+    __attribute__((always_inline)) static inline void NAME##_dense_body(const T *x, int64_t n, ACC *r) \
+    {                                                                                         \
+        ACC a[LANES];                                                                         \
+        for (int j = 0; j < LANES; j++)                                                       \
+            a[j] = INIT;                                                                      \
+        const int64_t nl = n - n % LANES;                                                     \
+        NAME##_lanes_body(a, x, nl);                                                          \
+        NAME##_close_body(a, x + nl, n - nl, r);                                              \
+    }                                                                                         \
+    COPIES(NAME##_dense, (const T *x, int64_t n, ACC *r), (x, n, r))                          \
     /* a full reduction's n partials, in order */                                             \
     RED_ONE_COPY static ACC NAME##_combine(const ACC *part, int64_t n)           \
     {                                                                                         \
@@ -198,10 +274,9 @@ static int64_t red_full_parts(const red_plan *pl)
     static inline ACC NAME##_run(const char *p, int64_t n, int64_t s)                         \
     {                                                                                         \
         if (s == (int64_t)sizeof(T)) {                                                        \
-            ACC a[8] = {INIT, INIT, INIT, INIT, INIT, INIT, INIT, INIT};                      \
-            const int64_t n8 = n - n % 8;                                                     \
-            NAME##_lanes(a, (const T *)p, n8);                                                \
-            return NAME##_close(a, (const T *)p + n8, n - n8);                                \
+            ACC r;                                                                            \
+            NAME##_dense((const T *)p, n, &r);                                                \
+            return r;                                                                         \
         }                                                                                     \
         ACC r = INIT;                                                                         \
         for (int64_t i = 0; i < n; i++)                                                       \
@@ -234,7 +309,12 @@ static int64_t red_full_parts(const red_plan *pl)
     }                                                                                         \
     static inline void NAME##_store(const red_plan *pl, char *o, ACC acc)                     \
     {                                                                                         \
-        *(T *)o = (T)(pl->mean ? MEANDIV(acc, pl->rnumel) : acc);                             \
+        T v = (T)(pl->mean ? MEANDIV(acc, pl->rnumel) : acc);                                 \
+        /* which of several NaNs survives depends on the lanes and the copy's operand order: \
+         * every float NaN result is the one default NaN (as on a GPU) */                     \
+        if (v != v)                                                                           \
+            v = (T)NAN;                                                                       \
+        *(T *)o = v;                                                                          \
     }                                                                                         \
     /* output elements [b, e), one run-wise reduction each */                                 \
     static void NAME##_outs(void *ctx, int64_t b, int64_t e)                                  \
@@ -314,10 +394,75 @@ static int64_t red_full_parts(const red_plan *pl)
             pp->part[c] = NAME##_range(pp->pl, pp->pl->x, rn * c / pp->parts,                 \
                                        rn * (c + 1) / pp->parts);                             \
     }                                                                                         \
+    /* a column reduction split by rows (red_col_parts), eager (fd NULL) or fed: unit u is   \
+     * tile u / parts over its part u % parts of the rows, into part[u] */                    \
+    typedef struct NAME##_colsplit {                                                          \
+        const red_plan *pl;                                                                   \
+        const red_feed *fd;                                                                   \
+        int64_t parts;                                                                        \
+        ACC part[RED_COL_MAX_UNITS][RED_TILE];                                                \
+    } NAME##_colsplit;                                                                        \
+    static void NAME##_colpart(void *ctx, int64_t b, int64_t e)                               \
+    {                                                                                         \
+        NAME##_colsplit *cs = ctx;                                                            \
+        const red_plan *pl = cs->pl;                                                          \
+        const red_feed *fd = cs->fd;                                                          \
+        const int64_t kin = pl->kshape[0], rn = pl->rnumel, es = (int64_t)sizeof(T);          \
+        _Alignas(64) char scratch[RED_COL_SPAN * sizeof(T)];                                  \
+        for (int64_t u = b; u < e; u++) {                                                     \
+            const int64_t t = u / cs->parts, p = u % cs->parts, j0 = t * RED_TILE;           \
+            const int64_t w = kin - j0 < RED_TILE ? kin - j0 : RED_TILE;                      \
+            const int64_t lo = rn * p / cs->parts, hi = rn * (p + 1) / cs->parts;             \
+            const int64_t block = red_col_rows(w, es);                                        \
+            ACC *acc = cs->part[u];                                                           \
+            for (int64_t j = 0; j < w; j++)                                                   \
+                acc[j] = INIT;                                                                \
+            for (int64_t r = lo; r < hi; r += block) {                                        \
+                const int64_t m = hi - r < block ? hi - r : block;                            \
+                if (!fd) {                                                                    \
+                    NAME##_colacc(acc, pl->x + r * pl->rst[0][0] + j0 * es, m, pl->rst[0][0], w); \
+                    continue;                                                                 \
+                }                                                                             \
+                /* a part of a row starts on 64 bytes, as produce wants its dst */            \
+                const int64_t ws = w == kin ? w * es : (w * es + 63) / 64 * 64;               \
+                if (w == kin) { /* whole rows: one contiguous range, piece by piece */        \
+                    for (int64_t f = 0; f < m * kin; f += FEED_PIECE)                         \
+                        fd->produce(fd->ctx, r * kin + f, m * kin - f < FEED_PIECE ? m * kin - f : FEED_PIECE, \
+                                    scratch + f * es);                                        \
+                } else {                                                                      \
+                    for (int64_t i = 0; i < m; i++)                                           \
+                        fd->produce(fd->ctx, (r + i) * kin + j0, w, scratch + i * ws);        \
+                }                                                                             \
+                NAME##_colacc(acc, scratch, m, ws, w);                                        \
+            }                                                                                 \
+        }                                                                                     \
+    }                                                                                         \
+    /* runs cs's units over the threads, then stores each tile's partial columns combined   \
+     * in order */                                                                            \
+    static void NAME##_colsplit_run(NAME##_colsplit *cs)                                      \
+    {                                                                                         \
+        const red_plan *pl = cs->pl;                                                          \
+        const int64_t kin = pl->kshape[0], ntiles = (kin + RED_TILE - 1) / RED_TILE;          \
+        nb__parallel_for(ntiles * cs->parts, 1, NAME##_colpart, cs);                          \
+        for (int64_t j = 0; j < kin; j++) {                                                   \
+            const int64_t u0 = j / RED_TILE * cs->parts, jt = j % RED_TILE;                   \
+            ACC a = INIT;                                                                     \
+            for (int64_t p = 0; p < cs->parts; p++)                                           \
+                a = COMB(a, cs->part[u0 + p][jt]);                                            \
+            NAME##_store(pl, pl->out + j * pl->kst[1][0], a);                                 \
+        }                                                                                     \
+    }                                                                                         \
     static void NAME(const red_plan *pl, bool cols)                                           \
     {                                                                                         \
         const int64_t total = pl->knumel * pl->rnumel, parts = red_full_parts(pl);            \
-        if (cols) {                                                                           \
+        const int64_t col_parts = cols ? red_col_parts(pl) : 1;                               \
+        if (col_parts > 1) {                                                                  \
+            NAME##_colsplit cs;                                                               \
+            cs.pl = pl;                                                                       \
+            cs.fd = NULL;                                                                     \
+            cs.parts = col_parts;                                                             \
+            NAME##_colsplit_run(&cs);                                                         \
+        } else if (cols) {                                                                    \
             red_run_cols(pl, NAME##_cols, (void *)pl);                                        \
         } else if (parts) {                                                                   \
             NAME##_partials pp;                                                               \
@@ -337,14 +482,18 @@ static int64_t red_full_parts(const red_plan *pl)
      * order it meets in one run over memory */                                               \
     static ACC NAME##_fed_run(const red_feed *fd, char *scratch, int64_t flat, int64_t n)     \
     {                                                                                         \
-        ACC a[8] = {INIT, INIT, INIT, INIT, INIT, INIT, INIT, INIT};                          \
+        ACC a[LANES];                                                                         \
+        for (int j = 0; j < LANES; j++)                                                       \
+            a[j] = INIT;                                                                      \
         for (;;) {                                                                            \
             const int64_t m = n < FEED_PIECE ? n : FEED_PIECE;                                \
             fd->produce(fd->ctx, flat, m, scratch);                                           \
             if (m == n) {                                                                     \
-                const int64_t m8 = m - m % 8;                                                 \
-                NAME##_lanes(a, (const T *)scratch, m8);                                      \
-                return NAME##_close(a, (const T *)scratch + m8, m - m8);                      \
+                const int64_t ml = m - m % LANES;                                             \
+                NAME##_lanes(a, (const T *)scratch, ml);                                      \
+                ACC r;                                                                        \
+                NAME##_close(a, (const T *)scratch + ml, m - ml, &r);                         \
+                return r;                                                                     \
             }                                                                                 \
             NAME##_lanes(a, (const T *)scratch, m);                                           \
             flat += m, n -= m;                                                                \
@@ -436,8 +585,14 @@ static int64_t red_full_parts(const red_plan *pl)
     static void NAME##_fed(const red_feed *fd)                                                \
     {                                                                                         \
         const red_plan *pl = fd->pl;                                                          \
-        const int64_t parts = red_full_parts(pl);                                             \
-        if (fd->cols) {                                                                       \
+        const int64_t parts = red_full_parts(pl), col_parts = fd->cols ? red_col_parts(pl) : 1; \
+        if (col_parts > 1) {                                                                  \
+            NAME##_colsplit cs;                                                               \
+            cs.pl = pl;                                                                       \
+            cs.fd = fd;                                                                       \
+            cs.parts = col_parts;                                                             \
+            NAME##_colsplit_run(&cs);                                                         \
+        } else if (fd->cols) {                                                                \
             red_run_cols(pl, NAME##_fed_cols, (void *)fd);                                    \
         } else if (parts) {                                                                   \
             NAME##_fed_partials pp;                                                           \
@@ -466,22 +621,22 @@ static int64_t red_full_parts(const red_plan *pl)
 #define FDIV(acc, n) ((acc) / (double)(n))
 #define IDIV(acc, n) ((n) ? (acc) / (int64_t)(n) : 0)
 
-RED_IMPL(red_sum_f32, float, double, 0.0, ADD, FDIV, RED_SIMD_COPIES)
-RED_IMPL(red_sum_f64, double, double, 0.0, ADD, FDIV, RED_SIMD_COPIES)
-RED_IMPL(red_sum_i32, int32_t, int64_t, 0, UADD, IDIV, RED_SCALAR_COPY)
-RED_IMPL(red_sum_i64, int64_t, int64_t, 0, UADD, IDIV, RED_SCALAR_COPY)
-RED_IMPL(red_prod_f32, float, double, 1.0, MUL, FDIV, RED_SIMD_COPIES)
-RED_IMPL(red_prod_f64, double, double, 1.0, MUL, FDIV, RED_SIMD_COPIES)
-RED_IMPL(red_prod_i32, int32_t, int64_t, 1, UMUL, IDIV, RED_SCALAR_COPY)
-RED_IMPL(red_prod_i64, int64_t, int64_t, 1, UMUL, IDIV, RED_SCALAR_COPY)
-RED_IMPL(red_max_f32, float, float, -INFINITY, FMAX, FDIV, RED_SIMD_COPIES)
-RED_IMPL(red_max_f64, double, double, -INFINITY, FMAX, FDIV, RED_SIMD_COPIES)
-RED_IMPL(red_max_i32, int32_t, int32_t, INT32_MIN, IMAX, IDIV, RED_SCALAR_COPY)
-RED_IMPL(red_max_i64, int64_t, int64_t, INT64_MIN, IMAX, IDIV, RED_SCALAR_COPY)
-RED_IMPL(red_min_f32, float, float, INFINITY, FMIN, FDIV, RED_SIMD_COPIES)
-RED_IMPL(red_min_f64, double, double, INFINITY, FMIN, FDIV, RED_SIMD_COPIES)
-RED_IMPL(red_min_i32, int32_t, int32_t, INT32_MAX, IMIN, IDIV, RED_SCALAR_COPY)
-RED_IMPL(red_min_i64, int64_t, int64_t, INT64_MAX, IMIN, IDIV, RED_SCALAR_COPY)
+RED_IMPL(red_sum_f32, float, double, 0.0, ADD, FDIV, RED_LANES_DOUBLE, RED_SIMD_COPIES)
+RED_IMPL(red_sum_f64, double, double, 0.0, ADD, FDIV, RED_LANES_DOUBLE, RED_SIMD_COPIES)
+RED_IMPL(red_sum_i32, int32_t, int64_t, 0, UADD, IDIV, RED_LANES_INT, RED_SCALAR_COPY)
+RED_IMPL(red_sum_i64, int64_t, int64_t, 0, UADD, IDIV, RED_LANES_INT, RED_SCALAR_COPY)
+RED_IMPL(red_prod_f32, float, double, 1.0, MUL, FDIV, RED_LANES_DOUBLE, RED_SIMD_COPIES)
+RED_IMPL(red_prod_f64, double, double, 1.0, MUL, FDIV, RED_LANES_DOUBLE, RED_SIMD_COPIES)
+RED_IMPL(red_prod_i32, int32_t, int64_t, 1, UMUL, IDIV, RED_LANES_INT, RED_SCALAR_COPY)
+RED_IMPL(red_prod_i64, int64_t, int64_t, 1, UMUL, IDIV, RED_LANES_INT, RED_SCALAR_COPY)
+RED_IMPL(red_max_f32, float, float, -INFINITY, FMAX, FDIV, RED_LANES_FLOAT, RED_SIMD_COPIES)
+RED_IMPL(red_max_f64, double, double, -INFINITY, FMAX, FDIV, RED_LANES_DOUBLE, RED_SIMD_COPIES)
+RED_IMPL(red_max_i32, int32_t, int32_t, INT32_MIN, IMAX, IDIV, RED_LANES_INT, RED_SCALAR_COPY)
+RED_IMPL(red_max_i64, int64_t, int64_t, INT64_MIN, IMAX, IDIV, RED_LANES_INT, RED_SCALAR_COPY)
+RED_IMPL(red_min_f32, float, float, INFINITY, FMIN, FDIV, RED_LANES_FLOAT, RED_SIMD_COPIES)
+RED_IMPL(red_min_f64, double, double, INFINITY, FMIN, FDIV, RED_LANES_DOUBLE, RED_SIMD_COPIES)
+RED_IMPL(red_min_i32, int32_t, int32_t, INT32_MAX, IMIN, IDIV, RED_LANES_INT, RED_SCALAR_COPY)
+RED_IMPL(red_min_i64, int64_t, int64_t, INT64_MAX, IMIN, IDIV, RED_LANES_INT, RED_SCALAR_COPY)
 
 typedef void (*red_fn)(const red_plan *pl, bool cols);
 typedef void (*red_fed_fn)(const red_feed *fd);
