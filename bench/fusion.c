@@ -10,9 +10,10 @@
  * tanh form of GELU on x, eight ops; a leaky ReLU written as
  * where(x > 0, x, 0.1 x) (zeros, compare, scale, select); and a round trip
  * through bf16 times a scale, 2 x.to(bf16).to(f32) (two casts and a scale).
- * Two chains feed a reduction: mean((a - b)^2) and sum(exp(x)); fused, the
- * chain runs into the reduction and its result is never stored (2 and 1
- * tensors read instead of 2 + 2 and 1 + 2 moved), beside the same steps with
+ * Three chains feed a reduction: mean((a - b)^2), sum(exp(x)) and the sum
+ * over the rows of a [n / 64, 64] product a b (a bias gradient's shape);
+ * fused, the chain runs into the reduction and its result is never stored
+ * (2, 1 and 2 tensors read instead of 2 + 2, 1 + 2 and 2 + 2 moved), beside the same steps with
  * the chains fused but the reduction kept apart (NB_GRAPH_FUSE_REDUCE=0).
  * Every step's temporaries are let go
  * inside it, as in a model's forward pass. Before anything is timed, the fused
@@ -45,6 +46,14 @@ static nb_tensor *bf16_chain(nb_tensor *const *in) { return nb_mul_scalar(nb_cas
 static nb_tensor *mse_chain(nb_tensor *const *in) { return nb_mean_all(nb_square(nb_sub(in[0], in[1]))); }
 
 static nb_tensor *sum_exp_chain(nb_tensor *const *in) { return nb_sum_all(nb_exp(in[0])); }
+
+/* a bias gradient's shape of sum: over the rows of a [n / 64, 64] product */
+static nb_tensor *col_sum_chain(nb_tensor *const *in)
+{
+    const int64_t n = nb_tensor_numel(in[0]);
+    return nb_sum(nb_mul(nb_reshape(in[0], NB_SHAPE(n / 64, 64)), nb_reshape(in[1], NB_SHAPE(n / 64, 64))),
+                  NB_AXES(0), false);
+}
 
 typedef nb_tensor *(*chain_fn)(nb_tensor *const *in);
 
@@ -129,10 +138,11 @@ int main(int argc, char **argv)
     nb_tensor *in[3] = {nb_random_uniform(NB_F32, NB_SHAPE(n), -1, 1, 1),
                         nb_random_uniform(NB_F32, NB_SHAPE(n), -1, 1, 2),
                         nb_random_uniform(NB_F32, NB_SHAPE(n), -1, 1, 3)};
-    double e[3], g[3], l[3], c[3], m[4], x[4];
+    double e[3], g[3], l[3], c[3], m[4], x[4], k[4];
     bool ok = time_chain(exp_chain, 3, in, reps, 3, e) && time_chain(gelu_chain, 1, in, reps, 3, g) &&
               time_chain(leaky_chain, 1, in, reps, 3, l) && time_chain(bf16_chain, 1, in, reps, 3, c) &&
-              time_chain(mse_chain, 2, in, reps, 4, m) && time_chain(sum_exp_chain, 1, in, reps, 4, x);
+              time_chain(mse_chain, 2, in, reps, 4, m) && time_chain(sum_exp_chain, 1, in, reps, 4, x) &&
+              time_chain(col_sum_chain, 2, in, reps, 4, k);
     bench_peer p;
     bench_peer_run(&p, run_peer, "fusion.py", "%lld %d", (long long)n, reps);
     char title[160];
@@ -140,7 +150,7 @@ int main(int argc, char **argv)
     bench_header(title, "milliseconds per step", &p);
     double pe = bench_peer_get(&p, "exp_chain"), pg = bench_peer_get(&p, "gelu");
     double pl = bench_peer_get(&p, "leaky_where"), pc = bench_peer_get(&p, "bf16_round_trip");
-    double pm = bench_peer_get(&p, "mse"), px = bench_peer_get(&p, "sum_exp");
+    double pm = bench_peer_get(&p, "mse"), px = bench_peer_get(&p, "sum_exp"), pk = bench_peer_get(&p, "col_sum");
     bench_row("exp((a + b) * c), eager", e[0], pe);
     bench_row("the same, recorded, unfused", e[1], pe);
     bench_row("the same, recorded, fused", e[2], pe);
@@ -161,9 +171,14 @@ int main(int argc, char **argv)
     bench_row("the same, recorded, unfused", x[1], px);
     bench_row("the same, exp apart from the sum", x[3], px);
     bench_row("the same, exp fused into the sum", x[2], px);
-    printf("(fused over unfused: %.2fx, %.2fx, %.2fx and %.2fx; into the reduction over the chain alone: %.2fx "
-           "and %.2fx; PyTorch's threads: %.0f)\n",
-           e[1] / e[2], g[1] / g[2], l[1] / l[2], c[1] / c[2], m[3] / m[2], x[3] / x[2], bench_peer_get(&p, "threads"));
+    bench_row("sum over rows of [n/64, 64] a b, eager", k[0], pk);
+    bench_row("the same, recorded, unfused", k[1], pk);
+    bench_row("the same, product apart from the sum", k[3], pk);
+    bench_row("the same, product fused into the sum", k[2], pk);
+    printf("(fused over unfused: %.2fx, %.2fx, %.2fx and %.2fx; into the reduction over the chain alone: %.2fx, "
+           "%.2fx and %.2fx; PyTorch's threads: %.0f)\n",
+           e[1] / e[2], g[1] / g[2], l[1] / l[2], c[1] / c[2], m[3] / m[2], x[3] / x[2], k[3] / k[2],
+           bench_peer_get(&p, "threads"));
     nb_scope_end(s);
     if (!ok) {
         printf("FAILED: a replay differs from the eager step\n");

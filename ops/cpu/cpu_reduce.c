@@ -754,12 +754,13 @@ bool nb__cpu_reduce_can_feed(nb_reduce_op op, const nb_view *out, const nb_view 
     if (!fed_setup(op, out, x, &pl, &e, &cols))
         return false;
     /* A fed column reduction runs the chain inside the column tiles' split,
-     * which has few tasks: with two threads it measured slower than the chain
-     * apart ([100000, 100] f32: 15.5 ms against 12.9), with one faster (18.1
-     * against 18.8; [4096, 1024]: 7.6 against 9.1). So only where kernels run
-     * on one thread. Asked when the step is planned: a replay feeds what was
-     * planned whatever the threads then. */
-    return !cols || nb__thread_count() == 1 || nb__thread_serial();
+     * which has few tasks unless the rows split too (red_col_parts): with two
+     * threads it measured slower than the chain apart ([100000, 100] f32:
+     * 15.5 ms against 12.9), with one faster (18.1 against 18.8; [4096, 1024]:
+     * 7.6 against 9.1). So only where kernels run on one thread or the rows
+     * split. Asked when the step is planned: a replay feeds what was planned
+     * whatever the threads then. */
+    return !cols || nb__thread_count() == 1 || nb__thread_serial() || red_col_parts(&pl) > 1;
 }
 
 bool nb__cpu_reduce_fed(nb_reduce_op op, const nb_view *out, const nb_view *x, nb_cpu_produce_fn produce,
