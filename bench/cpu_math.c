@@ -7,9 +7,10 @@
  * [-8, 8) (log's and pow's in (0, 16)). The ops: exp, sigmoid, silu, tanh,
  * softplus, sin, cos, log, x^1.7, the exact GELU, softmax and log_softmax over rows of 1024,
  * and new random tensors of the same shape (normal, uniform, and normal
- * truncated at 2 sd: torch.randn, torch.rand, torch.nn.init.trunc_normal_).
+ * truncated at 2 sd: torch.randn, torch.rand, torch.nn.init.trunc_normal_);
+ * then exp, sigmoid and tanh of the same values in f64 (twice the bytes).
  * exp, log, log1p, tanh, erfc, sin, cos and pow (nb_expf and the rest,
- * lib/core/formulas.h), the ops made of them and the random generator run in
+ * lib/core/formulas.h), the double exp, expm1 and tanh, the ops made of them and the random generator run in
  * vectorised loops, compiled for the CPU's widest vectors (NB_CPU_SIMD caps
  * them: "baseline", "avx2", "avx512").
  * Figures: milliseconds per op, median of R after a warm-up. */
@@ -19,8 +20,9 @@
 typedef struct op_case {
     const char *name, *peer;
     nb_tensor *(*fn)(const nb_tensor *x);
-    bool positive; /* takes the tensor of values in (0, 16) */
+    int input; /* IN_ALL: x; IN_POSITIVE: the values in (0, 16); IN_F64: x in f64 */
 } op_case;
+enum { IN_ALL, IN_POSITIVE, IN_F64 };
 
 static nb_tensor *softmax_rows(const nb_tensor *x) { return nb_softmax(x, -1); }
 static nb_tensor *log_softmax_rows(const nb_tensor *x) { return nb_log_softmax(x, -1); }
@@ -53,29 +55,35 @@ int main(int argc, char **argv)
     BENCH_OPTIONS(argc, argv, BENCH_NUMBER("--mib", "M", &mib, 1), BENCH_REPS(&reps), BENCH_NO_PEER(&run_peer));
     const int64_t cols = 1024, rows = ((int64_t)mib * 1024 * 1024 / 4 + cols - 1) / cols;
     const op_case cases[] = {
-        {"exp", "exp", nb_exp, false},
-        {"sigmoid", "sigmoid", nb_sigmoid, false},
-        {"silu", "silu", nb_silu, false},
-        {"tanh", "tanh", nb_tanh, false},
-        {"softplus", "softplus", nb_softplus, false},
-        {"sin", "sin", nb_sin, false},
-        {"cos", "cos", nb_cos, false},
-        {"log (of values in (0, 16))", "log", nb_log, true},
-        {"x^1.7 (of values in (0, 16))", "pow", pow_1_7, true},
-        {"gelu (exact, erfc)", "gelu", nb_gelu, false},
-        {"softmax over rows of 1024", "softmax", softmax_rows, false},
-        {"log_softmax over rows of 1024", "log_softmax", log_softmax_rows, false},
-        {"new random normal tensor", "randn", normal_like, false},
-        {"new random uniform tensor", "rand", uniform_like, false},
-        {"new truncated normal tensor (2 sd)", "trunc_normal", truncated_like, false},
+        {"exp", "exp", nb_exp, IN_ALL},
+        {"sigmoid", "sigmoid", nb_sigmoid, IN_ALL},
+        {"silu", "silu", nb_silu, IN_ALL},
+        {"tanh", "tanh", nb_tanh, IN_ALL},
+        {"softplus", "softplus", nb_softplus, IN_ALL},
+        {"sin", "sin", nb_sin, IN_ALL},
+        {"cos", "cos", nb_cos, IN_ALL},
+        {"log (of values in (0, 16))", "log", nb_log, IN_POSITIVE},
+        {"x^1.7 (of values in (0, 16))", "pow", pow_1_7, IN_POSITIVE},
+        {"gelu (exact, erfc)", "gelu", nb_gelu, IN_ALL},
+        {"softmax over rows of 1024", "softmax", softmax_rows, IN_ALL},
+        {"log_softmax over rows of 1024", "log_softmax", log_softmax_rows, IN_ALL},
+        {"new random normal tensor", "randn", normal_like, IN_ALL},
+        {"new random uniform tensor", "rand", uniform_like, IN_ALL},
+        {"new truncated normal tensor (2 sd)", "trunc_normal", truncated_like, IN_ALL},
+        {"exp, f64", "exp_f64", nb_exp, IN_F64},
+        {"sigmoid, f64", "sigmoid_f64", nb_sigmoid, IN_F64},
+        {"tanh, f64", "tanh_f64", nb_tanh, IN_F64},
     };
     const int n_cases = (int)(sizeof cases / sizeof cases[0]);
     nb_scope *s = nb_scope_begin();
     nb_tensor *x = nb_random_uniform(NB_F32, NB_SHAPE(rows, cols), -8, 8, 1);
     nb_tensor *xp = nb_random_uniform(NB_F32, NB_SHAPE(rows, cols), 0x1p-20, 16, 2);
+    nb_tensor *xd = nb_cast(x, NB_F64);
     double ms[sizeof cases / sizeof cases[0]];
-    for (int i = 0; i < n_cases; i++)
-        ms[i] = bench_median_ms(once, &(timed){cases[i].fn, cases[i].positive ? xp : x}, 2, reps);
+    for (int i = 0; i < n_cases; i++) {
+        nb_tensor *in = cases[i].input == IN_POSITIVE ? xp : cases[i].input == IN_F64 ? xd : x;
+        ms[i] = bench_median_ms(once, &(timed){cases[i].fn, in}, 2, reps);
+    }
     bench_peer p;
     bench_peer_run(&p, run_peer, "cpu_math.py", "%lld %lld %d", (long long)rows, (long long)cols, reps);
     char title[160];

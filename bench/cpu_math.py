@@ -1,7 +1,7 @@
 """PyTorch side of bench/cpu_math.c: exp, sigmoid, silu, tanh, softplus, sin, cos, log,
 x^1.7, the exact GELU, and softmax and log_softmax over the last dim, on an f32 CPU tensor of uniform
 values in [-8, 8) (log and pow: in (0, 16)), eager; then new random tensors of its shape (normal,
-uniform, and normal truncated at 2 sd). Arguments: rows, columns, timed repetitions. Prints
+uniform, and normal truncated at 2 sd); then exp, sigmoid and tanh of the values in f64. Arguments: rows, columns, timed repetitions. Prints
 "name milliseconds" lines."""
 from torch_peer import arg, median_wall, need_torch
 
@@ -12,6 +12,7 @@ R = arg(3, 10)
 torch.set_grad_enabled(False)
 x = torch.rand(ROWS, COLS) * 16 - 8
 xp = torch.rand(ROWS, COLS) * 16 + 2**-20
+xd = x.double()
 F = torch.nn.functional
 
 print("version", torch.__version__)
@@ -31,3 +32,6 @@ print("log_softmax", median_wall(lambda: torch.log_softmax(x, -1), R, 2, 1e6))
 print("randn", median_wall(lambda: torch.randn(ROWS, COLS), R, 2, 1e6))
 print("rand", median_wall(lambda: torch.rand(ROWS, COLS), R, 2, 1e6))
 print("trunc_normal", median_wall(lambda: torch.nn.init.trunc_normal_(torch.empty(ROWS, COLS)), R, 2, 1e6))
+print("exp_f64", median_wall(lambda: torch.exp(xd), R, 2, 1e6))
+print("sigmoid_f64", median_wall(lambda: torch.sigmoid(xd), R, 2, 1e6))
+print("tanh_f64", median_wall(lambda: torch.tanh(xd), R, 2, 1e6))

@@ -7,6 +7,9 @@
  *     printed and bounded);
  *   - pow over every 10007th float against 17 exponents, random pairs and
  *     every pair of special values, the same way;
+ *   - the double exp, expm1 and tanh against long double's on random values
+ *     over their branches, random bit patterns and edges: within 0.52, 1.01
+ *     and 1.5 ulp (exp within 0.76 among the subnormals), the edges exact;
  *   - every f32 and f64 unary op at each vector level this CPU runs
  *     (baseline, AVX2, AVX-512), contiguous and strided, gives the bits of
  *     its formula called one element at a time, on random values and edges;
@@ -61,6 +64,79 @@ static float bits_f(uint32_t u)
 /* The same bits, or both NaN (a NaN's payload is not specified). */
 static bool same_f(float a, float b) { return fbits(a) == fbits(b) || (a != a && b != b); }
 static bool same_d(double a, double b) { return nb__double_bits(a) == nb__double_bits(b) || (a != a && b != b); }
+
+/* ---- the double exp, expm1 and tanh against long double ---- */
+
+typedef struct math_fn_d {
+    const char *name;
+    double (*ours)(double);
+    long double (*ref)(long double);
+    double bound, bound_sub; /* ulps, and where the result is subnormal */
+} math_fn_d;
+
+static double our_exp_d(double x) { return nb__exp_d(x); }
+static double our_expm1_d(double x) { return nb__expm1_d(x); }
+static double our_tanh_d(double x) { return nb__tanh_d(x); }
+
+static const math_fn_d fns_d[] = {
+    {"exp", our_exp_d, expl, 0.52, 0.76},
+    {"expm1", our_expm1_d, expm1l, 1.01, 1.01},
+    {"tanh", our_tanh_d, tanhl, 1.5, 1.5},
+};
+
+/* The error of y in units of the last place of the double nearest ref
+ * (2^-1074 among the subnormals); -1 where one is special (0, inf, NaN) and
+ * the other is not its rounding. */
+static double ulps_d(double y, long double ref)
+{
+    const double r = (double)ref;
+    if (r != r || y != y || isinf(r) || isinf(y) || r == 0 || y == 0)
+        return same_d(y, r) ? 0 : -1;
+    int e;
+    frexp(r, &e);
+    const double ulp = e - 53 < -1074 ? 0x1p-1074 : ldexp(1.0, e - 53);
+    return (double)(fabsl((long double)y - ref) / ulp);
+}
+
+/* Each function on random doubles over ranges that cover its branches and
+ * the results near overflow and in the subnormals, on random bit patterns,
+ * and on its edges (exact there), within its bound; the worst is printed. */
+static void test_double_functions(void)
+{
+    const double ranges[][2] = {{-746, 710},  {-40, 40},      {-3, 3},       {-0.6, 0.6}, {-0.36, 0.36},
+                                {-1e-3, 1e-3}, {-745.2, -708}, {700, 709.79}, {-1e-300, 1e-300}};
+    const int n_ranges = (int)(sizeof ranges / sizeof ranges[0]);
+    const int per = NB_ASAN ? 20000 : 200000;
+    const double edges[] = {0.0, -0.0, INFINITY, -INFINITY, NAN, 1.0, -1.0, 0.35, -0.35, 0.55, -0.55,
+                            0x1p-54, -0x1p-54, 0x1p-1074, 709.782712893384, 709.7827128933841, 710.0, 710.5,
+                            -745.1332191019411, -745.1332191019412, -746.0, -746.5, 40.0, -40.0, 19.0, 20.0,
+                            1e300, -1e300};
+    for (size_t f = 0; f < sizeof fns_d / sizeof fns_d[0]; f++) {
+        const math_fn_d *fn = &fns_d[f];
+        double worst = 0, worst_x = 0;
+        for (int i = 0; i < n_ranges * per + per + (int)(sizeof edges / sizeof edges[0]); i++) {
+            double x;
+            if (i < n_ranges * per) {
+                const double u = (double)(rng_u64() >> 11) * 0x1p-53;
+                x = ranges[i / per][0] + u * (ranges[i / per][1] - ranges[i / per][0]);
+            } else if (i < n_ranges * per + per) {
+                const uint64_t b = rng_u64();
+                memcpy(&x, &b, sizeof x);
+            } else {
+                x = edges[i - n_ranges * per - per];
+            }
+            const double y = fn->ours(x);
+            const long double ref = fn->ref((long double)x);
+            const double e = ulps_d(y, ref);
+            const bool sub = fabs((double)ref) < 0x1p-1022;
+            EXPECT(e >= 0 && e <= (sub ? fn->bound_sub : fn->bound), "%s(%a) = %a, %.4f ulp from %La (libm %a)",
+                   fn->name, x, y, e, ref, fn->name[0] == 'e' ? (fn->name[3] ? expm1(x) : exp(x)) : tanh(x));
+            if (e > worst)
+                worst = e, worst_x = x;
+        }
+        printf("  double %s: within %.4f ulp of long double (worst at %a)\n", fn->name, worst, worst_x);
+    }
+}
 
 /* ---- the functions against libm's double ---- */
 
@@ -711,6 +787,7 @@ int main(void)
     test_level_choice(level);
     test_sweep();
     test_pow();
+    test_double_functions();
     test_unary_levels();
     test_softmax_levels();
     test_random_words();

@@ -87,8 +87,10 @@ static inline double nb_ref_wrapped_product(double x, double y, int int_bits)
  * CUDA's fn##f on the GPU (its formulas compile with __CUDACC__). */
 #ifdef __CUDACC__
 #define NB_MATH_F32(fn) fn##f
+#define NB_MATH_F64(fn) fn
 #else
 #define NB_MATH_F32(fn) nb_##fn##f
+#define NB_MATH_F64(fn) nb__##fn##_d
 
 NB_FN double nb__bits_double(uint64_t u)
 {
@@ -407,6 +409,162 @@ NB_FN_RARE float nb__sinf_turned(float x, uint64_t quarter)
 }
 NB_FN_RARE float nb_sinf(float x) { return nb__sinf_turned(x, 0); }
 NB_FN_RARE float nb_cosf(float x) { return nb__sinf_turned(x, 1); }
+
+/* ---- double: exp, expm1 and tanh of nabla's own (the CPU's f64 formulas) ---- */
+
+/* 2^(j / 64) for j = 0..63 in two parts: the double nearest, and the rest. */
+static const double nb__exp2_64ths[64][2] = {
+    {0x1.0000000000000p+0, 0x0.0p+0}, {0x1.02c9a3e778061p+0, -0x1.19083535b085dp-56},
+    {0x1.059b0d3158574p+0, 0x1.d73e2a475b465p-55}, {0x1.0874518759bc8p+0, 0x1.186be4bb284ffp-57},
+    {0x1.0b5586cf9890fp+0, 0x1.8a62e4adc610bp-54}, {0x1.0e3ec32d3d1a2p+0, 0x1.03a1727c57b53p-59},
+    {0x1.11301d0125b51p+0, -0x1.6c51039449b3ap-54}, {0x1.1429aaea92de0p+0, -0x1.32fbf9af1369ep-54},
+    {0x1.172b83c7d517bp+0, -0x1.19041b9d78a76p-55}, {0x1.1a35beb6fcb75p+0, 0x1.e5b4c7b4968e4p-55},
+    {0x1.1d4873168b9aap+0, 0x1.e016e00a2643cp-54}, {0x1.2063b88628cd6p+0, 0x1.dc775814a8495p-55},
+    {0x1.2387a6e756238p+0, 0x1.9b07eb6c70573p-54}, {0x1.26b4565e27cddp+0, 0x1.2bd339940e9d9p-55},
+    {0x1.29e9df51fdee1p+0, 0x1.612e8afad1255p-55}, {0x1.2d285a6e4030bp+0, 0x1.0024754db41d5p-54},
+    {0x1.306fe0a31b715p+0, 0x1.6f46ad23182e4p-55}, {0x1.33c08b26416ffp+0, 0x1.32721843659a6p-54},
+    {0x1.371a7373aa9cbp+0, -0x1.63aeabf42eae2p-54}, {0x1.3a7db34e59ff7p+0, -0x1.5e436d661f5e3p-56},
+    {0x1.3dea64c123422p+0, 0x1.ada0911f09ebcp-55}, {0x1.4160a21f72e2ap+0, -0x1.ef3691c309278p-58},
+    {0x1.44e086061892dp+0, 0x1.89b7a04ef80d0p-59}, {0x1.486a2b5c13cd0p+0, 0x1.3c1a3b69062f0p-56},
+    {0x1.4bfdad5362a27p+0, 0x1.d4397afec42e2p-56}, {0x1.4f9b2769d2ca7p+0, -0x1.4b309d25957e3p-54},
+    {0x1.5342b569d4f82p+0, -0x1.07abe1db13cadp-55}, {0x1.56f4736b527dap+0, 0x1.9bb2c011d93adp-54},
+    {0x1.5ab07dd485429p+0, 0x1.6324c054647adp-54}, {0x1.5e76f15ad2148p+0, 0x1.ba6f93080e65ep-54},
+    {0x1.6247eb03a5585p+0, -0x1.383c17e40b497p-54}, {0x1.6623882552225p+0, -0x1.bb60987591c34p-54},
+    {0x1.6a09e667f3bcdp+0, -0x1.bdd3413b26456p-54}, {0x1.6dfb23c651a2fp+0, -0x1.bbe3a683c88abp-57},
+    {0x1.71f75e8ec5f74p+0, -0x1.16e4786887a99p-55}, {0x1.75feb564267c9p+0, -0x1.0245957316dd3p-54},
+    {0x1.7a11473eb0187p+0, -0x1.41577ee04992fp-55}, {0x1.7e2f336cf4e62p+0, 0x1.05d02ba15797ep-56},
+    {0x1.82589994cce13p+0, -0x1.d4c1dd41532d8p-54}, {0x1.868d99b4492edp+0, -0x1.fc6f89bd4f6bap-54},
+    {0x1.8ace5422aa0dbp+0, 0x1.6e9f156864b27p-54}, {0x1.8f1ae99157736p+0, 0x1.5cc13a2e3976cp-55},
+    {0x1.93737b0cdc5e5p+0, -0x1.75fc781b57ebcp-57}, {0x1.97d829fde4e50p+0, -0x1.d185b7c1b85d1p-54},
+    {0x1.9c49182a3f090p+0, 0x1.c7c46b071f2bep-56}, {0x1.a0c667b5de565p+0, -0x1.359495d1cd533p-54},
+    {0x1.a5503b23e255dp+0, -0x1.d2f6edb8d41e1p-54}, {0x1.a9e6b5579fdbfp+0, 0x1.0fac90ef7fd31p-54},
+    {0x1.ae89f995ad3adp+0, 0x1.7a1cd345dcc81p-54}, {0x1.b33a2b84f15fbp+0, -0x1.2805e3084d708p-57},
+    {0x1.b7f76f2fb5e47p+0, -0x1.5584f7e54ac3bp-56}, {0x1.bcc1e904bc1d2p+0, 0x1.23dd07a2d9e84p-55},
+    {0x1.c199bdd85529cp+0, 0x1.11065895048ddp-55}, {0x1.c67f12e57d14bp+0, 0x1.2884dff483cadp-54},
+    {0x1.cb720dcef9069p+0, 0x1.503cbd1e949dbp-56}, {0x1.d072d4a07897cp+0, -0x1.cbc3743797a9cp-54},
+    {0x1.d5818dcfba487p+0, 0x1.2ed02d75b3707p-55}, {0x1.da9e603db3285p+0, 0x1.c2300696db532p-54},
+    {0x1.dfc97337b9b5fp+0, -0x1.1a5cd4f184b5cp-54}, {0x1.e502ee78b3ff6p+0, 0x1.39e8980a9cc8fp-55},
+    {0x1.ea4afa2a490dap+0, -0x1.e9c23179c2893p-54}, {0x1.efa1bee615a27p+0, 0x1.dc7f486a4b6b0p-54},
+    {0x1.f50765b6e4540p+0, 0x1.9d3e12dd8a18bp-54}, {0x1.fa7c1819e90d8p+0, 0x1.74853f3a5931ep-55}};
+
+/* e^x = 2^n 2^(j / 64) e^r for x = (64 n + j) (ln 2 / 64) + r, |r| <= ln 2 / 128:
+ * returns 2^(j / 64)'s first part, *lo its second, *p = e^r - 1 by its series
+ * to r^7 (the next term is below 2^-64 of 1), and *s1, *s2 two powers of two
+ * whose product is 2^n (each a normal double, so that scaling by one then the
+ * other rounds once, also into the subnormals). Right for x in [-746, 710],
+ * past which e^x is 0 or inf in double: there the parts are meaningless (but
+ * made without undefined behaviour) and the callers select. No clamp: GCC
+ * threads a clamped x's constant table index into a branch, and the loop no
+ * longer vectorises. ln 2 / 64 comes in two parts, the first of 36 bits, so
+ * that k times it is exact for every |k| < 2^17 here. k is made as in
+ * nb__exp2_parts, then moved up by 2^17 so that the integer work is unsigned
+ * (it vectorises without AVX-512's 64-bit shifts). */
+NB_FN double nb__exp_d_parts(double x, double *lo, double *p, double *s1, double *s2)
+{
+    const double shift = 0x1.8p52;
+    const double t = x * 0x1.71547652b82fep+6 + shift;
+    const double kf = t - shift;
+    const double r = (x - kf * 0x1.62e42fefa0000p-7) - kf * 0x1.cf79abc9e3b3ap-46;
+    *p = r + r * r * (0.5 + r * (1.0 / 6 + r * (1.0 / 24 + r * (1.0 / 120 + r * (1.0 / 720 + r * (1.0 / 5040))))));
+    const uint64_t kb = nb__double_bits(t) - nb__double_bits(shift) + (1ULL << 17); /* k + 2^17 >= 0 */
+    const uint64_t j = kb & 63, nb = kb >> 6, h = nb >> 1; /* nb = n + 2^11, h = floor(n / 2) + 2^10 */
+    *s1 = nb__bits_double((h - 1) << 52);       /* 2^floor(n / 2) */
+    *s2 = nb__bits_double((nb - h - 1) << 52);  /* 2^(n - floor(n / 2)) */
+    *lo = nb__exp2_64ths[j][1];
+    return nb__exp2_64ths[j][0];
+}
+
+/* e^x: within 0.52 ulp, 0.76 where the result is subnormal (test_cpu_math
+ * measures it against long double); 0 below -746 and inf above 710 (and for
+ * the infinities); a NaN stays NaN. */
+NB_FN double nb__exp_d(double x)
+{
+    double lo, p, s1, s2;
+    const double hi = nb__exp_d_parts(x, &lo, &p, &s1, &s2);
+    double y = ((hi + (lo + hi * p)) * s1) * s2;
+    y = x > 710.0 ? (double)INFINITY : y;
+    return x < -746.0 ? 0.0 : y;
+}
+
+/* e^x - 1: below |x| = 0.35 its series to x^15 (the next term is below 2^-60
+ * of the result), which keeps the digits that (S - 1) + (2^n lo + S p) loses
+ * to cancellation there; above, that form, for S = 2^n hi, where S - 1 is
+ * exact for every n from -1 to 52 (below, the result is near -1; above, 1 is
+ * below S's last place); past 40, e^x itself (S alone would overflow first),
+ * below -40, -1. Below 2^-54 it is x (and keeps -0). Within 1.01 ulp. */
+NB_FN double nb__expm1_d(double x)
+{
+    double lo, p, s1, s2;
+    const double hi = nb__exp_d_parts(x, &lo, &p, &s1, &s2);
+    const double S = (hi * s1) * s2;
+    const double far = (S - 1.0) + ((lo * s1) * s2 + S * p);
+    const double big = ((hi + (lo + hi * p)) * s1) * s2;
+    double q = 1.0 / 1307674368000; /* 1 / 15!, then down to 1 / 2! */
+    q = q * x + 1.0 / 87178291200;
+    q = q * x + 1.0 / 6227020800;
+    q = q * x + 1.0 / 479001600;
+    q = q * x + 1.0 / 39916800;
+    q = q * x + 1.0 / 3628800;
+    q = q * x + 1.0 / 362880;
+    q = q * x + 1.0 / 40320;
+    q = q * x + 1.0 / 5040;
+    q = q * x + 1.0 / 720;
+    q = q * x + 1.0 / 120;
+    q = q * x + 1.0 / 24;
+    q = q * x + 1.0 / 6;
+    q = q * x + 0.5;
+    const double near = x + (x * x) * q;
+    const double a = __builtin_fabs(x);
+    double y = a < 0.35 ? near : far;
+    y = x > 40.0 ? big : y;
+    y = x > 710.0 ? (double)INFINITY : y;
+    y = x < -40.0 ? -1.0 : y; /* e^x is below 2^-54 */
+    return a < 0x1p-54 ? x : y;
+}
+
+/* tanh |x|: below 0.55 its series to x^41 (the next term is below 2^-56 of
+ * the result; the sum after x is less than a tenth of it, so its rounding
+ * hardly shows), from there 1 - 2 / (e^(2|x|) + 1), whose second part is at
+ * most a half (and which is 1 from 19 up, where e^(2|x|) swamps the 1, to
+ * inf, where it is inf; unclamped, as nb__exp_d_parts says why). The sign is
+ * x's (-0 and NaN included). Within 1.5 ulp (glibc's within 2.2). */
+NB_FN double nb__tanh_d(double x)
+{
+    const double a = __builtin_fabs(x);
+    const double u = a * a;
+    double q = 0x1.8e25ff9327e2cp-27; /* x^41's, then down to x^3's */
+    q = q * u + -0x1.eb3229047434cp-26;
+    q = q * u + 0x1.2efe8db3aff1fp-24;
+    q = q * u + -0x1.75cde6563fed9p-23;
+    q = q * u + 0x1.cd299de4ae6bbp-22;
+    q = q * u + -0x1.1c77df95c1c0dp-20;
+    q = q * u + 0x1.5ef2da474e5b7p-19;
+    q = q * u + -0x1.b0f72d3ee24e9p-18;
+    q = q * u + 0x1.0b132d39a6050p-16;
+    q = q * u + -0x1.497d8eea25259p-15;
+    q = q * u + 0x1.967e18afcafadp-14;
+    q = q * u + -0x1.f57d7734d1664p-13;
+    q = q * u + 0x1.3558248036744p-11;
+    q = q * u + -0x1.7da36452b75e3p-10;
+    q = q * u + 0x1.d6d3d0e157de0p-9;
+    q = q * u + -0x1.226e355e6c23dp-7;
+    q = q * u + 0x1.664f4882c10fap-6;
+    q = q * u + -0x1.ba1ba1ba1ba1cp-5;
+    q = q * u + 0x1.1111111111111p-3;
+    q = q * u + -0x1.5555555555555p-2;
+    const double near = a + a * (u * q);
+    const double far = 1.0 - 2.0 / (nb__exp_d(2.0 * a) + 1.0);
+    return __builtin_copysign(a < 0.55 ? near : far, x);
+}
+
+/* The rest of the double formulas' functions are libm's. */
+NB_FN double nb__log_d(double x) { return log(x); }
+NB_FN double nb__log1p_d(double x) { return log1p(x); }
+NB_FN double nb__erf_d(double x) { return erf(x); }
+NB_FN double nb__erfc_d(double x) { return erfc(x); }
+NB_FN double nb__sin_d(double x) { return sin(x); }
+NB_FN double nb__cos_d(double x) { return cos(x); }
+NB_FN double nb__pow_d(double x, double y) { return pow(x, y); }
 #endif
 
 #define NB_T float
@@ -422,7 +580,7 @@ NB_FN_RARE float nb_cosf(float x) { return nb__sinf_turned(x, 1); }
 #define NB_REF_BIN NB_REF_DEFINE_BIN
 #define NB_T double
 #define NB_F(fn) fn
-#define NB_MATH(fn) fn
+#define NB_MATH NB_MATH_F64
 #define NB_SUF(name) name##_f64
 #include "formulas_float.inc"
 #undef NB_REF_UN
