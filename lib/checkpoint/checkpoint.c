@@ -1,19 +1,24 @@
 /* nabla — safetensors checkpoints of variables and optimizer state, and the
  * checkpoint manager.
  *
- * Saving gathers every tensor's bytes on the host (variables through nb_read,
- * slots through nb_optimizer_get_slot), sorts the entries by name, writes a
- * small JSON header and the data to a temporary file, syncs it and renames it
- * over the target. Restoring reads the 8-byte length and the header only after
- * checking them against the file's size, reads the header with the strict,
- * bounded JSON reader of lib/data/json.h against safetensors' schema (an
- * object of tensor objects and an optional "__metadata__" object of strings),
- * checks that the tensors tile the data exactly, checks every requested
- * tensor, and only then reads bytes and assigns variables and slots. */
+ * Saving takes every tensor (variables through nb_read, slots through
+ * nb_optimizer_get_slot), sorts the entries by name, writes a small JSON
+ * header and the data to a temporary file, syncs it and renames it over the
+ * target. A CPU tensor's bytes are written straight from its storage (the
+ * entry holds a reference, and a read is a snapshot: an update meanwhile moves
+ * the variable, not the bytes); a GPU tensor's, or any multi-byte one on a
+ * big-endian host, go through a host copy. Restoring reads the 8-byte length
+ * and the header only after checking them against the file's size, reads the
+ * header with the strict, bounded JSON reader of lib/data/json.h against
+ * safetensors' schema (an object of tensor objects and an optional
+ * "__metadata__" object of strings), checks that the tensors tile the data
+ * exactly, checks every requested tensor, and only then reads bytes and
+ * assigns variables and slots. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include "lib/core/backend.h"
+#include "lib/core/capture.h"
 #include "lib/core/core.h"
 #include "lib/core/recording.h"
 #include "lib/data/json.h"
@@ -147,7 +152,9 @@ typedef struct entry {
     int dtype;   /* index into g_dtypes */
     int ndim;
     int64_t shape[NB_MAX_DIMS];
-    uint8_t *data; /* host copy, little-endian */
+    const uint8_t *data; /* the bytes, little-endian: in src's storage, or host */
+    uint8_t *host;       /* an owned host copy, or NULL */
+    nb_tensor *src;      /* a reference to the tensor data lies in, or NULL */
     size_t bytes;
 } entry;
 
@@ -160,12 +167,25 @@ static void entries_free(entries *es)
 {
     for (int i = 0; i < es->n; i++) {
         free(es->e[i].name);
-        free(es->e[i].data);
+        free(es->e[i].host);
+        if (es->e[i].src)
+            nb__release(es->e[i].src);
     }
     free(es->e);
 }
 
-/* Adds a host copy of t under name (joined "<name>/<slot>" when slot is set). */
+/* Whether t's bytes can be written as they lie: a contiguous CPU tensor whose
+ * elements are little-endian already, outside any capture (where reading to
+ * the host is refused, as nb_tensor_read says). */
+static bool writable_in_place(const nb_tensor *t, int elem)
+{
+    return t->device->kind == NB_DEVICE_CPU && t->contiguous && (elem == 1 || host_little()) &&
+           !nb__capture_current();
+}
+
+/* Adds t under name (joined "<name>/<slot>" when slot is set): a reference to
+ * t when its bytes can be written from its storage, else a host copy. NB_OK,
+ * or the error with nothing added. */
 static nb_status entries_add(entries *es, const char *who, const char *path, const char *name, const char *slot,
                              const nb_tensor *t)
 {
@@ -187,11 +207,12 @@ static nb_status entries_add(entries *es, const char *who, const char *path, con
     memcpy(e->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
     e->bytes = (size_t)t->numel * nb_dtype_size(t->dtype);
     size_t nlen = strlen(name), slen = slot ? strlen(slot) + 1 : 0;
+    bool direct = e->bytes == 0 || writable_in_place(t, g_dtypes[e->dtype].size);
     e->name = malloc(nlen + slen + 1);
-    e->data = malloc(e->bytes ? e->bytes : 1);
-    if (!e->name || !e->data) {
+    e->host = direct ? NULL : malloc(e->bytes);
+    if (!e->name || (!direct && !e->host)) {
         free(e->name);
-        free(e->data);
+        free(e->host);
         return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: %s: out of host memory for tensor '%s'", who, path, name);
     }
     memcpy(e->name, name, nlen);
@@ -200,13 +221,23 @@ static nb_status entries_add(entries *es, const char *who, const char *path, con
         memcpy(e->name + nlen + 1, slot, slen - 1);
     }
     e->name[nlen + slen] = '\0';
-    nb_status st = e->bytes ? nb_tensor_read(t, e->data, e->bytes) : NB_OK;
+    if (direct) {
+        if (e->bytes) {
+            nb__retain((nb_tensor *)t);
+            e->src = (nb_tensor *)t;
+            e->data = nb__data(t);
+        }
+        es->n++;
+        return NB_OK;
+    }
+    nb_status st = nb_tensor_read(t, e->host, e->bytes);
     if (st) {
         free(e->name);
-        free(e->data);
+        free(e->host);
         return st;
     }
-    swap_bytes(e->data, e->bytes, g_dtypes[e->dtype].size);
+    swap_bytes(e->host, e->bytes, g_dtypes[e->dtype].size);
+    e->data = e->host;
     es->n++;
     return NB_OK;
 }
@@ -270,8 +301,22 @@ static void build_header(sbuf *b, const entries *es, char meta[][2][64], int n_m
         sb_puts(b, " ");
 }
 
-/* Writes all of buf to fp; false on a short write. */
-static bool write_all(FILE *fp, const void *buf, size_t n) { return n == 0 || fwrite(buf, 1, n, fp) == n; }
+/* Writes all n bytes of buf to fd, retrying interrupted and partial writes.
+ * Returns 0, an errno, or -1 for a write that made no progress. */
+static int write_all(int fd, const void *buf, size_t n)
+{
+    const uint8_t *p = buf;
+    while (n > 0) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return k < 0 && errno ? errno : -1;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
 
 /* Writes header and entries to path atomically (see checkpoint.h). */
 static nb_status write_file_atomic(const char *who, const char *path, const sbuf *header, const entries *es)
@@ -280,28 +325,28 @@ static nb_status write_file_atomic(const char *who, const char *path, const sbuf
     int len = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     if (len < 0 || (size_t)len >= sizeof tmp)
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: path '%s' is too long", who, path);
-    FILE *fp = fopen(tmp, "wb");
-    if (!fp)
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0)
         return nb__fail(NB_ERR_IO, "%s: %s: cannot create '%s': %s", who, path, tmp, strerror(errno));
     uint8_t len8[8];
     uint64_t hl = header->len;
     for (int i = 0; i < 8; i++)
         len8[i] = (uint8_t)(hl >> (8 * i));
-    bool ok = write_all(fp, len8, 8) && write_all(fp, header->p, header->len);
-    for (int i = 0; ok && i < es->n; i++)
-        ok = write_all(fp, es->e[i].data, es->e[i].bytes);
-    int err = ok ? 0 : errno;
-    if (ok && fflush(fp) != 0)
-        ok = false, err = errno;
-    if (ok && fsync(fileno(fp)) != 0)
-        ok = false, err = errno;
-    if (fclose(fp) != 0 && ok)
-        ok = false, err = errno;
-    if (ok && rename(tmp, path) != 0)
-        ok = false, err = errno;
-    if (!ok) {
+    /* Unbuffered writes straight from the entries: no copy through stdio. */
+    int err = write_all(fd, len8, 8);
+    if (!err)
+        err = write_all(fd, header->p, header->len);
+    for (int i = 0; !err && i < es->n; i++)
+        err = write_all(fd, es->e[i].data, es->e[i].bytes);
+    if (!err && fsync(fd) != 0)
+        err = errno ? errno : -1;
+    if (close(fd) != 0 && !err)
+        err = errno ? errno : -1;
+    if (!err && rename(tmp, path) != 0)
+        err = errno ? errno : -1;
+    if (err) {
         unlink(tmp);
-        return nb__fail(NB_ERR_IO, "%s: %s: writing failed: %s", who, path, err ? strerror(err) : "short write");
+        return nb__fail(NB_ERR_IO, "%s: %s: writing failed: %s", who, path, err > 0 ? strerror(err) : "short write");
     }
     /* The rename is durable once the directory is synced. */
     char dir[PATH_MAX];
@@ -313,7 +358,7 @@ static nb_status write_file_atomic(const char *who, const char *path, const sbuf
         dir[1] = '\0';
     else
         *slash = '\0';
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    fd = open(dir, O_RDONLY | O_DIRECTORY);
     if (fd >= 0) {
         fsync(fd);
         close(fd);
