@@ -39,6 +39,7 @@
 #include <nabla/checkpoint.h>
 
 #define HEADER_MAX (100u << 20) /* the Python package's own limit on the header */
+#define IO_CHUNK ((size_t)4 << 20) /* a write's unit of writeback */
 
 /* ---- dtypes --------------------------------------------------------------------- */
 
@@ -318,6 +319,38 @@ static int write_all(int fd, const void *buf, size_t n)
     return 0;
 }
 
+/* A file being written whose pages are handed to the disk as they fill, so
+ * that the final fsync waits for the last few only. */
+typedef struct writer {
+    int fd;
+    uint64_t written, started; /* bytes written; bytes whose writeback was started */
+} writer;
+
+/* Writes all n bytes of buf at the end of w, starting the writeback of every
+ * IO_CHUNK written. Returns write_all's answer. */
+static int writer_put(writer *w, const void *buf, size_t n)
+{
+    const uint8_t *p = buf;
+    while (n > 0) {
+        size_t k = n < IO_CHUNK ? n : IO_CHUNK;
+        int err = write_all(w->fd, p, k);
+        if (err)
+            return err;
+        p += k;
+        n -= k;
+        w->written += k;
+#ifdef SYNC_FILE_RANGE_WRITE
+        /* Only starts the writes (no wait, no durability): fsync still
+         * decides. A failure here is fsync's to report. */
+        if (w->written - w->started >= IO_CHUNK) {
+            (void)sync_file_range(w->fd, (off_t)w->started, (off_t)(w->written - w->started), SYNC_FILE_RANGE_WRITE);
+            w->started = w->written;
+        }
+#endif
+    }
+    return 0;
+}
+
 /* Writes header and entries to path atomically (see checkpoint.h). */
 static nb_status write_file_atomic(const char *who, const char *path, const sbuf *header, const entries *es)
 {
@@ -333,11 +366,12 @@ static nb_status write_file_atomic(const char *who, const char *path, const sbuf
     for (int i = 0; i < 8; i++)
         len8[i] = (uint8_t)(hl >> (8 * i));
     /* Unbuffered writes straight from the entries: no copy through stdio. */
-    int err = write_all(fd, len8, 8);
+    writer w = {fd, 0, 0};
+    int err = writer_put(&w, len8, 8);
     if (!err)
-        err = write_all(fd, header->p, header->len);
+        err = writer_put(&w, header->p, header->len);
     for (int i = 0; !err && i < es->n; i++)
-        err = write_all(fd, es->e[i].data, es->e[i].bytes);
+        err = writer_put(&w, es->e[i].data, es->e[i].bytes);
     if (!err && fsync(fd) != 0)
         err = errno ? errno : -1;
     if (close(fd) != 0 && !err)
