@@ -12,8 +12,11 @@
  * header with the strict, bounded JSON reader of lib/data/json.h against
  * safetensors' schema (an object of tensor objects and an optional
  * "__metadata__" object of strings), checks that the tensors tile the data
- * exactly, checks every requested tensor, and only then reads bytes and
- * assigns variables and slots. */
+ * exactly, checks every requested tensor, and only then reads bytes. A plain
+ * CPU variable's bytes are read straight into the tensor its update would
+ * write (its own value when no read holds it, else a fresh one, as
+ * lib/variable's copy-on-write does); the others, and slots, are read into a
+ * new tensor and assigned. Large reads are split over the thread pool. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -22,6 +25,7 @@
 #include "lib/core/core.h"
 #include "lib/core/recording.h"
 #include "lib/data/json.h"
+#include "lib/variable/variable_impl.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -30,6 +34,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,7 +44,7 @@
 #include <nabla/checkpoint.h>
 
 #define HEADER_MAX (100u << 20) /* the Python package's own limit on the header */
-#define IO_CHUNK ((size_t)4 << 20) /* a write's unit of writeback */
+#define IO_CHUNK ((size_t)4 << 20) /* a write's unit of writeback; a read's share of the thread pool */
 
 /* ---- dtypes --------------------------------------------------------------------- */
 
@@ -823,10 +828,61 @@ static nb_status check_against(const char *who, const char *path, const tensor_i
     return NB_OK;
 }
 
-/* Reads tensor t's bytes from fp and makes a tensor of them on device dev
- * (owned by the current scope). On the CPU the bytes are read straight into
- * the tensor's storage; another device gets them through a host buffer. */
-static nb_tensor *load_tensor(const char *who, const char *path, FILE *fp, uint64_t data_start,
+/* Reads all n bytes at offset at of fd into buf, retrying interrupted and
+ * partial reads. Returns false on an error or end of file. */
+static bool read_at(int fd, void *buf, size_t n, uint64_t at)
+{
+    uint8_t *p = buf;
+    while (n > 0) {
+        ssize_t k = pread(fd, p, n, (off_t)at);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return false;
+        p += k;
+        at += (uint64_t)k;
+        n -= (size_t)k;
+    }
+    return true;
+}
+
+typedef struct read_job {
+    int fd;
+    uint8_t *dst;
+    uint64_t at;
+    atomic_bool failed;
+} read_job;
+
+static void read_range(void *ctx, int64_t begin, int64_t end)
+{
+    read_job *j = ctx;
+    if (!read_at(j->fd, j->dst + begin, (size_t)(end - begin), j->at + (uint64_t)begin))
+        atomic_store(&j->failed, true);
+}
+
+/* Reads tensor t's bytes from fd into buf (host memory) and makes them
+ * host-endian; pieces of a large tensor are read on the thread pool at once,
+ * as copies from the page cache go faster on several cores. Returns NB_OK or
+ * NB_ERR_IO (a short read: the file shrank or the disk failed), with buf then
+ * partly written. */
+static nb_status read_tensor(const char *who, const char *path, int fd, uint64_t data_start, const tensor_info *t,
+                             uint8_t *buf)
+{
+    size_t bytes = (size_t)(t->end - t->begin);
+    read_job j = {fd, buf, data_start + t->begin, false};
+    nb__parallel_for((int64_t)bytes, (int64_t)IO_CHUNK, read_range, &j);
+    if (atomic_load(&j.failed))
+        return nb__fail(NB_ERR_IO, "%s: %s: tensor '%s': could not read its %zu bytes (truncated?)", who, path,
+                        t->name, bytes);
+    swap_bytes(buf, bytes, g_dtypes[t->dtype].size);
+    return NB_OK;
+}
+
+/* Reads tensor t's bytes from fd and makes a tensor of them on device dev
+ * (owned by the current scope); NULL and the error on failure. On the CPU the
+ * bytes are read straight into the tensor's storage; another device gets them
+ * through a host buffer. */
+static nb_tensor *load_tensor(const char *who, const char *path, int fd, uint64_t data_start,
                               const tensor_info *t, const char *dev)
 {
     size_t bytes = (size_t)(t->end - t->begin);
@@ -843,13 +899,11 @@ static nb_tensor *load_tensor(const char *who, const char *path, FILE *fp, uint6
     if (!buf)
         return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: %s: out of host memory for tensor '%s' (%zu bytes)", who, path,
                              t->name, bytes);
-    if (fseeko(fp, (off_t)(data_start + t->begin), SEEK_SET) != 0 || fread(buf, 1, bytes, fp) != bytes) {
+    if (read_tensor(who, path, fd, data_start, t, buf) != NB_OK) {
         if (!host)
             free(buf);
-        return nb__fail_null(NB_ERR_IO, "%s: %s: tensor '%s': could not read its %zu bytes (truncated?)", who, path,
-                             t->name, bytes);
+        return NULL;
     }
-    swap_bytes(buf, bytes, g_dtypes[t->dtype].size);
     if (!host) {
         nb_status st = x->device->backend->copy_from_host(x->device, nb__data(x), buf, bytes);
         free(buf);
@@ -857,6 +911,35 @@ static nb_tensor *load_tensor(const char *who, const char *path, FILE *fp, uint6
             return NULL;
     }
     return x;
+}
+
+/* Restores plain CPU variable v from tensor t by reading the bytes into the
+ * tensor its update would write: its own value, unless a read still holds
+ * that (then a fresh tensor, so the read keeps its values). This skips
+ * load_tensor's new tensor and nb_variable_assign's copy of it. Returns 1
+ * with v restored, 0 when v is not such a variable (nothing done: use
+ * load_tensor), -1 with the error; after a failed read v may hold part of
+ * the file's bytes. */
+static int restore_in_place(const char *who, const char *path, int fd, uint64_t data_start, const tensor_info *t,
+                            nb_variable *v)
+{
+    /* A mirrored variable has a value per replica, which assign writes; a
+     * capture must see the write as an assignment's kernel. */
+    if (nb__variable_mirror_owner(v) || nb__capture_current())
+        return 0;
+    nb_tensor *cur = nb__variable_value(v);
+    if (cur->device->kind != NB_DEVICE_CPU)
+        return 0;
+    nb_tensor *dst = nb__variable_update_target(v, who);
+    if (!dst)
+        return -1;
+    if (t->end > t->begin && read_tensor(who, path, fd, data_start, t, nb__data(dst)) != NB_OK) {
+        if (dst != cur)
+            nb__release(dst);
+        return -1;
+    }
+    nb__variable_commit(v, dst);
+    return 1;
 }
 
 /* Parses a decimal int64 >= 0 with nothing after it. */
@@ -881,18 +964,18 @@ nb_status nb_checkpoint_restore(const char *path, int n, nb_variable *const *var
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: path is %s", who, path ? "empty" : "NULL");
     if (n < 0)
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: %s: n is %d", who, path, n);
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
         return nb__fail(NB_ERR_IO, "%s: %s: cannot open: %s", who, path, strerror(errno));
     struct stat sb;
-    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(fp);
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
         return nb__fail(NB_ERR_IO, "%s: %s: not a regular file", who, path);
     }
     uint64_t size = (uint64_t)sb.st_size;
     uint8_t len8[8];
-    if (size < 8 || fread(len8, 1, 8, fp) != 8) {
-        fclose(fp);
+    if (size < 8 || !read_at(fd, len8, 8, 0)) {
+        close(fd);
         return nb__fail(NB_ERR_IO, "%s: %s: %" PRIu64 " bytes, too short for the 8-byte header length", who, path,
                         size);
     }
@@ -900,7 +983,7 @@ nb_status nb_checkpoint_restore(const char *path, int n, nb_variable *const *var
     for (int i = 7; i >= 0; i--)
         hlen = hlen << 8 | len8[i];
     if (hlen > size - 8 || hlen > HEADER_MAX || hlen < 2) {
-        fclose(fp);
+        close(fd);
         return nb__fail(NB_ERR_IO, "%s: %s: header length %" PRIu64 " %s (the file holds %" PRIu64 " bytes)", who,
                         path, hlen, hlen < 2 ? "is too small" : hlen > size - 8 ? "runs past the end of the file"
                                                                                    : "is past the 100 MiB limit",
@@ -908,12 +991,12 @@ nb_status nb_checkpoint_restore(const char *path, int n, nb_variable *const *var
     }
     char *text = malloc((size_t)hlen);
     if (!text) {
-        fclose(fp);
+        close(fd);
         return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: %s: out of host memory for the header", who, path);
     }
-    if (fread(text, 1, (size_t)hlen, fp) != hlen) {
+    if (!read_at(fd, text, (size_t)hlen, 8)) {
         free(text);
-        fclose(fp);
+        close(fd);
         return nb__fail(NB_ERR_IO, "%s: %s: could not read the %" PRIu64 "-byte header (truncated?)", who, path, hlen);
     }
     header h = {0};
@@ -970,14 +1053,20 @@ nb_status nb_checkpoint_restore(const char *path, int n, nb_variable *const *var
             break;
         }
         const char *dev = nb_variable_device(v);
-        nb_tensor *x = load_tensor(who, path, fp, data_start, find_info(&h, nb_variable_name(v)), dev);
-        st = x ? nb_variable_assign(v, x) : nb_error();
+        const tensor_info *vt = find_info(&h, nb_variable_name(v));
+        int done = restore_in_place(who, path, fd, data_start, vt, v);
+        if (done < 0) {
+            st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
+        } else if (done == 0) {
+            nb_tensor *x = load_tensor(who, path, fd, data_start, vt, dev);
+            st = x ? nb_variable_assign(v, x) : nb_error();
+        }
         for (int s = 0; s < n_slots && !st; s++) {
             snprintf(name, sizeof name, "%s/%s", nb_variable_name(v), slot_names[s]);
             const tensor_info *t = find_info(&h, name);
             if (!t)
                 continue;
-            nb_tensor *y = load_tensor(who, path, fp, data_start, t, dev);
+            nb_tensor *y = load_tensor(who, path, fd, data_start, t, dev);
             st = y ? nb_optimizer_set_slot(opt, v, slot_names[s], y) : nb_error();
         }
         nb_scope_end(scope);
@@ -987,7 +1076,7 @@ nb_status nb_checkpoint_restore(const char *path, int n, nb_variable *const *var
         st = nb_optimizer_set_iterations(opt, iterations);
     free(owned);
     header_free(&h);
-    fclose(fp);
+    close(fd);
     return st;
 }
 
