@@ -12,11 +12,12 @@
  * header with the strict, bounded JSON reader of lib/data/json.h against
  * safetensors' schema (an object of tensor objects and an optional
  * "__metadata__" object of strings), checks that the tensors tile the data
- * exactly, checks every requested tensor, and only then reads bytes. A plain
- * CPU variable's bytes are read straight into the tensor its update would
- * write (its own value when no read holds it, else a fresh one, as
- * lib/variable's copy-on-write does); the others, and slots, are read into a
- * new tensor and assigned. Large reads are split over the thread pool. */
+ * exactly, checks every requested tensor, and only then reads bytes. The
+ * plain CPU variables' bytes are read first, in one read split over the
+ * thread pool, straight into the tensors their updates would write (each
+ * one's own value when no read holds it, else a fresh one, as lib/variable's
+ * copy-on-write does); the other variables, and slots, are then read into a
+ * new tensor each and assigned. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -44,7 +45,7 @@
 #include <nabla/checkpoint.h>
 
 #define HEADER_MAX (100u << 20) /* the Python package's own limit on the header */
-#define IO_CHUNK ((size_t)4 << 20) /* a write's unit of writeback; a read's share of the thread pool */
+#define IO_CHUNK ((size_t)4 << 20) /* a write's unit of writeback; the least a read hands another thread */
 
 /* ---- dtypes --------------------------------------------------------------------- */
 
@@ -846,35 +847,67 @@ static bool read_at(int fd, void *buf, size_t n, uint64_t at)
     return true;
 }
 
+/* A tensor's bytes in the file and the host memory they go to; before: the
+ * bytes of the spans before it in one read_spans call. */
+typedef struct span {
+    const tensor_info *t;
+    uint8_t *dst;
+    uint64_t before;
+} span;
+
 typedef struct read_job {
     int fd;
-    uint8_t *dst;
-    uint64_t at;
-    atomic_bool failed;
+    uint64_t data_start;
+    const span *s;
+    int n;
+    atomic_int failed; /* the first span found unreadable, or -1 */
 } read_job;
 
+/* Reads bytes [begin, end) of the spans laid end to end. */
 static void read_range(void *ctx, int64_t begin, int64_t end)
 {
     read_job *j = ctx;
-    if (!read_at(j->fd, j->dst + begin, (size_t)(end - begin), j->at + (uint64_t)begin))
-        atomic_store(&j->failed, true);
+    uint64_t b = (uint64_t)begin, e = (uint64_t)end;
+    int lo = 0, hi = j->n - 1; /* the last span that starts at or before b */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (j->s[mid].before <= b)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    for (int i = lo; i < j->n && j->s[i].before < e; i++) {
+        const span *s = &j->s[i];
+        uint64_t len = s->t->end - s->t->begin;
+        uint64_t from = b > s->before ? b - s->before : 0, to = e - s->before < len ? e - s->before : len;
+        if (from < to && !read_at(j->fd, s->dst + from, (size_t)(to - from), j->data_start + s->t->begin + from)) {
+            int none = -1;
+            atomic_compare_exchange_strong(&j->failed, &none, i);
+        }
+    }
 }
 
-/* Reads tensor t's bytes from fd into buf (host memory) and makes them
- * host-endian; pieces of a large tensor are read on the thread pool at once,
- * as copies from the page cache go faster on several cores. Returns NB_OK or
- * NB_ERR_IO (a short read: the file shrank or the disk failed), with buf then
- * partly written. */
-static nb_status read_tensor(const char *who, const char *path, int fd, uint64_t data_start, const tensor_info *t,
-                             uint8_t *buf)
+/* Reads n spans' bytes from fd (their before fields are filled here) and makes
+ * them host-endian. The bytes of all of them are split over the thread pool
+ * at once, as copies from the page cache go faster on several cores. Returns
+ * NB_OK or NB_ERR_IO (a short read: the file shrank or the disk failed), with
+ * the spans then partly written. */
+static nb_status read_spans(const char *who, const char *path, int fd, uint64_t data_start, span *s, int n)
 {
-    size_t bytes = (size_t)(t->end - t->begin);
-    read_job j = {fd, buf, data_start + t->begin, false};
-    nb__parallel_for((int64_t)bytes, (int64_t)IO_CHUNK, read_range, &j);
-    if (atomic_load(&j.failed))
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        s[i].before = total;
+        total += s[i].t->end - s[i].t->begin;
+    }
+    read_job j = {fd, data_start, s, n, -1};
+    if (total)
+        nb__parallel_for((int64_t)total, (int64_t)IO_CHUNK, read_range, &j);
+    int bad = atomic_load(&j.failed);
+    if (bad >= 0)
         return nb__fail(NB_ERR_IO, "%s: %s: tensor '%s': could not read its %zu bytes (truncated?)", who, path,
-                        t->name, bytes);
-    swap_bytes(buf, bytes, g_dtypes[t->dtype].size);
+                        s[bad].t->name, (size_t)(s[bad].t->end - s[bad].t->begin));
+    for (int i = 0; i < n; i++)
+        swap_bytes(s[i].dst, (size_t)(s[i].t->end - s[i].t->begin), g_dtypes[s[i].t->dtype].size);
     return NB_OK;
 }
 
@@ -899,7 +932,8 @@ static nb_tensor *load_tensor(const char *who, const char *path, int fd, uint64_
     if (!buf)
         return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: %s: out of host memory for tensor '%s' (%zu bytes)", who, path,
                              t->name, bytes);
-    if (read_tensor(who, path, fd, data_start, t, buf) != NB_OK) {
+    span one = {t, buf, 0};
+    if (read_spans(who, path, fd, data_start, &one, 1) != NB_OK) {
         if (!host)
             free(buf);
         return NULL;
@@ -913,33 +947,56 @@ static nb_tensor *load_tensor(const char *who, const char *path, int fd, uint64_
     return x;
 }
 
-/* Restores plain CPU variable v from tensor t by reading the bytes into the
- * tensor its update would write: its own value, unless a read still holds
- * that (then a fresh tensor, so the read keeps its values). This skips
- * load_tensor's new tensor and nb_variable_assign's copy of it. Returns 1
- * with v restored, 0 when v is not such a variable (nothing done: use
- * load_tensor), -1 with the error; after a failed read v may hold part of
- * the file's bytes. */
-static int restore_in_place(const char *who, const char *path, int fd, uint64_t data_start, const tensor_info *t,
-                            nb_variable *v)
+/* Whether v is restored by restore_in_place: a plain variable on the CPU,
+ * outside any capture. A mirrored variable has a value per replica, which
+ * nb_variable_assign writes; a capture must see the write as an assignment's
+ * kernel. */
+static bool in_place_ok(nb_variable *v)
 {
-    /* A mirrored variable has a value per replica, which assign writes; a
-     * capture must see the write as an assignment's kernel. */
-    if (nb__variable_mirror_owner(v) || nb__capture_current())
-        return 0;
-    nb_tensor *cur = nb__variable_value(v);
-    if (cur->device->kind != NB_DEVICE_CPU)
-        return 0;
-    nb_tensor *dst = nb__variable_update_target(v, who);
-    if (!dst)
-        return -1;
-    if (t->end > t->begin && read_tensor(who, path, fd, data_start, t, nb__data(dst)) != NB_OK) {
-        if (dst != cur)
-            nb__release(dst);
-        return -1;
+    return !nb__variable_mirror_owner(v) && !nb__capture_current() &&
+           nb__variable_value(v)->device->kind == NB_DEVICE_CPU;
+}
+
+/* Restores the n variables of list that in_place_ok takes by reading their
+ * bytes, all in one read_spans, into the tensors their updates would write:
+ * each one's own value, unless a read still holds that (then a fresh tensor,
+ * so the read keeps its values). This skips load_tensor's new tensor and
+ * nb_variable_assign's copy of it. Returns NB_OK, or the error with no
+ * variable moved; after a failed read those written in place may hold part
+ * of the file's bytes. */
+static nb_status restore_in_place(const char *who, const char *path, int fd, uint64_t data_start, const header *h,
+                                  int n, nb_variable *const *list)
+{
+    span *s = malloc(sizeof *s * (size_t)(n > 0 ? n : 1));
+    nb_variable **vs = malloc(sizeof *vs * (size_t)(n > 0 ? n : 1));
+    nb_tensor **dst = malloc(sizeof *dst * (size_t)(n > 0 ? n : 1));
+    nb_status st = s && vs && dst ? NB_OK : nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: %s: out of host memory", who, path);
+    int m = 0;
+    for (int i = 0; i < n && !st; i++) {
+        if (!in_place_ok(list[i]))
+            continue;
+        nb_tensor *d = nb__variable_update_target(list[i], who);
+        if (!d) {
+            st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
+            break;
+        }
+        vs[m] = list[i];
+        dst[m] = d;
+        s[m] = (span){find_info(h, nb_variable_name(list[i])), nb__data(d), 0};
+        m++;
     }
-    nb__variable_commit(v, dst);
-    return 1;
+    if (!st)
+        st = read_spans(who, path, fd, data_start, s, m);
+    for (int k = 0; k < m; k++) {
+        if (!st)
+            nb__variable_commit(vs[k], dst[k]);
+        else if (dst[k] != nb__variable_value(vs[k]))
+            nb__release(dst[k]);
+    }
+    free(s);
+    free(vs);
+    free(dst);
+    return st;
 }
 
 /* Parses a decimal int64 >= 0 with nothing after it. */
@@ -1043,8 +1100,10 @@ nb_status nb_checkpoint_restore(const char *path, int n, nb_variable *const *var
                 st = check_against(who, path, t, name, v);
         }
     }
-    /* Then the values. */
+    /* Then the values: plain CPU variables at once, then the others and the slots. */
     int token = nb__tapes_pause();
+    if (!st)
+        st = restore_in_place(who, path, fd, data_start, &h, n, list);
     for (int i = 0; i < n && !st; i++) {
         nb_variable *v = list[i];
         nb_scope *scope = nb_scope_begin();
@@ -1053,12 +1112,8 @@ nb_status nb_checkpoint_restore(const char *path, int n, nb_variable *const *var
             break;
         }
         const char *dev = nb_variable_device(v);
-        const tensor_info *vt = find_info(&h, nb_variable_name(v));
-        int done = restore_in_place(who, path, fd, data_start, vt, v);
-        if (done < 0) {
-            st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
-        } else if (done == 0) {
-            nb_tensor *x = load_tensor(who, path, fd, data_start, vt, dev);
+        if (!in_place_ok(v)) {
+            nb_tensor *x = load_tensor(who, path, fd, data_start, find_info(&h, nb_variable_name(v)), dev);
             st = x ? nb_variable_assign(v, x) : nb_error();
         }
         for (int s = 0; s < n_slots && !st; s++) {
