@@ -1,9 +1,10 @@
 /* Data in and out beside PyTorch: a checkpoint of 8 f32 variables of 2M
  * elements (64 MiB) saved and restored (nabla: nb_checkpoint_save, which also
  * fsyncs the file and its folder, and nb_checkpoint_restore; PyTorch:
- * safetensors.torch save_file and load_file copied into the tensors), and the
- * cost of one TensorBoard scalar (nb_summary_scalar; SummaryWriter.add_scalar),
- * flushed once at the end. Medians; same machine, same run. */
+ * safetensors.torch save_file, and save_file followed by an fsync of the file
+ * and its folder, and load_file copied into the tensors), and the cost of one
+ * TensorBoard scalar (nb_summary_scalar; SummaryWriter.add_scalar), flushed
+ * once at the end. Medians; same machine, same run. */
 #include <nabla/nabla.h>
 
 #include <stdio.h>
@@ -69,6 +70,7 @@ int main(int argc, char **argv)
     bench_peer_run(&p, peer, "data_io.py", "'%s' %d %d %d", scratch, VARS, ELEMS, reps);
     bench_header("Checkpoints (8 x 2M f32 = 64 MiB) and TensorBoard scalars, medians", "", &p);
     bench_row("save, ms (nabla also fsyncs)", bench_median(save, reps), bench_peer_get(&p, "save_ms"));
+    bench_row("save, ms (both fsync)", bench_median(save, reps), bench_peer_get(&p, "save_fsync_ms"));
     bench_row("restore, ms", bench_median(restore, reps), bench_peer_get(&p, "restore_ms"));
     bench_row("one scalar summary, us", scalar_us, bench_peer_get(&p, "scalar_us"));
 

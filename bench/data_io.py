@@ -1,6 +1,8 @@
 """PyTorch side of bench/data_io.c: a checkpoint of VARS f32 tensors of ELEMS
-elements saved with safetensors.torch.save_file and loaded back into existing
-tensors, and TensorBoard scalars through torch.utils.tensorboard.SummaryWriter.
+elements saved with safetensors.torch.save_file (also followed by an fsync of
+the file and its folder, the durability nabla's save has) and loaded back into
+existing tensors, and TensorBoard scalars through
+torch.utils.tensorboard.SummaryWriter.
 
 Arguments: a scratch folder, VARS, ELEMS, repetitions. Prints "name milliseconds"
 or "name microseconds" lines, or "PyTorch: ..." when something is missing."""
@@ -33,6 +35,16 @@ def save():
     save_file(params, path)
 
 
+def save_fsync():
+    save_file(params, path)
+    for p, flags in ((path, os.O_RDONLY), (scratch, os.O_RDONLY | os.O_DIRECTORY)):
+        fd = os.open(p, flags)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def restore():
     loaded = load_file(path)
     with torch.no_grad():
@@ -42,6 +54,7 @@ def restore():
 
 print("version", torch.__version__)
 print("save_ms", timed(save) * 1e3)
+print("save_fsync_ms", timed(save_fsync) * 1e3)
 print("restore_ms", timed(restore) * 1e3)
 os.remove(path)
 try:

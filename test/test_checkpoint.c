@@ -2,10 +2,11 @@
  * every CPU dtype; training resumed from a checkpoint, in this process and in a
  * fresh one (this executable run again with --resume), bit-identical to
  * training on; corrupt and mismatched files refused with messages naming the
- * problem; the manager keeping the last K and finding the latest; and files
- * read and written by Python's safetensors package (argv[1] is
- * safetensors_interop.py; skipped with a reason where python3 cannot import
- * safetensors and torch).
+ * problem; a restore into variables that a read holds or not (the read keeps
+ * its values), with Adam's slots and a mirrored variable; the manager keeping
+ * the last K and finding the latest; and files read and written by Python's
+ * safetensors package (argv[1] is safetensors_interop.py; skipped with a
+ * reason where python3 cannot import safetensors and torch).
  *   test_checkpoint [safetensors_interop.py]
  *   test_checkpoint --resume CHECKPOINT OUT   (the fresh process's part) */
 #include "check.h"
@@ -225,6 +226,115 @@ static int resume_main(const char *path, const char *out)
     free(b);
     model_free(&m);
     return rc;
+}
+
+/* ---- restoring into variables, read or not -------------------------------------- */
+
+/* t's bytes in a new buffer (the caller frees) and their count; NULL on failure. */
+static uint8_t *bytes_of(const nb_tensor *t, size_t *n)
+{
+    *n = t ? (size_t)nb_tensor_numel(t) * nb_dtype_size(nb_tensor_dtype(t)) : 0;
+    uint8_t *b = t ? malloc(*n ? *n : 1) : NULL;
+    if (b && nb_tensor_read(t, b, *n) != NB_OK) {
+        free(b);
+        b = NULL;
+    }
+    return b;
+}
+
+/* Whether t holds exactly the n bytes want. */
+static bool holds(const nb_tensor *t, const uint8_t *want, size_t n)
+{
+    size_t k;
+    uint8_t *b = bytes_of(t, &k);
+    bool same = b && want && k == n && memcmp(b, want, n) == 0;
+    free(b);
+    return same;
+}
+
+enum { BIG = 3000001 }; /* f32: 12 MB, read in several unequal pieces */
+
+/* A restore writes the file's values into variables and their Adam slots
+ * whether or not a read holds a variable's value; a tensor read before keeps
+ * its values; with no read held the variable keeps its tensor (restored in
+ * place); a mirrored variable gets the values in every copy. */
+static void test_restore_into(void)
+{
+    char path[512];
+    path_in(path, sizeof path, "into.safetensors");
+    nb_scope *s = nb_scope_begin();
+    nb_variable *w = nb_variable_new("into/w", nb_arange(NB_F32, 0, BIG, 1));
+    nb_variable *b = nb_variable_new("into/b", nb_full(NB_F32, NB_SHAPE(5, 7), 0.5));
+    nb_mirrored *ms = nb_mirrored_new(2, (const char *[]){"/cpu:0", "/cpu:1"});
+    nb_variable *m = ms ? nb_mirrored_variable_new(ms, "into/m", nb_arange(NB_F32, 10, 40, 1)) : NULL;
+    CHECK(m != NULL);
+    if (!m) {
+        nb_scope_end(s);
+        nb_mirrored_free(ms);
+        return;
+    }
+    nb_optimizer *opt = nb_adam_new(0.01, 0.9, 0.999, 1e-7);
+    CHECK_OK(nb_optimizer_apply(opt, NB_VARS(w, b),
+                                (nb_tensor *[]){nb_full(NB_F32, NB_SHAPE(BIG), 0.25),
+                                                nb_full(NB_F32, NB_SHAPE(5, 7), -1)}));
+    size_t nw, nbb, nm, nv, nmir;
+    uint8_t *want_w = bytes_of(nb_read(w), &nw), *want_b = bytes_of(nb_read(b), &nbb);
+    uint8_t *want_m = bytes_of(nb_optimizer_get_slot(opt, w, "adam_m"), &nm);
+    uint8_t *want_v = bytes_of(nb_optimizer_get_slot(opt, w, "adam_v"), &nv);
+    uint8_t *want_mir = bytes_of(nb_read(m), &nmir);
+    CHECK(want_w && want_b && want_m && want_v && want_mir);
+    CHECK_OK(nb_checkpoint_save(path, NB_VARS(w, b, m), opt));
+    nb_scope_end(s);
+
+    for (int held_read = 1; held_read >= 0; held_read--) {
+        s = nb_scope_begin();
+        /* Other values everywhere: variables, both copies of m, slots, count. */
+        CHECK_OK(nb_variable_assign(w, nb_full(NB_F32, NB_SHAPE(BIG), -3)));
+        CHECK_OK(nb_variable_assign(b, nb_full(NB_F32, NB_SHAPE(5, 7), 9)));
+        CHECK_OK(nb_variable_assign(m, nb_full(NB_F32, NB_SHAPE(30), 7)));
+        CHECK_OK(nb_optimizer_apply(opt, NB_VARS(w, b),
+                                    (nb_tensor *[]){nb_full(NB_F32, NB_SHAPE(BIG), -2),
+                                                    nb_full(NB_F32, NB_SHAPE(5, 7), 3)}));
+        CHECK(!holds(nb_optimizer_get_slot(opt, w, "adam_m"), want_m, nm));
+        nb_tensor *before = NULL;
+        if (held_read) {
+            before = nb_read(w);
+        } else {
+            nb_scope *peek = nb_scope_begin();
+            before = nb_read(w); /* its address only: the read ends here */
+            nb_scope_end(peek);
+        }
+        size_t nh = 0;
+        uint8_t *held_bytes = held_read ? bytes_of(before, &nh) : NULL;
+
+        CHECK_OK(nb_checkpoint_restore(path, NB_VARS(w, b, m), opt));
+        nb_tensor *after = nb_read(w);
+        CHECKF(holds(after, want_w, nw), "held_read %d", held_read);
+        CHECKF(holds(nb_read(b), want_b, nbb), "held_read %d", held_read);
+        CHECKF(holds(nb_optimizer_get_slot(opt, w, "adam_m"), want_m, nm), "held_read %d", held_read);
+        CHECKF(holds(nb_optimizer_get_slot(opt, w, "adam_v"), want_v, nv), "held_read %d", held_read);
+        CHECK(nb_optimizer_iterations(opt) == 1);
+        for (int r = 0; r < 2; r++)
+            CHECKF(holds(nb_mirrored_variable_read(m, r), want_mir, nmir), "held_read %d, replica %d", held_read, r);
+        if (held_read) {
+            CHECK(after != before);
+            CHECK(holds(before, held_bytes, nh) && !holds(before, want_w, nw));
+        } else {
+            CHECK(after == before);
+        }
+        free(held_bytes);
+        nb_scope_end(s);
+    }
+    free(want_w);
+    free(want_b);
+    free(want_m);
+    free(want_v);
+    free(want_mir);
+    nb_optimizer_free(opt);
+    nb_variable_free(w);
+    nb_variable_free(b);
+    nb_variable_free(m);
+    nb_mirrored_free(ms);
 }
 
 /* ---- refusals ------------------------------------------------------------------- */
@@ -528,10 +638,16 @@ int main(int argc, char **argv)
         return resume_main(argv[2], argv[3]);
     g_self = argv[0];
     g_script = argc > 1 ? argv[1] : NULL;
+    /* Two CPU devices, for a mirrored variable (before any device is used). */
+    if (nb_set_logical_cpu_devices(2) != NB_OK) {
+        fprintf(stderr, "nb_set_logical_cpu_devices: %s\n", nb_error_message());
+        return 1;
+    }
     if (!check_scratch_dir(g_dir, sizeof g_dir, "nb_ckpt"))
         return 1;
     RUN(test_dtypes);
     RUN(test_resume);
+    RUN(test_restore_into);
     RUN(test_refusals);
     RUN(test_registered);
     RUN(test_gpu);

@@ -43,7 +43,10 @@ nb_status nb_checkpoint_save(const char *path, int n, nb_variable *const *vars, 
  * data_offsets out of bounds, overlapping or not covering the data exactly, a
  * size that does not match the shape); NB_ERR_INVALID_ARGUMENT for a missing
  * tensor or a dtype or shape that differs from the variable's. Messages name
- * the function, the file and the tensor. Returns NB_OK or the error. */
+ * the function, the file and the tensor. Only a read that fails after those
+ * checks (the file cut short meanwhile, a disk error) leaves variables partly
+ * restored. Tensors read from a variable before keep their values. Returns
+ * NB_OK or the error. */
 nb_status nb_checkpoint_restore(const char *path, int n, nb_variable *const *vars, nb_optimizer *opt);
 
 /* Keeps numbered checkpoints "<dir>/<prefix>-<step>.safetensors". */

@@ -1,22 +1,32 @@
 /* nabla — safetensors checkpoints of variables and optimizer state, and the
  * checkpoint manager.
  *
- * Saving gathers every tensor's bytes on the host (variables through nb_read,
- * slots through nb_optimizer_get_slot), sorts the entries by name, writes a
- * small JSON header and the data to a temporary file, syncs it and renames it
- * over the target. Restoring reads the 8-byte length and the header only after
- * checking them against the file's size, reads the header with the strict,
- * bounded JSON reader of lib/data/json.h against safetensors' schema (an
- * object of tensor objects and an optional "__metadata__" object of strings),
- * checks that the tensors tile the data exactly, checks every requested
- * tensor, and only then reads bytes and assigns variables and slots. */
+ * Saving takes every tensor (variables through nb_read, slots through
+ * nb_optimizer_get_slot), sorts the entries by name, writes a small JSON
+ * header and the data to a temporary file, syncs it and renames it over the
+ * target. A CPU tensor's bytes are written straight from its storage (the
+ * entry holds a reference, and a read is a snapshot: an update meanwhile moves
+ * the variable, not the bytes); a GPU tensor's, or any multi-byte one on a
+ * big-endian host, go through a host copy. Restoring reads the 8-byte length
+ * and the header only after checking them against the file's size, reads the
+ * header with the strict, bounded JSON reader of lib/data/json.h against
+ * safetensors' schema (an object of tensor objects and an optional
+ * "__metadata__" object of strings), checks that the tensors tile the data
+ * exactly, checks every requested tensor, and only then reads bytes. The
+ * plain CPU variables' bytes are read first, in one read split over the
+ * thread pool, straight into the tensors their updates would write (each
+ * one's own value when no read holds it, else a fresh one, as lib/variable's
+ * copy-on-write does); the other variables, and slots, are then read into a
+ * new tensor each and assigned. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
 #include "lib/core/backend.h"
+#include "lib/core/capture.h"
 #include "lib/core/core.h"
 #include "lib/core/recording.h"
 #include "lib/data/json.h"
+#include "lib/variable/variable_impl.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -25,6 +35,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +45,7 @@
 #include <nabla/checkpoint.h>
 
 #define HEADER_MAX (100u << 20) /* the Python package's own limit on the header */
+#define IO_CHUNK ((size_t)4 << 20) /* a write's unit of writeback; the least a read hands another thread */
 
 /* ---- dtypes --------------------------------------------------------------------- */
 
@@ -147,7 +159,9 @@ typedef struct entry {
     int dtype;   /* index into g_dtypes */
     int ndim;
     int64_t shape[NB_MAX_DIMS];
-    uint8_t *data; /* host copy, little-endian */
+    const uint8_t *data; /* the bytes, little-endian: in src's storage, or host */
+    uint8_t *host;       /* an owned host copy, or NULL */
+    nb_tensor *src;      /* a reference to the tensor data lies in, or NULL */
     size_t bytes;
 } entry;
 
@@ -160,12 +174,25 @@ static void entries_free(entries *es)
 {
     for (int i = 0; i < es->n; i++) {
         free(es->e[i].name);
-        free(es->e[i].data);
+        free(es->e[i].host);
+        if (es->e[i].src)
+            nb__release(es->e[i].src);
     }
     free(es->e);
 }
 
-/* Adds a host copy of t under name (joined "<name>/<slot>" when slot is set). */
+/* Whether t's bytes can be written as they lie: a contiguous CPU tensor whose
+ * elements are little-endian already, outside any capture (where reading to
+ * the host is refused, as nb_tensor_read says). */
+static bool writable_in_place(const nb_tensor *t, int elem)
+{
+    return t->device->kind == NB_DEVICE_CPU && t->contiguous && (elem == 1 || host_little()) &&
+           !nb__capture_current();
+}
+
+/* Adds t under name (joined "<name>/<slot>" when slot is set): a reference to
+ * t when its bytes can be written from its storage, else a host copy. NB_OK,
+ * or the error with nothing added. */
 static nb_status entries_add(entries *es, const char *who, const char *path, const char *name, const char *slot,
                              const nb_tensor *t)
 {
@@ -187,11 +214,12 @@ static nb_status entries_add(entries *es, const char *who, const char *path, con
     memcpy(e->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
     e->bytes = (size_t)t->numel * nb_dtype_size(t->dtype);
     size_t nlen = strlen(name), slen = slot ? strlen(slot) + 1 : 0;
+    bool direct = e->bytes == 0 || writable_in_place(t, g_dtypes[e->dtype].size);
     e->name = malloc(nlen + slen + 1);
-    e->data = malloc(e->bytes ? e->bytes : 1);
-    if (!e->name || !e->data) {
+    e->host = direct ? NULL : malloc(e->bytes);
+    if (!e->name || (!direct && !e->host)) {
         free(e->name);
-        free(e->data);
+        free(e->host);
         return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: %s: out of host memory for tensor '%s'", who, path, name);
     }
     memcpy(e->name, name, nlen);
@@ -200,13 +228,23 @@ static nb_status entries_add(entries *es, const char *who, const char *path, con
         memcpy(e->name + nlen + 1, slot, slen - 1);
     }
     e->name[nlen + slen] = '\0';
-    nb_status st = e->bytes ? nb_tensor_read(t, e->data, e->bytes) : NB_OK;
+    if (direct) {
+        if (e->bytes) {
+            nb__retain((nb_tensor *)t);
+            e->src = (nb_tensor *)t;
+            e->data = nb__data(t);
+        }
+        es->n++;
+        return NB_OK;
+    }
+    nb_status st = nb_tensor_read(t, e->host, e->bytes);
     if (st) {
         free(e->name);
-        free(e->data);
+        free(e->host);
         return st;
     }
-    swap_bytes(e->data, e->bytes, g_dtypes[e->dtype].size);
+    swap_bytes(e->host, e->bytes, g_dtypes[e->dtype].size);
+    e->data = e->host;
     es->n++;
     return NB_OK;
 }
@@ -270,8 +308,54 @@ static void build_header(sbuf *b, const entries *es, char meta[][2][64], int n_m
         sb_puts(b, " ");
 }
 
-/* Writes all of buf to fp; false on a short write. */
-static bool write_all(FILE *fp, const void *buf, size_t n) { return n == 0 || fwrite(buf, 1, n, fp) == n; }
+/* Writes all n bytes of buf to fd, retrying interrupted and partial writes.
+ * Returns 0, an errno, or -1 for a write that made no progress. */
+static int write_all(int fd, const void *buf, size_t n)
+{
+    const uint8_t *p = buf;
+    while (n > 0) {
+        ssize_t k = write(fd, p, n);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return k < 0 && errno ? errno : -1;
+        p += k;
+        n -= (size_t)k;
+    }
+    return 0;
+}
+
+/* A file being written whose pages are handed to the disk as they fill, so
+ * that the final fsync waits for the last few only. */
+typedef struct writer {
+    int fd;
+    uint64_t written, started; /* bytes written; bytes whose writeback was started */
+} writer;
+
+/* Writes all n bytes of buf at the end of w, starting the writeback of every
+ * IO_CHUNK written. Returns write_all's answer. */
+static int writer_put(writer *w, const void *buf, size_t n)
+{
+    const uint8_t *p = buf;
+    while (n > 0) {
+        size_t k = n < IO_CHUNK ? n : IO_CHUNK;
+        int err = write_all(w->fd, p, k);
+        if (err)
+            return err;
+        p += k;
+        n -= k;
+        w->written += k;
+#ifdef SYNC_FILE_RANGE_WRITE
+        /* Only starts the writes (no wait, no durability): fsync still
+         * decides. A failure here is fsync's to report. */
+        if (w->written - w->started >= IO_CHUNK) {
+            (void)sync_file_range(w->fd, (off_t)w->started, (off_t)(w->written - w->started), SYNC_FILE_RANGE_WRITE);
+            w->started = w->written;
+        }
+#endif
+    }
+    return 0;
+}
 
 /* Writes header and entries to path atomically (see checkpoint.h). */
 static nb_status write_file_atomic(const char *who, const char *path, const sbuf *header, const entries *es)
@@ -280,28 +364,29 @@ static nb_status write_file_atomic(const char *who, const char *path, const sbuf
     int len = snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     if (len < 0 || (size_t)len >= sizeof tmp)
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: path '%s' is too long", who, path);
-    FILE *fp = fopen(tmp, "wb");
-    if (!fp)
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0)
         return nb__fail(NB_ERR_IO, "%s: %s: cannot create '%s': %s", who, path, tmp, strerror(errno));
     uint8_t len8[8];
     uint64_t hl = header->len;
     for (int i = 0; i < 8; i++)
         len8[i] = (uint8_t)(hl >> (8 * i));
-    bool ok = write_all(fp, len8, 8) && write_all(fp, header->p, header->len);
-    for (int i = 0; ok && i < es->n; i++)
-        ok = write_all(fp, es->e[i].data, es->e[i].bytes);
-    int err = ok ? 0 : errno;
-    if (ok && fflush(fp) != 0)
-        ok = false, err = errno;
-    if (ok && fsync(fileno(fp)) != 0)
-        ok = false, err = errno;
-    if (fclose(fp) != 0 && ok)
-        ok = false, err = errno;
-    if (ok && rename(tmp, path) != 0)
-        ok = false, err = errno;
-    if (!ok) {
+    /* Unbuffered writes straight from the entries: no copy through stdio. */
+    writer w = {fd, 0, 0};
+    int err = writer_put(&w, len8, 8);
+    if (!err)
+        err = writer_put(&w, header->p, header->len);
+    for (int i = 0; !err && i < es->n; i++)
+        err = writer_put(&w, es->e[i].data, es->e[i].bytes);
+    if (!err && fsync(fd) != 0)
+        err = errno ? errno : -1;
+    if (close(fd) != 0 && !err)
+        err = errno ? errno : -1;
+    if (!err && rename(tmp, path) != 0)
+        err = errno ? errno : -1;
+    if (err) {
         unlink(tmp);
-        return nb__fail(NB_ERR_IO, "%s: %s: writing failed: %s", who, path, err ? strerror(err) : "short write");
+        return nb__fail(NB_ERR_IO, "%s: %s: writing failed: %s", who, path, err > 0 ? strerror(err) : "short write");
     }
     /* The rename is durable once the directory is synced. */
     char dir[PATH_MAX];
@@ -313,7 +398,7 @@ static nb_status write_file_atomic(const char *who, const char *path, const sbuf
         dir[1] = '\0';
     else
         *slash = '\0';
-    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    fd = open(dir, O_RDONLY | O_DIRECTORY);
     if (fd >= 0) {
         fsync(fd);
         close(fd);
@@ -744,10 +829,93 @@ static nb_status check_against(const char *who, const char *path, const tensor_i
     return NB_OK;
 }
 
-/* Reads tensor t's bytes from fp and makes a tensor of them on device dev
- * (owned by the current scope). On the CPU the bytes are read straight into
- * the tensor's storage; another device gets them through a host buffer. */
-static nb_tensor *load_tensor(const char *who, const char *path, FILE *fp, uint64_t data_start,
+/* Reads all n bytes at offset at of fd into buf, retrying interrupted and
+ * partial reads. Returns false on an error or end of file. */
+static bool read_at(int fd, void *buf, size_t n, uint64_t at)
+{
+    uint8_t *p = buf;
+    while (n > 0) {
+        ssize_t k = pread(fd, p, n, (off_t)at);
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            return false;
+        p += k;
+        at += (uint64_t)k;
+        n -= (size_t)k;
+    }
+    return true;
+}
+
+/* A tensor's bytes in the file and the host memory they go to; before: the
+ * bytes of the spans before it in one read_spans call. */
+typedef struct span {
+    const tensor_info *t;
+    uint8_t *dst;
+    uint64_t before;
+} span;
+
+typedef struct read_job {
+    int fd;
+    uint64_t data_start;
+    const span *s;
+    int n;
+    atomic_int failed; /* the first span found unreadable, or -1 */
+} read_job;
+
+/* Reads bytes [begin, end) of the spans laid end to end. */
+static void read_range(void *ctx, int64_t begin, int64_t end)
+{
+    read_job *j = ctx;
+    uint64_t b = (uint64_t)begin, e = (uint64_t)end;
+    int lo = 0, hi = j->n - 1; /* the last span that starts at or before b */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (j->s[mid].before <= b)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    for (int i = lo; i < j->n && j->s[i].before < e; i++) {
+        const span *s = &j->s[i];
+        uint64_t len = s->t->end - s->t->begin;
+        uint64_t from = b > s->before ? b - s->before : 0, to = e - s->before < len ? e - s->before : len;
+        if (from < to && !read_at(j->fd, s->dst + from, (size_t)(to - from), j->data_start + s->t->begin + from)) {
+            int none = -1;
+            atomic_compare_exchange_strong(&j->failed, &none, i);
+        }
+    }
+}
+
+/* Reads n spans' bytes from fd (their before fields are filled here) and makes
+ * them host-endian. The bytes of all of them are split over the thread pool
+ * at once, as copies from the page cache go faster on several cores. Returns
+ * NB_OK or NB_ERR_IO (a short read: the file shrank or the disk failed), with
+ * the spans then partly written. */
+static nb_status read_spans(const char *who, const char *path, int fd, uint64_t data_start, span *s, int n)
+{
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        s[i].before = total;
+        total += s[i].t->end - s[i].t->begin;
+    }
+    read_job j = {fd, data_start, s, n, -1};
+    if (total)
+        nb__parallel_for((int64_t)total, (int64_t)IO_CHUNK, read_range, &j);
+    int bad = atomic_load(&j.failed);
+    if (bad >= 0)
+        return nb__fail(NB_ERR_IO, "%s: %s: tensor '%s': could not read its %zu bytes (truncated?)", who, path,
+                        s[bad].t->name, (size_t)(s[bad].t->end - s[bad].t->begin));
+    for (int i = 0; i < n; i++)
+        swap_bytes(s[i].dst, (size_t)(s[i].t->end - s[i].t->begin), g_dtypes[s[i].t->dtype].size);
+    return NB_OK;
+}
+
+/* Reads tensor t's bytes from fd and makes a tensor of them on device dev
+ * (owned by the current scope); NULL and the error on failure. On the CPU the
+ * bytes are read straight into the tensor's storage; another device gets them
+ * through a host buffer. */
+static nb_tensor *load_tensor(const char *who, const char *path, int fd, uint64_t data_start,
                               const tensor_info *t, const char *dev)
 {
     size_t bytes = (size_t)(t->end - t->begin);
@@ -764,13 +932,12 @@ static nb_tensor *load_tensor(const char *who, const char *path, FILE *fp, uint6
     if (!buf)
         return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: %s: out of host memory for tensor '%s' (%zu bytes)", who, path,
                              t->name, bytes);
-    if (fseeko(fp, (off_t)(data_start + t->begin), SEEK_SET) != 0 || fread(buf, 1, bytes, fp) != bytes) {
+    span one = {t, buf, 0};
+    if (read_spans(who, path, fd, data_start, &one, 1) != NB_OK) {
         if (!host)
             free(buf);
-        return nb__fail_null(NB_ERR_IO, "%s: %s: tensor '%s': could not read its %zu bytes (truncated?)", who, path,
-                             t->name, bytes);
+        return NULL;
     }
-    swap_bytes(buf, bytes, g_dtypes[t->dtype].size);
     if (!host) {
         nb_status st = x->device->backend->copy_from_host(x->device, nb__data(x), buf, bytes);
         free(buf);
@@ -778,6 +945,58 @@ static nb_tensor *load_tensor(const char *who, const char *path, FILE *fp, uint6
             return NULL;
     }
     return x;
+}
+
+/* Whether v is restored by restore_in_place: a plain variable on the CPU,
+ * outside any capture. A mirrored variable has a value per replica, which
+ * nb_variable_assign writes; a capture must see the write as an assignment's
+ * kernel. */
+static bool in_place_ok(nb_variable *v)
+{
+    return !nb__variable_mirror_owner(v) && !nb__capture_current() &&
+           nb__variable_value(v)->device->kind == NB_DEVICE_CPU;
+}
+
+/* Restores the n variables of list that in_place_ok takes by reading their
+ * bytes, all in one read_spans, into the tensors their updates would write:
+ * each one's own value, unless a read still holds that (then a fresh tensor,
+ * so the read keeps its values). This skips load_tensor's new tensor and
+ * nb_variable_assign's copy of it. Returns NB_OK, or the error with no
+ * variable moved; after a failed read those written in place may hold part
+ * of the file's bytes. */
+static nb_status restore_in_place(const char *who, const char *path, int fd, uint64_t data_start, const header *h,
+                                  int n, nb_variable *const *list)
+{
+    span *s = malloc(sizeof *s * (size_t)(n > 0 ? n : 1));
+    nb_variable **vs = malloc(sizeof *vs * (size_t)(n > 0 ? n : 1));
+    nb_tensor **dst = malloc(sizeof *dst * (size_t)(n > 0 ? n : 1));
+    nb_status st = s && vs && dst ? NB_OK : nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: %s: out of host memory", who, path);
+    int m = 0;
+    for (int i = 0; i < n && !st; i++) {
+        if (!in_place_ok(list[i]))
+            continue;
+        nb_tensor *d = nb__variable_update_target(list[i], who);
+        if (!d) {
+            st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
+            break;
+        }
+        vs[m] = list[i];
+        dst[m] = d;
+        s[m] = (span){find_info(h, nb_variable_name(list[i])), nb__data(d), 0};
+        m++;
+    }
+    if (!st)
+        st = read_spans(who, path, fd, data_start, s, m);
+    for (int k = 0; k < m; k++) {
+        if (!st)
+            nb__variable_commit(vs[k], dst[k]);
+        else if (dst[k] != nb__variable_value(vs[k]))
+            nb__release(dst[k]);
+    }
+    free(s);
+    free(vs);
+    free(dst);
+    return st;
 }
 
 /* Parses a decimal int64 >= 0 with nothing after it. */
@@ -802,18 +1021,18 @@ nb_status nb_checkpoint_restore(const char *path, int n, nb_variable *const *var
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: path is %s", who, path ? "empty" : "NULL");
     if (n < 0)
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: %s: n is %d", who, path, n);
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
         return nb__fail(NB_ERR_IO, "%s: %s: cannot open: %s", who, path, strerror(errno));
     struct stat sb;
-    if (fstat(fileno(fp), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(fp);
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
         return nb__fail(NB_ERR_IO, "%s: %s: not a regular file", who, path);
     }
     uint64_t size = (uint64_t)sb.st_size;
     uint8_t len8[8];
-    if (size < 8 || fread(len8, 1, 8, fp) != 8) {
-        fclose(fp);
+    if (size < 8 || !read_at(fd, len8, 8, 0)) {
+        close(fd);
         return nb__fail(NB_ERR_IO, "%s: %s: %" PRIu64 " bytes, too short for the 8-byte header length", who, path,
                         size);
     }
@@ -821,7 +1040,7 @@ nb_status nb_checkpoint_restore(const char *path, int n, nb_variable *const *var
     for (int i = 7; i >= 0; i--)
         hlen = hlen << 8 | len8[i];
     if (hlen > size - 8 || hlen > HEADER_MAX || hlen < 2) {
-        fclose(fp);
+        close(fd);
         return nb__fail(NB_ERR_IO, "%s: %s: header length %" PRIu64 " %s (the file holds %" PRIu64 " bytes)", who,
                         path, hlen, hlen < 2 ? "is too small" : hlen > size - 8 ? "runs past the end of the file"
                                                                                    : "is past the 100 MiB limit",
@@ -829,12 +1048,12 @@ nb_status nb_checkpoint_restore(const char *path, int n, nb_variable *const *var
     }
     char *text = malloc((size_t)hlen);
     if (!text) {
-        fclose(fp);
+        close(fd);
         return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: %s: out of host memory for the header", who, path);
     }
-    if (fread(text, 1, (size_t)hlen, fp) != hlen) {
+    if (!read_at(fd, text, (size_t)hlen, 8)) {
         free(text);
-        fclose(fp);
+        close(fd);
         return nb__fail(NB_ERR_IO, "%s: %s: could not read the %" PRIu64 "-byte header (truncated?)", who, path, hlen);
     }
     header h = {0};
@@ -881,8 +1100,10 @@ nb_status nb_checkpoint_restore(const char *path, int n, nb_variable *const *var
                 st = check_against(who, path, t, name, v);
         }
     }
-    /* Then the values. */
+    /* Then the values: plain CPU variables at once, then the others and the slots. */
     int token = nb__tapes_pause();
+    if (!st)
+        st = restore_in_place(who, path, fd, data_start, &h, n, list);
     for (int i = 0; i < n && !st; i++) {
         nb_variable *v = list[i];
         nb_scope *scope = nb_scope_begin();
@@ -891,14 +1112,16 @@ nb_status nb_checkpoint_restore(const char *path, int n, nb_variable *const *var
             break;
         }
         const char *dev = nb_variable_device(v);
-        nb_tensor *x = load_tensor(who, path, fp, data_start, find_info(&h, nb_variable_name(v)), dev);
-        st = x ? nb_variable_assign(v, x) : nb_error();
+        if (!in_place_ok(v)) {
+            nb_tensor *x = load_tensor(who, path, fd, data_start, find_info(&h, nb_variable_name(v)), dev);
+            st = x ? nb_variable_assign(v, x) : nb_error();
+        }
         for (int s = 0; s < n_slots && !st; s++) {
             snprintf(name, sizeof name, "%s/%s", nb_variable_name(v), slot_names[s]);
             const tensor_info *t = find_info(&h, name);
             if (!t)
                 continue;
-            nb_tensor *y = load_tensor(who, path, fp, data_start, t, dev);
+            nb_tensor *y = load_tensor(who, path, fd, data_start, t, dev);
             st = y ? nb_optimizer_set_slot(opt, v, slot_names[s], y) : nb_error();
         }
         nb_scope_end(scope);
@@ -908,7 +1131,7 @@ nb_status nb_checkpoint_restore(const char *path, int n, nb_variable *const *var
         st = nb_optimizer_set_iterations(opt, iterations);
     free(owned);
     header_free(&h);
-    fclose(fp);
+    close(fd);
     return st;
 }
 
