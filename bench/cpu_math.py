@@ -1,7 +1,7 @@
 """PyTorch side of bench/cpu_math.c: exp, sigmoid, silu, tanh, softplus, sin, cos, log,
 x^1.7, the exact GELU, and softmax and log_softmax over the last dim, on an f32 CPU tensor of uniform
 values in [-8, 8) (log and pow: in (0, 16)), eager; then new random tensors of its shape (normal,
-uniform, and normal truncated at 2 sd); then exp, sigmoid and tanh of the values in f64. Arguments: rows, columns, timed repetitions. Prints
+uniform, and normal truncated at 2 sd); then exp, sigmoid and tanh of as many bytes of f64. Arguments: rows, columns, timed repetitions. Prints
 "name milliseconds" lines."""
 from torch_peer import arg, median_wall, need_torch
 
@@ -12,7 +12,7 @@ R = arg(3, 10)
 torch.set_grad_enabled(False)
 x = torch.rand(ROWS, COLS) * 16 - 8
 xp = torch.rand(ROWS, COLS) * 16 + 2**-20
-xd = x.double()
+xd = torch.rand(ROWS // 2, COLS, dtype=torch.float64) * 16 - 8
 F = torch.nn.functional
 
 print("version", torch.__version__)
