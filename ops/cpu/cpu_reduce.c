@@ -437,18 +437,22 @@ static int64_t red_col_parts(const red_plan *pl)
             }                                                                                 \
         }                                                                                     \
     }                                                                                         \
-    /* runs cs's units over the threads, then stores each tile's partial columns combined   \
-     * in order */                                                                            \
-    static void NAME##_colsplit_run(NAME##_colsplit *cs)                                      \
+    /* pl's column reduction split into parts row parts per tile, eager (fd NULL) or fed:    \
+     * the units run over the threads, then each tile's partial columns, combined in order,  \
+     * are stored */                                                                          \
+    static void NAME##_colsplit_run(const red_plan *pl, const red_feed *fd, int64_t parts)    \
     {                                                                                         \
-        const red_plan *pl = cs->pl;                                                          \
+        NAME##_colsplit cs;                                                                   \
+        cs.pl = pl;                                                                           \
+        cs.fd = fd;                                                                           \
+        cs.parts = parts;                                                                     \
         const int64_t kin = pl->kshape[0], ntiles = (kin + RED_TILE - 1) / RED_TILE;          \
-        nb__parallel_for(ntiles * cs->parts, 1, NAME##_colpart, cs);                          \
+        nb__parallel_for(ntiles * parts, 1, NAME##_colpart, &cs);                             \
         for (int64_t j = 0; j < kin; j++) {                                                   \
-            const int64_t u0 = j / RED_TILE * cs->parts, jt = j % RED_TILE;                   \
+            const int64_t u0 = j / RED_TILE * parts, jt = j % RED_TILE;                       \
             ACC a = INIT;                                                                     \
-            for (int64_t p = 0; p < cs->parts; p++)                                           \
-                a = COMB(a, cs->part[u0 + p][jt]);                                            \
+            for (int64_t p = 0; p < parts; p++)                                               \
+                a = COMB(a, cs.part[u0 + p][jt]);                                             \
             NAME##_store(pl, pl->out + j * pl->kst[1][0], a);                                 \
         }                                                                                     \
     }                                                                                         \
@@ -457,11 +461,7 @@ static int64_t red_col_parts(const red_plan *pl)
         const int64_t total = pl->knumel * pl->rnumel, parts = red_full_parts(pl);            \
         const int64_t col_parts = cols ? red_col_parts(pl) : 1;                               \
         if (col_parts > 1) {                                                                  \
-            NAME##_colsplit cs;                                                               \
-            cs.pl = pl;                                                                       \
-            cs.fd = NULL;                                                                     \
-            cs.parts = col_parts;                                                             \
-            NAME##_colsplit_run(&cs);                                                         \
+            NAME##_colsplit_run(pl, NULL, col_parts);                                         \
         } else if (cols) {                                                                    \
             red_run_cols(pl, NAME##_cols, (void *)pl);                                        \
         } else if (parts) {                                                                   \
@@ -587,11 +587,7 @@ static int64_t red_col_parts(const red_plan *pl)
         const red_plan *pl = fd->pl;                                                          \
         const int64_t parts = red_full_parts(pl), col_parts = fd->cols ? red_col_parts(pl) : 1; \
         if (col_parts > 1) {                                                                  \
-            NAME##_colsplit cs;                                                               \
-            cs.pl = pl;                                                                       \
-            cs.fd = fd;                                                                       \
-            cs.parts = col_parts;                                                             \
-            NAME##_colsplit_run(&cs);                                                         \
+            NAME##_colsplit_run(pl, fd, col_parts);                                           \
         } else if (fd->cols) {                                                                \
             red_run_cols(pl, NAME##_fed_cols, (void *)fd);                                    \
         } else if (parts) {                                                                   \
