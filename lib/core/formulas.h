@@ -83,10 +83,11 @@ static inline double nb_ref_wrapped_product(double x, double y, int int_bits)
  * unvectorised). sin and cos are the exception: past 2^20 their argument is
  * reduced with a table of 2/pi's bits, so a loop runs their branch-free near
  * form and redoes the far few (nb__sinf_near).
- * For doubles, exp, expm1 and tanh are nabla's own too (nb__exp_d and the
- * others, below: within 0.52, 1.01 and 1.5 ulp, vectorising the same way,
- * with a table of 2^(j/64) that a vector loop gathers from); the rest are
- * libm's. NB_MATH_F32(fn) and NB_MATH_F64(fn) name the ones the f32 and f64
+ * For doubles, exp, expm1, tanh, sin and cos are nabla's own too
+ * (nb__exp_d and the others, below: within 0.52, 1.01, 1.5, 0.81 and 0.81
+ * ulp, vectorising the same way, exp with a table of 2^(j/64) that a vector
+ * loop gathers from, sin and cos redoing x past 2^20 with libm's); the rest
+ * are libm's. NB_MATH_F32(fn) and NB_MATH_F64(fn) name the ones the f32 and f64
  * formulas call: nabla's on the CPU, CUDA's on the GPU (its formulas compile
  * with __CUDACC__). */
 #ifdef __CUDACC__
@@ -561,13 +562,57 @@ NB_FN double nb__tanh_d(double x)
     return __builtin_copysign(a < 0.55 ? near : far, x);
 }
 
+/* sin (quarter 0) or cos (quarter 1) of a double x with |x| <= 2^20: x =
+ * k pi/2 + r, |r| <= pi/4, with pi/2 in three parts (the first two of 33
+ * bits, so that k times them is exact) and r kept as rh + rl (the roundings
+ * of the two subtractions caught by TwoSum), so that r's digits survive an x
+ * near a multiple of pi/2; then sin r or cos r by their series to r^17 and
+ * r^18 (the next terms are below 2^-62 of the result), cos in 1 - r^2/2's two
+ * parts, and the quarter k + quarter picks which and its sign. Beyond 2^20,
+ * and for inf and NaN, nb__sin_d and nb__cos_d call libm; a loop runs this
+ * form on every x and redoes those (ops/cpu/cpu_unary.c). */
+NB_FN double nb__sin_d_near(double x, uint64_t quarter)
+{
+    const double shift = 0x1.8p52;
+    const double t = x * 0x1.45f306dc9c883p-1 + shift;
+    const double kf = t - shift;
+    const double a = x - kf * 0x1.921fb54400000p+0, b = kf * 0x1.0b4611a600000p-34; /* both exact */
+    const double y = a - b, bb = y - a, ey = (a - (y - bb)) - (b + bb); /* TwoSum: y + ey = a - b */
+    const double c = kf * 0x1.3198a2e037073p-69;
+    const double rh = y - c, rl = ((y - rh) - c) + ey;
+    const double z = rh * rh;
+    double S = 0x1.952c77030ad4ap-49; /* 1 / 17!, then down to -1 / 3! */
+    S = S * z + -0x1.ae7f3e733b81fp-41;
+    S = S * z + 0x1.6124613a86d09p-33;
+    S = S * z + -0x1.ae64567f544e4p-26;
+    S = S * z + 0x1.71de3a556c734p-19;
+    S = S * z + -0x1.a01a01a01a01ap-13;
+    S = S * z + 0x1.1111111111111p-7;
+    S = S * z + -0x1.5555555555555p-3;
+    double C = -0x1.6827863b97d97p-53; /* -1 / 18!, then down to 1 / 4! */
+    C = C * z + 0x1.ae7f3e733b81fp-45;
+    C = C * z + -0x1.93974a8c07c9dp-37;
+    C = C * z + 0x1.1eed8eff8d898p-29;
+    C = C * z + -0x1.27e4fb7789f5cp-22;
+    C = C * z + 0x1.a01a01a01a01ap-16;
+    C = C * z + -0x1.6c16c16c16c17p-10;
+    C = C * z + 0x1.5555555555555p-5;
+    const double sn = rh + (rh * (z * S) + rl * (1.0 - 0.5 * z));
+    const double hz = 0.5 * z, w = 1.0 - hz;
+    const double cs = w + (((1.0 - w) - hz) + (z * z * C - rh * rl));
+    const uint64_t q = nb__double_bits(t) + quarter; /* k's low bits, plus the quarter */
+    double v = (q & 1) ? cs : sn;
+    v = (q & 2) ? -v : v;
+    return __builtin_fabs(x) < 0x1p-27 ? (quarter ? 1.0 : x) : v; /* sin x is x there, and keeps -0 */
+}
+NB_FN_RARE double nb__sin_d(double x) { return __builtin_fabs(x) <= 0x1p20 ? nb__sin_d_near(x, 0) : sin(x); }
+NB_FN_RARE double nb__cos_d(double x) { return __builtin_fabs(x) <= 0x1p20 ? nb__sin_d_near(x, 1) : cos(x); }
+
 /* The rest of the double formulas' functions are libm's. */
 NB_FN double nb__log_d(double x) { return log(x); }
 NB_FN double nb__log1p_d(double x) { return log1p(x); }
 NB_FN double nb__erf_d(double x) { return erf(x); }
 NB_FN double nb__erfc_d(double x) { return erfc(x); }
-NB_FN double nb__sin_d(double x) { return sin(x); }
-NB_FN double nb__cos_d(double x) { return cos(x); }
 NB_FN double nb__pow_d(double x, double y) { return pow(x, y); }
 #endif
 

@@ -65,39 +65,43 @@ UN_ROW(un_add_frac_i64, int64_t, c->ialpha, nb_un_add_frac_i64(x, c->alpha))
 UN_ROW(un_mul_frac_i32, int32_t, c->ialpha, nb_un_mul_frac_i32(x, c->alpha))
 UN_ROW(un_mul_frac_i64, int64_t, c->ialpha, nb_un_mul_frac_i64(x, c->alpha))
 
-/* sin and cos of f32: the loop runs their branch-free near form (|x| <= 2^20,
- * nb__sinf_near) on a block, then redoes the block's rare far, infinite or NaN
- * x one at a time with the whole function (the same bits where both apply).
- * A block is written only once it is done, so an op in place still reads its
- * x. */
+/* sin and cos of f32 and f64: the loop runs their branch-free near form
+ * (|x| <= 2^20: nb__sinf_near, nb__sin_d_near) on a block, then redoes the
+ * block's rare far, infinite or NaN x one at a time with the whole function
+ * (the same bits where both apply). A block is written only once it is done,
+ * so an op in place still reads its x. */
 #define TRIG_BLOCK 256
-#define UN_TRIG_ROW(NAME, NEAR, WHOLE)                                                       \
+#define UN_TRIG_ROW(NAME, T, NEAR, WHOLE)                                                    \
     __attribute__((always_inline)) static inline void NAME##_body(void *vctx, int64_t n,    \
                                                                   char *const *p,            \
                                                                   const int64_t *s, int64_t flat) \
     {                                                                                        \
         (void)vctx;                                                                          \
         (void)flat;                                                                          \
-        if (s[0] != (int64_t)sizeof(float) || s[1] != (int64_t)sizeof(float)) {              \
+        if (s[0] != (int64_t)sizeof(T) || s[1] != (int64_t)sizeof(T)) {                      \
             for (int64_t i = 0; i < n; i++)                                                  \
-                *(float *)(p[0] + i * s[0]) = WHOLE(*(const float *)(p[1] + i * s[1]));      \
+                *(T *)(p[0] + i * s[0]) = WHOLE(*(const T *)(p[1] + i * s[1]));              \
             return;                                                                          \
         }                                                                                    \
-        float y[TRIG_BLOCK];                                                                 \
+        T y[TRIG_BLOCK];                                                                     \
         for (int64_t base = 0; base < n; base += TRIG_BLOCK) {                               \
             const int m = (int)(n - base < TRIG_BLOCK ? n - base : TRIG_BLOCK);              \
-            const float *in = (const float *)p[1] + base;                                    \
+            const T *in = (const T *)p[1] + base;                                            \
             for (int j = 0; j < m; j++)                                                      \
                 y[j] = NEAR(in[j]);                                                          \
             for (int j = 0; j < m; j++)                                                      \
-                if (!(__builtin_fabsf(in[j]) <= 0x1p20f))                                    \
+                if (!((in[j] < 0 ? -in[j] : in[j]) <= (T)0x1p20))                            \
                     y[j] = WHOLE(in[j]);                                                     \
-            memcpy((float *)p[0] + base, y, (size_t)m * sizeof(float));                      \
+            memcpy((T *)p[0] + base, y, (size_t)m * sizeof(T));                              \
         }                                                                                    \
     }                                                                                        \
     NB_CPU_SIMD_LOOP(NAME)
-UN_TRIG_ROW(un_sin_blocks_f32, nb__sinf_near, nb_sinf)
-UN_TRIG_ROW(un_cos_blocks_f32, nb__cosf_near, nb_cosf)
+static inline double sin_d_near(double x) { return nb__sin_d_near(x, 0); }
+static inline double cos_d_near(double x) { return nb__sin_d_near(x, 1); }
+UN_TRIG_ROW(un_sin_blocks_f32, float, nb__sinf_near, nb_sinf)
+UN_TRIG_ROW(un_cos_blocks_f32, float, nb__cosf_near, nb_cosf)
+UN_TRIG_ROW(un_sin_blocks_f64, double, sin_d_near, nb__sin_d)
+UN_TRIG_ROW(un_cos_blocks_f64, double, cos_d_near, nb__cos_d)
 
 /* [op][0: f32, 1: f64] and [op][0: i32, 1: i64] */
 static const nb_cpu_loop_fn un_float_table[][2] = {
@@ -124,10 +128,10 @@ nb_cpu_loop_fn nb__cpu_unary_loop(nb_unary_op op, nb_dtype out, nb_dtype x, doub
     if (x == NB_F32 || x == NB_F64) {
         int k = x == NB_F64;
         fn = un_float_table[op][k];
-        if (!k && op == NB_UN_SIN)
-            fn = un_sin_blocks_f32;
-        else if (!k && op == NB_UN_COS)
-            fn = un_cos_blocks_f32;
+        if (op == NB_UN_SIN)
+            fn = k ? un_sin_blocks_f64 : un_sin_blocks_f32;
+        else if (op == NB_UN_COS)
+            fn = k ? un_cos_blocks_f64 : un_cos_blocks_f32;
         if (op == NB_UN_POW_SCALAR) {
             /* the exponents that are a multiplication or a division: cheap loops */
             if (alpha == 2) {
