@@ -8,9 +8,9 @@
  * softplus, sin, cos, log, x^1.7, the exact GELU, softmax and log_softmax over rows of 1024,
  * and new random tensors of the same shape (normal, uniform, and normal
  * truncated at 2 sd: torch.randn, torch.rand, torch.nn.init.trunc_normal_);
- * then exp, sigmoid and tanh of M MiB of f64 in [-8, 8).
+ * then exp, sigmoid, tanh and sin of M MiB of f64 in [-8, 8).
  * exp, log, log1p, tanh, erfc, sin, cos and pow (nb_expf and the rest,
- * lib/core/formulas.h), the double exp, expm1 and tanh, the ops made of them and the random generator run in
+ * lib/core/formulas.h), the double exp, expm1, tanh, sin and cos, the ops made of them and the random generator run in
  * vectorised loops, compiled for the CPU's widest vectors (NB_CPU_SIMD caps
  * them: "baseline", "avx2", "avx512").
  * Figures: milliseconds per op, median of R after a warm-up. */
@@ -73,6 +73,7 @@ int main(int argc, char **argv)
         {"exp, f64", "exp_f64", nb_exp, IN_F64},
         {"sigmoid, f64", "sigmoid_f64", nb_sigmoid, IN_F64},
         {"tanh, f64", "tanh_f64", nb_tanh, IN_F64},
+        {"sin, f64", "sin_f64", nb_sin, IN_F64},
     };
     const int n_cases = (int)(sizeof cases / sizeof cases[0]);
     nb_scope *s = nb_scope_begin();

@@ -1,7 +1,7 @@
 """PyTorch side of bench/cpu_math.c: exp, sigmoid, silu, tanh, softplus, sin, cos, log,
 x^1.7, the exact GELU, and softmax and log_softmax over the last dim, on an f32 CPU tensor of uniform
 values in [-8, 8) (log and pow: in (0, 16)), eager; then new random tensors of its shape (normal,
-uniform, and normal truncated at 2 sd); then exp, sigmoid and tanh of as many bytes of f64. Arguments: rows, columns, timed repetitions. Prints
+uniform, and normal truncated at 2 sd); then exp, sigmoid, tanh and sin of as many bytes of f64. Arguments: rows, columns, timed repetitions. Prints
 "name milliseconds" lines."""
 from torch_peer import arg, median_wall, need_torch
 
@@ -35,3 +35,4 @@ print("trunc_normal", median_wall(lambda: torch.nn.init.trunc_normal_(torch.empt
 print("exp_f64", median_wall(lambda: torch.exp(xd), R, 2, 1e6))
 print("sigmoid_f64", median_wall(lambda: torch.sigmoid(xd), R, 2, 1e6))
 print("tanh_f64", median_wall(lambda: torch.tanh(xd), R, 2, 1e6))
+print("sin_f64", median_wall(lambda: torch.sin(xd), R, 2, 1e6))
