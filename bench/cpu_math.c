@@ -10,9 +10,10 @@
  * truncated at 2 sd: torch.randn, torch.rand, torch.nn.init.trunc_normal_);
  * then exp, sigmoid, tanh and sin of M MiB of f64 in [-8, 8).
  * exp, log, log1p, tanh, erfc, sin, cos and pow (nb_expf and the rest,
- * lib/core/formulas.h), the double exp, expm1, tanh, sin and cos, the ops made of them and the random generator run in
- * vectorised loops, compiled for the CPU's widest vectors (NB_CPU_SIMD caps
- * them: "baseline", "avx2", "avx512").
+ * lib/core/formulas.h), the double exp, expm1, tanh, sin and cos, the ops
+ * made of them and the random generator run in vectorised loops, compiled
+ * for the CPU's widest vectors (NB_CPU_SIMD caps them: "baseline", "avx2",
+ * "avx512").
  * Figures: milliseconds per op, median of R after a warm-up. */
 #include "bench_util.h"
 #include <nabla/nabla.h>
