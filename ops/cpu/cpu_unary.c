@@ -71,7 +71,7 @@ UN_ROW(un_mul_frac_i64, int64_t, c->ialpha, nb_un_mul_frac_i64(x, c->alpha))
  * (the same bits where both apply). A block is written only once it is done,
  * so an op in place still reads its x. */
 #define TRIG_BLOCK 256
-#define UN_TRIG_ROW(NAME, T, NEAR, WHOLE)                                                    \
+#define UN_TRIG_ROW(NAME, T, FABS, NEAR, WHOLE)                                              \
     __attribute__((always_inline)) static inline void NAME##_body(void *vctx, int64_t n,    \
                                                                   char *const *p,            \
                                                                   const int64_t *s, int64_t flat) \
@@ -90,7 +90,7 @@ UN_ROW(un_mul_frac_i64, int64_t, c->ialpha, nb_un_mul_frac_i64(x, c->alpha))
             for (int j = 0; j < m; j++)                                                      \
                 y[j] = NEAR(in[j]);                                                          \
             for (int j = 0; j < m; j++)                                                      \
-                if (!((in[j] < 0 ? -in[j] : in[j]) <= (T)0x1p20))                            \
+                if (!(FABS(in[j]) <= (T)0x1p20)) /* no branch on the sign */                 \
                     y[j] = WHOLE(in[j]);                                                     \
             memcpy((T *)p[0] + base, y, (size_t)m * sizeof(T));                              \
         }                                                                                    \
@@ -98,10 +98,10 @@ UN_ROW(un_mul_frac_i64, int64_t, c->ialpha, nb_un_mul_frac_i64(x, c->alpha))
     NB_CPU_SIMD_LOOP(NAME)
 static inline double sin_d_near(double x) { return nb__sin_d_near(x, 0); }
 static inline double cos_d_near(double x) { return nb__sin_d_near(x, 1); }
-UN_TRIG_ROW(un_sin_blocks_f32, float, nb__sinf_near, nb_sinf)
-UN_TRIG_ROW(un_cos_blocks_f32, float, nb__cosf_near, nb_cosf)
-UN_TRIG_ROW(un_sin_blocks_f64, double, sin_d_near, nb__sin_d)
-UN_TRIG_ROW(un_cos_blocks_f64, double, cos_d_near, nb__cos_d)
+UN_TRIG_ROW(un_sin_blocks_f32, float, __builtin_fabsf, nb__sinf_near, nb_sinf)
+UN_TRIG_ROW(un_cos_blocks_f32, float, __builtin_fabsf, nb__cosf_near, nb_cosf)
+UN_TRIG_ROW(un_sin_blocks_f64, double, __builtin_fabs, sin_d_near, nb__sin_d)
+UN_TRIG_ROW(un_cos_blocks_f64, double, __builtin_fabs, cos_d_near, nb__cos_d)
 
 /* [op][0: f32, 1: f64] and [op][0: i32, 1: i64] */
 static const nb_cpu_loop_fn un_float_table[][2] = {
