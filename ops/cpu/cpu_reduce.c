@@ -66,7 +66,7 @@
 /* Elements a producer writes at a time into a thread's scratch: the chain's
  * own tile, so the scratch stays in L1 beside the chain's tiles (larger
  * pieces measured slower: 2048 took 11.8 ms where 256 took 9.4 ms for
- * mean((a - b)^2) on 64 MiB f32, one thread); a multiple of the 8 lanes. */
+ * mean((a - b)^2) on 64 MiB f32, one thread); a multiple of the lanes. */
 #define FEED_PIECE 256
 _Static_assert(FEED_PIECE % RED_LANES_DOUBLE == 0 && FEED_PIECE % RED_LANES_FLOAT == 0 && FEED_PIECE % RED_LANES_INT == 0,
                "a piece must end on a lane boundary");
@@ -156,13 +156,11 @@ static int64_t red_col_parts(const red_plan *pl)
 
 /* ---- one macro stamps out every (op, dtype) ------------------------------------ */
 
-#define RED_IMPL(NAME, T, ACC, INIT, COMB, MEANDIV, LANES, COPIES)                                           \
+#define RED_IMPL(NAME, T, ACC, INIT, COMB, MEANDIV, LANES, COPIES)                           \
     /* Dense runs, fed or read from memory, meet their elements in the same order (the lanes, \
      * then the close); where two NaNs meet, which one an add keeps follows the order of the  \
      * instruction's operands, which the compiler picks per copy, so NAME##_store makes any   \
      * NaN the default one */                                                                 \
-    /* rows rows of w (<= RED_TILE) column accumulators, row i at xr + i * rs bytes, into  \
-     * acc in row order: the eager and the fed column paths both accumulate here */           \
     /* rows x0..x3, in that order, into w column accumulators (parameters, so that restrict \
      * tells the vectoriser that acc is none of them) */                                      \
     __attribute__((always_inline)) static inline void NAME##_acc4(ACC *restrict acc, const T *restrict x0, \
@@ -178,6 +176,8 @@ static int64_t red_col_parts(const red_plan *pl)
             acc[j] = COMB(a, (ACC)x3[j]);                                                     \
         }                                                                                     \
     }                                                                                         \
+    /* rows rows of w (<= RED_TILE) column accumulators, row i at xr + i * rs bytes, into  \
+     * acc in row order: the eager and the fed column paths both accumulate here */           \
     __attribute__((always_inline)) static inline void NAME##_colacc_body(ACC *restrict acc,  \
                                                                          const char *xr,      \
                                                                          int64_t rows,        \
@@ -311,7 +311,7 @@ static int64_t red_col_parts(const red_plan *pl)
     {                                                                                         \
         T v = (T)(pl->mean ? MEANDIV(acc, pl->rnumel) : acc);                                 \
         /* which of several NaNs survives depends on the lanes and the copy's operand order: \
-         * every float NaN result is the one default NaN (as on a GPU) */                     \
+         * every float NaN result is the one default NaN */                                   \
         if (v != v)                                                                           \
             v = (T)NAN;                                                                       \
         *(T *)o = v;                                                                          \
