@@ -479,6 +479,12 @@ NB_FN double nb__exp_d_parts(double x, double *lo, double *p, double *s1, double
     return nb__exp2_64ths[j][0];
 }
 
+/* e^x from nb__exp_d_parts' parts. */
+NB_FN double nb__exp_d_join(double hi, double lo, double p, double s1, double s2)
+{
+    return ((hi + (lo + hi * p)) * s1) * s2;
+}
+
 /* e^x: within 0.52 ulp, 0.76 where the result is subnormal (test_cpu_math
  * measures it against long double); 0 below -746 and inf above 710 (and for
  * the infinities); a NaN stays NaN. */
@@ -486,7 +492,7 @@ NB_FN double nb__exp_d(double x)
 {
     double lo, p, s1, s2;
     const double hi = nb__exp_d_parts(x, &lo, &p, &s1, &s2);
-    double y = ((hi + (lo + hi * p)) * s1) * s2;
+    double y = nb__exp_d_join(hi, lo, p, s1, s2);
     y = x > 710.0 ? (double)INFINITY : y;
     return x < -746.0 ? 0.0 : y;
 }
@@ -503,7 +509,7 @@ NB_FN double nb__expm1_d(double x)
     const double hi = nb__exp_d_parts(x, &lo, &p, &s1, &s2);
     const double S = (hi * s1) * s2;
     const double far = (S - 1.0) + ((lo * s1) * s2 + S * p);
-    const double big = ((hi + (lo + hi * p)) * s1) * s2;
+    const double big = nb__exp_d_join(hi, lo, p, s1, s2);
     double q = 1.0 / 1307674368000; /* 1 / 15!, then down to 1 / 2! */
     q = q * x + 1.0 / 87178291200;
     q = q * x + 1.0 / 6227020800;

@@ -111,6 +111,28 @@ typedef struct red_feed {
     bool cols;     /* column sums of a dense [rnumel, knumel] x, as NAME##_cols */
 } red_feed;
 
+/* Makes rows [r, r + m) of g neighbouring column tiles w wide from column j0
+ * of fd's dense [rnumel, K] x, each of es bytes, into scratch, tile q's at
+ * scratch + q * tile_bytes: where one tile is all of K, the rows as one
+ * contiguous range, piece by piece; else each row's piece, starting on 64
+ * bytes as produce wants its dst (so x's inputs are read along their rows).
+ * Returns the bytes from one row's piece to the next. */
+static int64_t red_fed_rows(const red_feed *fd, int64_t es, int64_t r, int64_t m, int64_t j0, int64_t w, int64_t g,
+                            char *scratch, int64_t tile_bytes)
+{
+    const int64_t kin = fd->pl->kshape[0];
+    if (w == kin) {
+        for (int64_t f = 0; f < m * kin; f += FEED_PIECE)
+            fd->produce(fd->ctx, r * kin + f, m * kin - f < FEED_PIECE ? m * kin - f : FEED_PIECE, scratch + f * es);
+        return w * es;
+    }
+    const int64_t ws = (w * es + 63) / 64 * 64;
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t q = 0; q < g; q++)
+            fd->produce(fd->ctx, (r + i) * kin + j0 + q * RED_TILE, w, scratch + q * tile_bytes + i * ws);
+    return ws;
+}
+
 /* The column tiles of pl (up to RED_TILE outputs each) run by fn over ctx,
  * split across the threads; a tile's bits do not depend on the split. */
 static void red_run_cols(const red_plan *pl, nb_range_fn fn, void *ctx)
@@ -423,16 +445,7 @@ static int64_t red_col_parts(const red_plan *pl)
                     NAME##_colacc(acc, pl->x + r * pl->rst[0][0] + j0 * es, m, pl->rst[0][0], w); \
                     continue;                                                                 \
                 }                                                                             \
-                /* a part of a row starts on 64 bytes, as produce wants its dst */            \
-                const int64_t ws = w == kin ? w * es : (w * es + 63) / 64 * 64;               \
-                if (w == kin) { /* whole rows: one contiguous range, piece by piece */        \
-                    for (int64_t f = 0; f < m * kin; f += FEED_PIECE)                         \
-                        fd->produce(fd->ctx, r * kin + f, m * kin - f < FEED_PIECE ? m * kin - f : FEED_PIECE, \
-                                    scratch + f * es);                                        \
-                } else {                                                                      \
-                    for (int64_t i = 0; i < m; i++)                                           \
-                        fd->produce(fd->ctx, (r + i) * kin + j0, w, scratch + i * ws);        \
-                }                                                                             \
+                const int64_t ws = red_fed_rows(fd, es, r, m, j0, w, 1, scratch, 0);          \
                 NAME##_colacc(acc, scratch, m, ws, w);                                        \
             }                                                                                 \
         }                                                                                     \
@@ -541,22 +554,12 @@ static int64_t red_col_parts(const red_plan *pl)
             while (w == RED_TILE && g < RED_COL_GROUP && t + g < e && kin - j0 - g * RED_TILE >= RED_TILE) \
                 g++;                                                                          \
             const int64_t block = red_col_rows(w, es);                                        \
-            /* a part of a row starts on 64 bytes, as produce wants its dst */                \
-            const int64_t ws = w == kin ? w * es : (w * es + 63) / 64 * 64;                   \
             for (int64_t q = 0; q < g; q++)                                                   \
                 for (int64_t j = 0; j < w; j++)                                               \
                     acc[q][j] = INIT;                                                         \
             for (int64_t r = 0; r < rn; r += block) {                                         \
                 const int64_t m = rn - r < block ? rn - r : block;                            \
-                if (w == kin) { /* whole rows: one contiguous range, piece by piece */        \
-                    for (int64_t f = 0; f < m * kin; f += FEED_PIECE)                         \
-                        fd->produce(fd->ctx, r * kin + f, m * kin - f < FEED_PIECE ? m * kin - f : FEED_PIECE, \
-                                    scratch[0] + f * es);                                     \
-                } else {                                                                      \
-                    for (int64_t i = 0; i < m; i++)                                           \
-                        for (int64_t q = 0; q < g; q++)                                       \
-                            fd->produce(fd->ctx, (r + i) * kin + j0 + q * RED_TILE, w, scratch[q] + i * ws); \
-                }                                                                             \
+                const int64_t ws = red_fed_rows(fd, es, r, m, j0, w, g, scratch[0], (int64_t)sizeof scratch[0]); \
                 for (int64_t q = 0; q < g; q++)                                               \
                     NAME##_colacc(acc[q], scratch[q], m, ws, w);                              \
             }                                                                                 \
