@@ -70,8 +70,9 @@ static void train_step(void *ctx)
         mlp_train(r->m, 2, r->in, 1, &loss);
 }
 
-/* Median microseconds per step: eager, or (graph) one capture then replays. */
-static double bench_device(const char *device, int reps, bool graph)
+/* Median microseconds per step: eager, or (graph) one capture then replays,
+ * whose count of kernels and copies goes to *nodes. */
+static double bench_device(const char *device, int reps, bool graph, int64_t *nodes)
 {
     nb_scope *outer = nb_scope_begin();
     nb_device_push(device);
@@ -85,6 +86,8 @@ static double bench_device(const char *device, int reps, bool graph)
     nb_graph *g = NULL;
     if (graph)
         nb_graph_capture(device, mlp_train, &m, 2, in, 1, NULL, &g);
+    if (nodes)
+        *nodes = nb_graph_nodes(g);
     step_run run = {&m, in, g};
     double med = bench_median_ms(train_step, &run, WARM, reps) * 1e3;
     nb_graph_free(g);
@@ -101,11 +104,12 @@ int main(int argc, char **argv)
     BENCH_OPTIONS(argc, argv, BENCH_REPS(&reps), BENCH_NO_PEER(&peer));
     nb_set_error_handler(nb_error_handler_exit, NULL);
 
-    double cpu = bench_device("/cpu:0", reps, false);
-    double cpu_graph = bench_device("/cpu:0", reps, true);
+    int64_t cpu_nodes = 0, gpu_nodes = 0;
+    double cpu = bench_device("/cpu:0", reps, false, NULL);
+    double cpu_graph = bench_device("/cpu:0", reps, true, &cpu_nodes);
     bool gpu = nb_device_count(NB_DEVICE_GPU) > 0;
-    double gpu_us = gpu ? bench_device("/gpu:0", reps, false) : 0;
-    double graph_us = gpu ? bench_device("/gpu:0", reps, true) : 0;
+    double gpu_us = gpu ? bench_device("/gpu:0", reps, false, NULL) : 0;
+    double graph_us = gpu ? bench_device("/gpu:0", reps, true, &gpu_nodes) : 0;
 
     bench_peer p;
     bench_peer_run(&p, peer, "mlp_step.py", "%d", reps);
@@ -119,7 +123,11 @@ int main(int argc, char **argv)
         bench_row("/gpu:0 graph replay (torch: CUDA graph)", graph_us, bench_peer_get(&p, "cuda_graph"));
         bench_row("/gpu:0 graph replay (torch: cuda eager)", graph_us, bench_peer_get(&p, "cuda"));
     }
-    else
+    printf("a captured step launches %lld kernels and copies on /cpu:0", (long long)cpu_nodes);
+    if (gpu)
+        printf(", %lld on /gpu:0", (long long)gpu_nodes);
+    printf("\n");
+    if (!gpu)
         return bench_no_gpu("/gpu:0", nb_gpu_unavailable_reason());
     return 0;
 }

@@ -121,6 +121,20 @@ static nb_status gpu_softmax(nb_device *dev, bool log, const nb_view *out, const
     return nb__gpu_softmax(c, log, out, x);
 }
 
+static nb_status gpu_softmax_xent(nb_device *dev, const nb_view *loss, const nb_view *stats, const nb_view *x,
+                                  const nb_view *labels)
+{
+    ENTER(dev, "sparse_softmax_cross_entropy");
+    return nb__gpu_softmax_xent(c, loss, stats, x, labels);
+}
+
+static nb_status gpu_softmax_xent_grad(nb_device *dev, const nb_view *dx, const nb_view *g, const nb_view *x,
+                                       const nb_view *stats, const nb_view *labels)
+{
+    ENTER(dev, "sparse_softmax_cross_entropy gradient");
+    return nb__gpu_softmax_xent_grad(c, dx, g, x, stats, labels);
+}
+
 static nb_status gpu_layer_norm_rows(nb_device *dev, int64_t rows, int64_t D, const nb_view *out,
                                      const nb_view *mean, const nb_view *rstd, const nb_view *x, const nb_view *gamma,
                                      const nb_view *beta, double epsilon)
@@ -309,6 +323,8 @@ const nb_backend nb__gpu_backend = {
     .cumsum = gpu_cumsum,
     .matmul = gpu_matmul,
     .softmax = gpu_softmax,
+    .softmax_xent = gpu_softmax_xent,
+    .softmax_xent_grad = gpu_softmax_xent_grad,
     .layer_norm_rows = gpu_layer_norm_rows,
     .layer_norm_rows_grad = gpu_layer_norm_rows_grad,
     .gather = gpu_gather,

@@ -275,6 +275,10 @@ nb_status nb__cudnn_avg_pool2d_grad(nb_gpu_ctx *c, const nb_pool2d_desc *d, cons
                                     const nb_view *dy);
 /* gpu_softmax.cu */
 nb_status nb__gpu_softmax(nb_gpu_ctx *c, bool log, const nb_view *out, const nb_view *x);
+nb_status nb__gpu_softmax_xent(nb_gpu_ctx *c, const nb_view *loss, const nb_view *stats, const nb_view *x,
+                               const nb_view *labels);
+nb_status nb__gpu_softmax_xent_grad(nb_gpu_ctx *c, const nb_view *dx, const nb_view *g, const nb_view *x,
+                                    const nb_view *stats, const nb_view *labels);
 /* The table's layer_norm_rows and layer_norm_rows_grad (gpu_norm.cu). */
 nb_status nb__gpu_layer_norm_rows(nb_gpu_ctx *c, int64_t rows, int64_t D, const nb_view *out, const nb_view *mean,
                                   const nb_view *rstd, const nb_view *x, const nb_view *gamma, const nb_view *beta,

@@ -1,4 +1,5 @@
-// softmax and log_softmax over the last dim of a contiguous input.
+// softmax and log_softmax over the last dim of a contiguous input, and sparse
+// softmax cross-entropy's rows with their gradient (at the end).
 //
 // One pass finds each row's max and sum of exponentials together (the "online"
 // softmax: the running sum is rescaled when the max grows), a second writes the
@@ -125,5 +126,171 @@ extern "C" nb_status nb__gpu_softmax(nb_gpu_ctx *c, bool log, const nb_view *out
                 k_softmax_block<D, false><<<blocks, kThreads, 0, c->stream>>>(xp, yp, rows, L);
         }
         return nb__gpu_launched(c, name);
+    });
+}
+
+// ---- sparse softmax cross-entropy (backend.h: softmax_xent, softmax_xent_grad) ----
+// The forward is softmax's first pass and one read of the label's logit:
+// loss = -((x[label] - m) - log(s)), with (m, log s) kept per row for the
+// gradient (in the compute type: f32 for f16 and bf16). The gradient is one
+// elementwise pass, its row's values read from those stats. A label outside
+// [0, C) (queued check_indices reports it) reads nothing: a NaN loss, no -g.
+
+namespace {
+
+template <nb_dtype D, class L>
+__device__ __forceinline__ void xent_finish(const T_of<D> *xr, int64_t C, L label, MaxSum<typename DT<D>::Acc> ms,
+                                            T_of<D> *loss, typename DT<D>::Acc *stats, int64_t row)
+{
+    using A = typename DT<D>::Acc;
+    const A log_s = m_log(ms.s);
+    const A y = label >= 0 && label < C ? (static_cast<A>(ld<D>(xr[label])) - ms.m) - log_s
+                                        : cuda::std::numeric_limits<A>::quiet_NaN();
+    loss[row] = st<D>(-y);
+    stats[2 * row] = ms.m;
+    stats[2 * row + 1] = log_s;
+}
+
+template <nb_dtype D, class L>
+__global__ void __launch_bounds__(kThreads) k_xent_warp(const T_of<D> *x, const L *labels, T_of<D> *loss,
+                                                        typename DT<D>::Acc *stats, int64_t rows, int64_t C)
+{
+    using A = typename DT<D>::Acc;
+    const int lane = threadIdx.x & 31;
+    const int64_t nwarps = gstride() >> 5;
+    for (int64_t row = gtid() >> 5; row < rows; row += nwarps) {
+        const T_of<D> *xr = x + row * C;
+        MaxSum<A> ms{-cuda::std::numeric_limits<A>::infinity(), A(0)};
+        for (int64_t i = lane; i < C; i += 32)
+            ms_add(ms, static_cast<A>(ld<D>(xr[i])));
+        ms = ms_warp(ms);
+        if (lane == 0)
+            xent_finish<D, L>(xr, C, labels[row], ms, loss, stats, row);
+    }
+}
+
+template <nb_dtype D, class L>
+__global__ void __launch_bounds__(kThreads) k_xent_block(const T_of<D> *x, const L *labels, T_of<D> *loss,
+                                                         typename DT<D>::Acc *stats, int64_t rows, int64_t C)
+{
+    using A = typename DT<D>::Acc;
+    __shared__ MaxSum<A> warps[kThreads / 32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        const T_of<D> *xr = x + row * C;
+        MaxSum<A> ms{-cuda::std::numeric_limits<A>::infinity(), A(0)};
+        for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
+            ms_add(ms, static_cast<A>(ld<D>(xr[i])));
+        ms = ms_warp(ms);
+        if (lane == 0)
+            warps[warp] = ms;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            ms = warps[0];
+            for (int w = 1; w < kThreads / 32; w++)
+                ms = ms_merge(ms, warps[w]);
+            xent_finish<D, L>(xr, C, labels[row], ms, loss, stats, row);
+        }
+        __syncthreads(); // warps[] is reused by the next row
+    }
+}
+
+// dx = G - exp(y) s: G = -g at the label, 0 elsewhere; s = -g + 0 (the CPU's form).
+template <nb_dtype D, class L, class Idx>
+__global__ void __launch_bounds__(kThreads) k_xent_grad(const T_of<D> *x, const L *labels, const T_of<D> *g,
+                                                        int64_t g_step, const typename DT<D>::Acc *stats,
+                                                        T_of<D> *dx, Idx n, Idx C)
+{
+    using A = typename DT<D>::Acc;
+    for (Idx i = (Idx)gtid(); i < n; i += (Idx)gstride()) {
+        const Idx row = i / C, k = i - row * C;
+        const A gn = -static_cast<A>(ld<D>(g[(int64_t)row * g_step])), s = gn + A(0);
+        const A p = m_exp((static_cast<A>(ld<D>(x[i])) - stats[2 * row]) - stats[2 * row + 1]);
+        const A G = (int64_t)labels[row] == (int64_t)k ? gn : A(0);
+        dx[i] = st<D>(G - p * s);
+    }
+}
+
+// Calls fn(label type) for i32 or i64 labels.
+template <class Fn> nb_status with_labels(nb_gpu_ctx *c, const char *name, const nb_view *labels, Fn &&fn)
+{
+    if (labels->dtype == NB_I32)
+        return fn(int32_t{});
+    if (labels->dtype == NB_I64)
+        return fn(int64_t{});
+    return nb__fail(NB_ERR_DTYPE, "%s: labels dtype %s is not i32 or i64 on %s", name, nb_dtype_name(labels->dtype),
+                    c->dev->name);
+}
+
+bool xent_views_ok(const nb_view *x, const nb_view *labels, const nb_view *stats)
+{
+    const nb_dtype sdt = x->dtype == NB_F64 ? NB_F64 : NB_F32;
+    return x->ndim == 2 && x->contiguous && labels->contiguous && stats->contiguous && labels->numel == x->shape[0] &&
+           stats->numel == 2 * x->shape[0] && stats->dtype == sdt;
+}
+
+} // namespace
+
+extern "C" nb_status nb__gpu_softmax_xent(nb_gpu_ctx *c, const nb_view *loss, const nb_view *stats, const nb_view *x,
+                                          const nb_view *labels)
+{
+    const char *name = "sparse_softmax_cross_entropy";
+    if (!xent_views_ok(x, labels, stats) || !loss->contiguous || loss->numel != x->shape[0] ||
+        loss->dtype != x->dtype || (x->shape[0] > 0 && x->shape[1] < 1))
+        return nb__fail(NB_ERR_INTERNAL, "%s: expects contiguous logits [N, C >= 1], labels and loss [N], stats [N, 2] on %s",
+                        name, c->dev->name);
+    const int64_t rows = x->shape[0], C = x->shape[1];
+    if (rows == 0)
+        return NB_OK;
+    return with_labels(c, name, labels, [&](auto ltag) -> nb_status {
+        using L = decltype(ltag);
+        const L *lp = static_cast<const L *>(labels->data);
+        return dispatch_float(x->dtype, c, name, [&](auto tag) -> nb_status {
+            constexpr nb_dtype D = decltype(tag)::value;
+            using A = typename DT<D>::Acc;
+            const T_of<D> *xp = static_cast<const T_of<D> *>(x->data);
+            T_of<D> *lo = static_cast<T_of<D> *>(loss->data);
+            A *sp = static_cast<A *>(stats->data);
+            if (C <= 1024) {
+                k_xent_warp<D, L><<<grid_for(c, rows * 32), kThreads, 0, c->stream>>>(xp, lp, lo, sp, rows, C);
+            } else {
+                const int64_t cap = (int64_t)c->phys->sm_count * (2048 / kThreads);
+                const unsigned blocks = (unsigned)(rows < cap ? rows : cap);
+                k_xent_block<D, L><<<blocks, kThreads, 0, c->stream>>>(xp, lp, lo, sp, rows, C);
+            }
+            return nb__gpu_launched(c, name);
+        });
+    });
+}
+
+extern "C" nb_status nb__gpu_softmax_xent_grad(nb_gpu_ctx *c, const nb_view *dx, const nb_view *g, const nb_view *x,
+                                               const nb_view *stats, const nb_view *labels)
+{
+    const char *name = "sparse_softmax_cross_entropy gradient";
+    if (!xent_views_ok(x, labels, stats) || !dx->contiguous || dx->numel != x->numel || dx->dtype != x->dtype ||
+        g->ndim != 1 || g->numel != x->shape[0] || g->dtype != x->dtype)
+        return nb__fail(NB_ERR_INTERNAL, "%s: expects contiguous logits and dx [N, C], g [N], stats [N, 2] on %s", name,
+                        c->dev->name);
+    const int64_t n = x->numel, C = x->shape[1];
+    if (n == 0)
+        return NB_OK;
+    return with_labels(c, name, labels, [&](auto ltag) -> nb_status {
+        using L = decltype(ltag);
+        const L *lp = static_cast<const L *>(labels->data);
+        return dispatch_float(x->dtype, c, name, [&](auto tag) -> nb_status {
+            constexpr nb_dtype D = decltype(tag)::value;
+            using A = typename DT<D>::Acc;
+            const T_of<D> *xp = static_cast<const T_of<D> *>(x->data), *gp = static_cast<const T_of<D> *>(g->data);
+            const int64_t g_step = g->strides[0] / (int64_t)sizeof(T_of<D>);
+            const A *sp = static_cast<const A *>(stats->data);
+            T_of<D> *dp = static_cast<T_of<D> *>(dx->data);
+            if (n <= INT32_MAX)
+                k_xent_grad<D, L, uint32_t><<<grid_for(c, n), kThreads, 0, c->stream>>>(xp, lp, gp, g_step, sp, dp,
+                                                                                        (uint32_t)n, (uint32_t)C);
+            else
+                k_xent_grad<D, L, uint64_t><<<grid_for(c, n), kThreads, 0, c->stream>>>(xp, lp, gp, g_step, sp, dp,
+                                                                                        (uint64_t)n, (uint64_t)C);
+            return nb__gpu_launched(c, name);
+        });
     });
 }

@@ -241,9 +241,9 @@ static nb_status conv2d_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **
 static nb_status conv2d_transpose_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi);
 static nb_status conv2d_filter_grad_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi);
 
-static const nb_op_def conv2d_def = {"conv2d", conv2d_grad};
-static const nb_op_def conv2d_transpose_def = {"conv2d_transpose", conv2d_transpose_grad};
-static const nb_op_def conv2d_filter_grad_def = {"conv2d_filter_grad", conv2d_filter_grad_grad};
+static const nb_op_def conv2d_def = {.name = "conv2d", .grad = conv2d_grad};
+static const nb_op_def conv2d_transpose_def = {.name = "conv2d_transpose", .grad = conv2d_transpose_grad};
+static const nb_op_def conv2d_filter_grad_def = {.name = "conv2d_filter_grad", .grad = conv2d_filter_grad_grad};
 
 /* The common input checks: NULLs, dtypes (one floating dtype), ranks. */
 static bool check_inputs(const char *op, const nb_tensor *a, const nb_tensor *b, const char *an, const char *bn)

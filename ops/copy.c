@@ -17,7 +17,7 @@ static nb_status cast_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi
     return nb__ok(gi[0]);
 }
 
-static const nb_op_def cast_def = {"cast", cast_grad};
+static const nb_op_def cast_def = {.name = "cast", .grad = cast_grad};
 
 nb_tensor *nb_cast(const nb_tensor *x, nb_dtype dtype)
 {
@@ -54,7 +54,7 @@ static nb_status pad_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
     return nb__ok(gi[0]);
 }
 
-static const nb_op_def pad_def = {"pad", pad_grad};
+static const nb_op_def pad_def = {.name = "pad", .grad = pad_grad};
 
 nb_tensor *nb_pad(const nb_tensor *x, nb_shape before, nb_shape after, double value)
 {

@@ -116,7 +116,7 @@ static nb_status minimum_grad(const nb_node *n, nb_tensor *const *g, nb_tensor *
 #define GRAD_OF_ARITH(name) name##_grad
 #define GRAD_OF_CMP(name) NULL
 static const nb_op_def binary_defs[NB_BIN_COUNT] = {
-#define NB_BINARY(ID, name, dtypes, cost, kind, api) [NB_BIN_##ID] = {#name, GRAD_OF_##kind(name)},
+#define NB_BINARY(ID, op, dtypes, cost, kind, api) [NB_BIN_##ID] = {.name = #op, .grad = GRAD_OF_##kind(op)},
 #include "lib/core/ops.def"
 };
 
@@ -164,13 +164,15 @@ static nb_status where_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **g
 {
     nb_tensor *c = n->in[0], *a = n->in[1], *b = n->in[2];
     nb_tensor *zero = nb__scalar_on(n->op->name, a->device, a->dtype, 0.0);
-    gi[0] = NULL; /* no gradient to the condition */
-    gi[1] = nb__sum_to(nb_where(c, g[0], zero), SHAPE_OF(a));
-    gi[2] = nb__sum_to(nb_where(c, zero, g[0]), SHAPE_OF(b));
-    return nb__ok2(gi[1], gi[2]);
+    gi[0] = gi[1] = gi[2] = NULL; /* no gradient to the condition */
+    if (nb__needs_grad(n, 1) && !(gi[1] = nb__sum_to(nb_where(c, g[0], zero), SHAPE_OF(a))))
+        return nb__ok(NULL);
+    if (nb__needs_grad(n, 2) && !(gi[2] = nb__sum_to(nb_where(c, zero, g[0]), SHAPE_OF(b))))
+        return nb__ok(NULL);
+    return NB_OK;
 }
 
-static const nb_op_def where_def = {"where", where_grad};
+static const nb_op_def where_def = {.name = "where", .grad = where_grad};
 
 static nb_tensor *where_body(const nb_tensor *cond, const nb_tensor *a, const nb_tensor *b)
 {
@@ -325,7 +327,7 @@ GRAD(pow_scalar, ALPHA == 0.0 ? nb_zeros_like(X) : nb_mul(G, nb_mul_scalar(nb_po
 /* Each op of the list with its gradient <name>_grad: an op without one does
  * not compile. */
 static const nb_op_def unary_defs[NB_UN_COUNT] = {
-#define NB_UNARY(ID, name, dtypes, cost, api) [NB_UN_##ID] = {#name, name##_grad},
+#define NB_UNARY(ID, op, dtypes, cost, api) [NB_UN_##ID] = {.name = #op, .grad = op##_grad},
 #include "lib/core/ops.def"
 };
 

@@ -13,7 +13,7 @@ static nb_status gather_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **
     return nb__ok(gi[0]);
 }
 
-static const nb_op_def gather_def = {"gather", gather_grad};
+static const nb_op_def gather_def = {.name = "gather", .grad = gather_grad};
 
 nb_tensor *nb_gather(const nb_tensor *params, const nb_tensor *indices)
 {
@@ -82,7 +82,7 @@ static nb_status scatter_add_grad(const nb_node *n, nb_tensor *const *g, nb_tens
     return nb__ok(gi[1]);
 }
 
-static const nb_op_def scatter_add_def = {"scatter_add", scatter_add_grad};
+static const nb_op_def scatter_add_def = {.name = "scatter_add", .grad = scatter_add_grad};
 
 nb_tensor *nb__scatter_add(const nb_tensor *indices, const nb_tensor *updates, int ndim, const int64_t *shape)
 {

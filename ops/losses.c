@@ -1,4 +1,6 @@
-/* Losses, composed from differentiable ops so that every order of gradient works. */
+/* Losses, composed from differentiable ops so that every order of gradient
+ * works; sparse softmax cross-entropy runs as one kernel each way where the
+ * device has one, its gradient as ops again under a recording tape. */
 #include "op.h"
 
 #include <string.h>
@@ -40,9 +42,102 @@ nb_tensor *nb_softmax_cross_entropy(const nb_tensor *logits, const nb_tensor *la
     return nb_neg(nb_sum(nb_mul(labels, nb_log_softmax(logits, -1)), NB_AXES(-1), false));
 }
 
+/* ---- sparse softmax cross-entropy ---------------------------------------------------
+ * As ops it is neg(sum(where(one_hot(labels), log_softmax(logits), 0))), about
+ * 7 kernels forward and 8 backward, the bulk of a small model's step. Where
+ * the device has the row kernels (backend.h: softmax_xent) it is one kernel
+ * each way, the same values (on the CPU the same bits), recorded as one op
+ * whose second output keeps each row's max and log-sum for the gradient. */
+
+/* Whether the row kernels serve logits and labels (optional entries: the
+ * pointers first), as layer_norm's rows_ok. */
+static bool xent_rows_ok(const nb_tensor *logits, const nb_tensor *labels)
+{
+    nb_device *dev = logits->device, *pushed = nb__device_pushed();
+    const nb_backend *b = dev->backend;
+    return (!pushed || pushed == dev) && labels->device == dev && b->softmax_xent && b->softmax_xent_grad &&
+           nb__supports(dev, NB_K_SOFTMAX_XENT, 0, logits->dtype) &&
+           nb__supports(dev, NB_K_SOFTMAX_XENT_GRAD, 0, logits->dtype);
+}
+
+/* The gradient of the logits as ops (differentiable again): G - exp(log_softmax(x))
+ * sum(G), G = -g at the label and 0 elsewhere. */
+static nb_tensor *xent_grad_ops(const char *op, const nb_tensor *x, const nb_tensor *labels, nb_tensor *g)
+{
+    nb_tensor *target = nb_one_hot(labels, x->shape[1], NB_BOOL);
+    nb_tensor *zero = nb__scalar_on(op, x->device, x->dtype, 0.0);
+    nb_tensor *G = nb_where(target, nb_expand_dims(nb_neg(g), -1), zero);
+    return nb_sub(G, nb_mul(nb_exp(nb_log_softmax(x, -1)), nb_sum(G, NB_AXES(-1), true)));
+}
+
+/* One pass over g, x and the saved stats (nothing records it). */
+static nb_tensor *xent_grad_rows(const char *op, const nb_tensor *x, const nb_tensor *labels, const nb_tensor *stats,
+                                 nb_tensor *g)
+{
+    nb_device *dev = x->device;
+    nb_tensor *tx, *tl, *dx = NULL;
+    const nb_tensor *xd = nb__dense(op, x, &tx), *ld = nb__dense(op, labels, &tl);
+    bool ok = xd && ld && (dx = nb__out(op, dev, x->dtype, 2, x->shape));
+    if (ok) { /* g as it is: a mean's gradient, one value broadcast, is not copied */
+        nb_view vdx = nb__view(dx), vg = nb__view(g), vx = nb__view(xd), vs = nb__view(stats), vl = nb__view(ld);
+        ok = dev->backend->softmax_xent_grad(dev, &vdx, &vg, &vx, &vs, &vl) == NB_OK;
+    }
+    nb__release(tx), nb__release(tl);
+    if (!ok) {
+        nb__release(dx);
+        return NULL;
+    }
+    return nb__own(dx);
+}
+
+/* Inputs logits and labels; outputs the loss and the stats [N, 2]. Under a
+ * recording tape, or off the row kernels' device, the ops' form. */
+static nb_status xent_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
+{
+    const char *op = n->op->name;
+    const nb_tensor *x = n->in[0], *labels = n->in[1];
+    gi[0] = gi[1] = NULL;
+    if (!nb__needs_grad(n, 0))
+        return NB_OK;
+    if (!nb__tape_recording() && g[0]->device == x->device && xent_rows_ok(x, labels))
+        gi[0] = xent_grad_rows(op, x, labels, n->out[1], g[0]);
+    else
+        gi[0] = xent_grad_ops(op, x, labels, g[0]);
+    return nb__ok(gi[0]);
+}
+
+static const nb_op_def xent_def = {.name = "sparse_softmax_cross_entropy", .grad = xent_grad, .n_grad_outputs = 1};
+
+static nb_tensor *xent_rows(const nb_tensor *logits, const nb_tensor *labels)
+{
+    const char *op = xent_def.name;
+    nb_device *dev = logits->device;
+    const nb_dtype dt = logits->dtype, stat_dt = dt == NB_F16 || dt == NB_BF16 ? NB_F32 : dt;
+    const int64_t N = logits->shape[0], stat_shape[2] = {N, 2};
+    nb_tensor *tx, *tl, *loss = NULL, *stats = NULL;
+    const nb_tensor *xd = nb__dense(op, logits, &tx), *ld = nb__dense(op, labels, &tl);
+    bool ok = xd && ld && (loss = nb__out(op, dev, dt, 1, &N)) && (stats = nb__out(op, dev, stat_dt, 2, stat_shape));
+    if (ok) {
+        nb_view vloss = nb__view(loss), vs = nb__view(stats), vx = nb__view(xd), vl = nb__view(ld);
+        ok = dev->backend->softmax_xent(dev, &vloss, &vs, &vx, &vl) == NB_OK;
+    }
+    nb__release(tx), nb__release(tl);
+    if (!ok) {
+        nb__release(loss), nb__release(stats);
+        return NULL;
+    }
+    loss = nb__own(loss);
+    stats = nb__own(stats);
+    if (!loss || !stats)
+        return NULL;
+    const nb_tensor *in[2] = {logits, labels};
+    nb_tensor *out[2] = {loss, stats};
+    return nb__record(&xent_def, 2, in, 2, out, NULL) ? NULL : loss;
+}
+
 nb_tensor *nb_sparse_softmax_cross_entropy(const nb_tensor *logits, const nb_tensor *labels)
 {
-    const char *op = "sparse_softmax_cross_entropy";
+    const char *op = xent_def.name;
     if (!logits)
         return nb__null_input(op, 0);
     if (!labels)
@@ -71,6 +166,8 @@ nb_tensor *nb_sparse_softmax_cross_entropy(const nb_tensor *logits, const nb_ten
     }
     if (C == 0) /* no classes, so no labels (checked above): an empty loss */
         return nb_neg(nb_sum(logits, NB_AXES(-1), false));
+    if (labels->numel > 0 && xent_rows_ok(logits, labels))
+        return xent_rows(logits, labels);
     nb_tensor *target = nb_one_hot(labels, C, NB_BOOL);
     if (target && target->device != logits->device && !nb__device_pushed())
         return nb__fail_null(NB_ERR_DEVICE, "%s: logits on %s and labels on %s", op, logits->device->name,
@@ -103,7 +200,7 @@ static nb_status sigmoid_ce_grad(const nb_node *n, nb_tensor *const *g, nb_tenso
     return NB_OK;
 }
 
-static const nb_op_def sigmoid_ce_def = {"sigmoid_cross_entropy", sigmoid_ce_grad};
+static const nb_op_def sigmoid_ce_def = {.name = "sigmoid_cross_entropy", .grad = sigmoid_ce_grad};
 
 nb_tensor *nb_sigmoid_cross_entropy(const nb_tensor *logits, const nb_tensor *labels)
 {

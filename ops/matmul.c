@@ -12,7 +12,7 @@ static nb_status matmul_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **
     return NB_OK;
 }
 
-static const nb_op_def matmul_def = {"matmul", matmul_grad};
+static const nb_op_def matmul_def = {.name = "matmul", .grad = matmul_grad};
 
 /* True when the last two dims have unit stride on one of them (a BLAS layout). */
 static bool blas_layout(const nb_tensor *t)

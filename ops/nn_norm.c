@@ -268,7 +268,7 @@ static nb_status batch_norm_grad(const nb_node *n, nb_tensor *const *g, nb_tenso
     return nb__ok(gi[0]);
 }
 
-static const nb_op_def batch_norm_def = {"batch_norm_train", batch_norm_grad};
+static const nb_op_def batch_norm_def = {.name = "batch_norm_train", .grad = batch_norm_grad};
 
 /* Records batch norm of in (x, gamma, beta) with outputs out[0..n_out), out[0]
  * being y, and hands the batch statistics bm and bv to the caller's pointers.
@@ -391,7 +391,7 @@ static nb_status channel_scale_shift_grad(const nb_node *n, nb_tensor *const *g,
     return NB_OK;
 }
 
-static const nb_op_def channel_scale_shift_def = {"batch_norm_infer", channel_scale_shift_grad};
+static const nb_op_def channel_scale_shift_def = {.name = "batch_norm_infer", .grad = channel_scale_shift_grad};
 
 /* y = x sc[c] + u[c] over the channel axis ca in one channel_affine pass,
  * recorded as one op (sc and u carry the gradients of gamma, beta, mean and
@@ -533,7 +533,7 @@ static nb_status layer_norm_grad(const nb_node *n, nb_tensor *const *g, nb_tenso
     return nb__ok(gi[0]);
 }
 
-static const nb_op_def layer_norm_def = {"layer_norm", layer_norm_grad};
+static const nb_op_def layer_norm_def = {.name = "layer_norm", .grad = layer_norm_grad, .n_grad_outputs = 1}; /* not rstd */
 
 /* The row kernel: one pass over each row while it sits in cache, writing y
  * and each row's rstd. Recorded with rstd as a second output (nobody else

@@ -140,8 +140,8 @@ static nb_status max_pool2d_select_gradient(const nb_node *n, nb_tensor *const *
     return nb__needs_grad(n, 1) ? nb__ok(gi[1]) : NB_OK;
 }
 
-static const nb_op_def max_pool2d_def = {"max_pool2d", max_pool2d_gradient};
-static const nb_op_def max_pool2d_select_def = {"max_pool2d_select", max_pool2d_select_gradient};
+static const nb_op_def max_pool2d_def = {.name = "max_pool2d", .grad = max_pool2d_gradient};
+static const nb_op_def max_pool2d_select_def = {.name = "max_pool2d_select", .grad = max_pool2d_select_gradient};
 
 static nb_status max_pool2d_grad_gradient(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
 {
@@ -151,7 +151,7 @@ static nb_status max_pool2d_grad_gradient(const nb_node *n, nb_tensor *const *g,
     return nb__needs_grad(n, 1) ? nb__ok(gi[1]) : NB_OK;
 }
 
-static const nb_op_def max_pool2d_grad_def = {"max_pool2d_grad", max_pool2d_grad_gradient};
+static const nb_op_def max_pool2d_grad_def = {.name = "max_pool2d_grad", .grad = max_pool2d_grad_gradient};
 
 static nb_status avg_pool2d_gradient(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
 {
@@ -167,8 +167,8 @@ static nb_status avg_pool2d_grad_gradient(const nb_node *n, nb_tensor *const *g,
     return nb__ok(gi[0]);
 }
 
-static const nb_op_def avg_pool2d_def = {"avg_pool2d", avg_pool2d_gradient};
-static const nb_op_def avg_pool2d_grad_def = {"avg_pool2d_grad", avg_pool2d_grad_gradient};
+static const nb_op_def avg_pool2d_def = {.name = "avg_pool2d", .grad = avg_pool2d_gradient};
+static const nb_op_def avg_pool2d_grad_def = {.name = "avg_pool2d_grad", .grad = avg_pool2d_grad_gradient};
 
 /* Checks that t (the gradient-side input) has the shape the descriptor gives. */
 static bool fits(const char *op, const char *what, const nb_tensor *t, const nb_pool2d_desc *d, bool pooled)

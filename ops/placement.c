@@ -76,7 +76,7 @@ static nb_status copy_to_device_grad(const nb_node *n, nb_tensor *const *g, nb_t
     return nb__ok(gi[0]);
 }
 
-static const nb_op_def copy_to_device_def = {"copy_to_device", copy_to_device_grad};
+static const nb_op_def copy_to_device_def = {.name = "copy_to_device", .grad = copy_to_device_grad};
 
 nb_tensor *nb__copy_to_device(const nb_tensor *t, nb_device *dev)
 {

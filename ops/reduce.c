@@ -141,11 +141,11 @@ static nb_status prod_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi
     return nb__ok(gi[0]);
 }
 
-static const nb_op_def sum_def = {"sum", sum_grad};
-static const nb_op_def mean_def = {"mean", mean_grad};
-static const nb_op_def max_def = {"max", extreme_grad};
-static const nb_op_def min_def = {"min", extreme_grad};
-static const nb_op_def prod_def = {"prod", prod_grad};
+static const nb_op_def sum_def = {.name = "sum", .grad = sum_grad};
+static const nb_op_def mean_def = {.name = "mean", .grad = mean_grad};
+static const nb_op_def max_def = {.name = "max", .grad = extreme_grad};
+static const nb_op_def min_def = {.name = "min", .grad = extreme_grad};
+static const nb_op_def prod_def = {.name = "prod", .grad = prod_grad};
 
 nb_tensor *nb_sum(const nb_tensor *x, nb_axes axes, bool keepdims) { return reduce(&sum_def, NB_RED_SUM, x, axes, keepdims); }
 nb_tensor *nb_mean(const nb_tensor *x, nb_axes axes, bool keepdims) { return reduce(&mean_def, NB_RED_MEAN, x, axes, keepdims); }

@@ -14,7 +14,7 @@ static nb_status cumsum_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **
     return nb__ok(gi[0]);
 }
 
-static const nb_op_def cumsum_def = {"cumsum", cumsum_grad};
+static const nb_op_def cumsum_def = {.name = "cumsum", .grad = cumsum_grad};
 
 nb_tensor *nb_cumsum(const nb_tensor *x, int axis, bool exclusive, bool reverse)
 {

@@ -57,7 +57,7 @@ static nb_status reshape_grad(const nb_node *n, nb_tensor *const *g, nb_tensor *
     return nb__ok(gi[0]);
 }
 
-static const nb_op_def reshape_def = {"reshape", reshape_grad};
+static const nb_op_def reshape_def = {.name = "reshape", .grad = reshape_grad};
 
 nb_tensor *nb_reshape(const nb_tensor *x, nb_shape shape)
 {
@@ -125,8 +125,8 @@ static nb_status permute_grad(const nb_node *n, nb_tensor *const *g, nb_tensor *
     return nb__ok(gi[0]);
 }
 
-static const nb_op_def transpose_def = {"transpose", permute_grad};
-static const nb_op_def permute_def = {"permute", permute_grad};
+static const nb_op_def transpose_def = {.name = "transpose", .grad = permute_grad};
+static const nb_op_def permute_def = {.name = "permute", .grad = permute_grad};
 
 /* perm is already validated: a permutation of [0, x->ndim). */
 static nb_tensor *permute_view(const nb_op_def *def, const nb_tensor *x, const int *perm)
@@ -199,8 +199,8 @@ static nb_status squeeze_grad(const nb_node *n, nb_tensor *const *g, nb_tensor *
     return nb__ok(gi[0]);
 }
 
-static const nb_op_def expand_dims_def = {"expand_dims", expand_dims_grad};
-static const nb_op_def squeeze_def = {"squeeze", squeeze_grad};
+static const nb_op_def expand_dims_def = {.name = "expand_dims", .grad = expand_dims_grad};
+static const nb_op_def squeeze_def = {.name = "squeeze", .grad = squeeze_grad};
 
 nb_tensor *nb_expand_dims(const nb_tensor *x, int axis)
 {
@@ -286,7 +286,7 @@ static nb_status slice_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **g
     return nb__ok(gi[0]);
 }
 
-static const nb_op_def slice_def = {"slice", slice_grad};
+static const nb_op_def slice_def = {.name = "slice", .grad = slice_grad};
 
 nb_tensor *nb_slice(const nb_tensor *x, nb_shape begin, nb_shape size)
 {
@@ -339,7 +339,7 @@ static nb_status broadcast_to_grad(const nb_node *n, nb_tensor *const *g, nb_ten
     return nb__ok(gi[0]);
 }
 
-static const nb_op_def broadcast_to_def = {"broadcast_to", broadcast_to_grad};
+static const nb_op_def broadcast_to_def = {.name = "broadcast_to", .grad = broadcast_to_grad};
 
 nb_tensor *nb_broadcast_to(const nb_tensor *x, nb_shape shape)
 {
@@ -381,7 +381,7 @@ static nb_status identity_grad(const nb_node *n, nb_tensor *const *g, nb_tensor 
     return nb__ok(gi[0]);
 }
 
-static const nb_op_def contiguous_def = {"contiguous", identity_grad};
+static const nb_op_def contiguous_def = {.name = "contiguous", .grad = identity_grad};
 
 nb_tensor *nb_contiguous(const nb_tensor *x)
 {
@@ -432,8 +432,8 @@ static nb_status stack_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **g
     return st;
 }
 
-static const nb_op_def concat_def = {"concat", concat_grad};
-static const nb_op_def stack_def = {"stack", stack_grad};
+static const nb_op_def concat_def = {.name = "concat", .grad = concat_grad};
+static const nb_op_def stack_def = {.name = "stack", .grad = stack_grad};
 
 /* concat (stacking false) joins on an existing axis; stack inserts a new one. */
 static nb_tensor *join(const nb_op_def *def, bool stacking, int n, nb_tensor *const *xs, int axis)

@@ -18,8 +18,8 @@ static nb_status log_softmax_grad(const nb_node *n, nb_tensor *const *g, nb_tens
     return nb__ok(gi[0]);
 }
 
-static const nb_op_def softmax_def = {"softmax", softmax_grad};
-static const nb_op_def log_softmax_def = {"log_softmax", log_softmax_grad};
+static const nb_op_def softmax_def = {.name = "softmax", .grad = softmax_grad};
+static const nb_op_def log_softmax_def = {.name = "log_softmax", .grad = log_softmax_grad};
 
 static nb_tensor *softmax_last(const nb_op_def *def, bool log, const nb_tensor *x)
 {

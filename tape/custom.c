@@ -12,7 +12,7 @@ static nb_status custom_grad(const nb_node *node, nb_tensor *const *out_grads, n
     return NB_OK;
 }
 
-static const nb_op_def custom_op = {"custom_gradient", custom_grad};
+static const nb_op_def custom_op = {.name = "custom_gradient", .grad = custom_grad};
 
 nb_status nb_custom_gradient(int n_in, nb_tensor *const *inputs, int n_out, nb_tensor **outputs,
                              nb_custom_forward_fn forward, nb_custom_backward_fn backward, void *user)

@@ -59,7 +59,8 @@ static nb_status backward_node(nb_tape *tape, nb_node *node, nb_idmap *grads)
         st = nb__fail(NB_ERR_TAPE, "nb_tape_gradient: op %s has no gradient", node->op->name);
         goto done;
     }
-    for (int j = 0; j < node->n_out; j++) {
+    const int n_grad_out = node->op->n_grad_outputs ? node->op->n_grad_outputs : node->n_out;
+    for (int j = 0; j < n_grad_out; j++) {
         if (!out_grads[j] && !(out_grads[j] = nb_zeros_like(node->out[j]))) {
             st = nb_error();
             goto done;

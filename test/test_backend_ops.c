@@ -2182,6 +2182,119 @@ static void kernel_check_indices(void)
     }
 }
 
+/* ================================ sparse softmax cross-entropy rows ========================= */
+
+/* The op runs on the row kernels wherever the device has them; these cases
+ * run it on rows short and long (one warp and one block per row on a GPU),
+ * edge rows and labels of both integer dtypes, its values against the
+ * reference (the CPU's against the double one, a GPU's against the CPU's), its
+ * gradient for a weighted loss likewise, and the gradient checker in f64. */
+static const struct {
+    nb_shape s;
+} xent_cases[] = {{{2, {7, 5}}}, {{2, {33, 1}}}, {{2, {64, 10}}}, {{2, {3, 3000}}}, {{2, {1000, 17}}}, {{2, {5, 1031}}}};
+
+static void xent_labels(double *lab, int64_t N, int64_t C)
+{
+    for (int64_t i = 0; i < N; i++)
+        lab[i] = (double)(rng_u64() % (uint64_t)C);
+}
+
+/* in: logits, labels, weights w [N]: the gradient of sum(loss * w) for the logits. */
+static nb_tensor *apply_xent_grad(int n, nb_tensor *const *in, const void *ctx)
+{
+    (void)n, (void)ctx;
+    nb_tape *tape = nb_tape_begin();
+    nb_tensor *g = NULL;
+    if (nb_tape_watch(tape, in[0]) != NB_OK)
+        return NULL;
+    nb_tensor *loss = nb_sparse_softmax_cross_entropy(in[0], in[1]);
+    nb_status st = nb_tape_gradient(tape, nb_sum_all(nb_mul(loss, in[2])), 1, &in[0], &g);
+    nb_tape_free(tape);
+    return st ? NULL : g;
+}
+
+/* (softmax(x) - onehot(label)) w per row */
+static double *ref_xent_grad(int n, const input *in, const void *ctx, nb_shape *shape)
+{
+    (void)n;
+    double *w = ref_softmax(1, in, &(softmax_ctx){false, -1, false}, shape);
+    int64_t N = in[0].shape.dims[0], C = in[0].shape.dims[1];
+    for (int64_t i = 0; w && i < N; i++)
+        for (int64_t j = 0; j < C; j++)
+            w[i * C + j] = (w[i * C + j] - (j == (int64_t)in[1].v[i])) * in[2].v[i];
+    (void)ctx;
+    return w;
+}
+
+typedef struct xent_gc {
+    nb_tensor *labels; /* on /cpu:0 */
+} xent_gc;
+
+static nb_tensor *grad_xent(int n, nb_tensor *const *in, void *ctx)
+{
+    (void)n;
+    const xent_gc *c = ctx;
+    return nb_sparse_softmax_cross_entropy(in[0], nb_to_device(c->labels, nb_tensor_device(in[0])));
+}
+
+static void run_xent_kernel(bool grad)
+{
+    const char *name = grad ? "sparse_softmax_cross_entropy gradient" : "sparse_softmax_cross_entropy";
+    for (nb_dtype it = NB_I32; it <= NB_I64; it++)
+        for (nb_dtype dt = 0; dt < NB_DTYPE_COUNT; dt++) {
+            if (plan_for(FLOATS_MASK, grad ? NB_K_SOFTMAX_XENT_GRAD : NB_K_SOFTMAX_XENT, 0, dt) != P_RUN)
+                continue;
+            for (size_t s = 0; s < sizeof xent_cases / sizeof *xent_cases; s++) {
+                nb_shape sh = xent_cases[s].s;
+                int64_t N = sh.dims[0], C = sh.dims[1];
+                case_begin("%s %s logits %s, %s labels", name, nb_dtype_name(dt), shape_str(sh), nb_dtype_name(it));
+                double *vx = gen(N * C, dt, (range){R_REAL, -6, 6, 0, 0, false}), *vl = alloc_values(N),
+                       *vw = gen(N, dt, (range){R_REAL, 0.5, 1.5, 0, 0, false});
+                xent_labels(vl, N, C);
+                input in[3] = {{dt, sh, vx, L_CONTIG}, {it, {1, {N}}, vl, L_CONTIG}, {dt, {1, {N}}, vw, L_CONTIG}};
+                if (grad)
+                    run_values(3, in, apply_xent_grad, ref_xent_grad, NULL, dt, T_ACC);
+                else
+                    run_values(2, in, apply_sparse_ce, ref_sparse_ce, NULL, dt, T_ACC);
+                free(vx), free(vl), free(vw);
+                case_end();
+            }
+            /* edge rows: +inf (NaN), all -inf (NaN), -inf at the label (+inf)
+             * and elsewhere (finite), NaN, large equal values, signed zeros */
+            static const double rows[7][3] = {{INFINITY, 1, 2},    {-INFINITY, -INFINITY, -INFINITY},
+                                              {-INFINITY, 0, 1},   {0, -INFINITY, 1},
+                                              {NAN, 1, 2},         {1000, 1000, -1000},
+                                              {0, -0.0, 0}};
+            double v[21], lab[7] = {1, 0, 0, 2, 1, 0, 1}, w[7] = {1, 0.5, 2, 1, 1, 0.75, 1.25};
+            memcpy(v, rows, sizeof v);
+            case_begin("%s %s edge rows, %s labels", name, nb_dtype_name(dt), nb_dtype_name(it));
+            input in[3] = {{dt, {2, {7, 3}}, v, L_CONTIG}, {it, {1, {7}}, lab, L_CONTIG}, {dt, {1, {7}}, w, L_CONTIG}};
+            if (grad)
+                run_values(3, in, apply_xent_grad, ref_xent_grad, NULL, dt, T_ACC);
+            else
+                run_values(2, in, apply_sparse_ce, ref_sparse_ce, NULL, dt, T_ACC);
+            case_end();
+        }
+    if (!grad || !holds(cur, NB_F64))
+        return;
+    const nb_shape shapes[3] = {NB_SHAPE(4, 3), NB_SHAPE(9, 1), NB_SHAPE(6, 40)};
+    for (int s = 0; s < 3; s++) {
+        int64_t N = shapes[s].dims[0], C = shapes[s].dims[1];
+        case_begin("%s gradient check %s", name, shape_str(shapes[s]));
+        double *vl = alloc_values(N), *vx = gen(N * C, NB_F64, (range){R_REAL, -3, 3, 0, 0, false});
+        xent_labels(vl, N, C);
+        xent_gc c = {make_input(CPU, NB_I64, (nb_shape){1, {N}}, vl, L_CONTIG)};
+        CHECK(c.labels != NULL);
+        if (c.labels)
+            run_gradient(1, &shapes[s], &vx, grad_xent, &c);
+        free(vl), free(vx);
+        case_end();
+    }
+}
+
+static void kernel_softmax_xent(void) { run_xent_kernel(false); }
+static void kernel_softmax_xent_grad(void) { run_xent_kernel(true); }
+
 /* ================================ cumsum ==================================================== */
 
 /* No public op yet: the kernel entry itself, on a fresh output. */

@@ -250,6 +250,59 @@ static void test_sparse_gradients(void)
     }
 }
 
+/* The op runs as one kernel each way on the CPU: the same bits as its
+ * composition of ops (values and the gradient of a weighted sum), on short
+ * and long rows, many rows (threads), one class, a strided input and rows
+ * with infinities. */
+static nb_tensor *xent_composed(const nb_tensor *x, const nb_tensor *labels)
+{
+    nb_tensor *zero = nb_zeros(nb_tensor_dtype(x), NB_SCALAR);
+    nb_tensor *target = nb_one_hot(labels, nb_tensor_shape(x).dims[1], NB_BOOL);
+    return nb_neg(nb_sum(nb_where(target, nb_log_softmax(x, -1), zero), NB_AXES(-1), false));
+}
+
+static void test_sparse_fused_bits(void)
+{
+    const nb_shape shapes[5] = {NB_SHAPE(64, 10), NB_SHAPE(1000, 17), NB_SHAPE(3, 1031), NB_SHAPE(5, 1),
+                                NB_SHAPE(40, 7)};
+    for (int d = 0; d < 2; d++)
+        for (int s = 0; s < 5; s++) {
+            nb_dtype dt = d ? NB_F64 : NB_F32;
+            int64_t N = shapes[s].dims[0], C = shapes[s].dims[1];
+            nb_tensor *x = s == 4 ? nb_transpose(nb_random_normal(dt, NB_SHAPE(C, N), 0, 4, 700 + s), 0, 1)
+                                  : nb_random_normal(dt, shapes[s], 0, 4, 700 + s);
+            if (s == 4) { /* infinities: -inf at a label, +inf elsewhere, -inf off the label */
+                double *v = check_values(x);
+                v[0] = -INFINITY, v[2 * C + 1] = INFINITY, v[3 * C + 2] = -INFINITY;
+                x = nb_from_buffer(NB_F64, shapes[s], v);
+                x = nb_cast(x, dt);
+                free(v);
+            }
+            int64_t *lv = malloc(sizeof(int64_t) * (size_t)N);
+            for (int64_t i = 0; i < N; i++)
+                lv[i] = (i * 7 + s) % C;
+            if (s == 4)
+                lv[0] = 0, lv[3] = 1;
+            nb_tensor *labels = nb_from_buffer(NB_I64, NB_SHAPE(N), lv);
+            nb_tensor *w = nb_random_uniform(dt, NB_SHAPE(N), 0.5, 1.5, 710 + s);
+            nb_tensor *gf = NULL, *gc = NULL;
+            nb_tape *t1 = nb_tape_begin();
+            CHECK_OK(nb_tape_watch(t1, x));
+            nb_tensor *fused = nb_sparse_softmax_cross_entropy(x, labels);
+            CHECK_OK(nb_tape_gradient(t1, nb_sum_all(nb_mul(fused, w)), 1, &x, &gf));
+            nb_tape *t2 = nb_tape_begin();
+            CHECK_OK(nb_tape_watch(t2, x));
+            nb_tensor *composed = xent_composed(x, labels);
+            CHECK_OK(nb_tape_gradient(t2, nb_sum_all(nb_mul(composed, w)), 1, &x, &gc));
+            CHECKF(same_bits(fused, composed), "%s [%lld, %lld]: loss", nb_dtype_name(dt), (long long)N, (long long)C);
+            CHECKF(same_bits(gf, gc), "%s [%lld, %lld]: gradient", nb_dtype_name(dt), (long long)N, (long long)C);
+            if (s == 4)
+                CHECK(nb_tensor_get(fused, 0) == INFINITY && isnan(nb_tensor_get(fused, 2)) &&
+                      isfinite(nb_tensor_get(fused, 3)));
+            free(lv);
+        }
+}
+
 static double ref_sigmoid_ce(double x, double z)
 {
     return (x > 0 ? x : 0) - x * z + log1p(exp(-fabs(x)));
@@ -533,6 +586,7 @@ int main(void)
     RUN(test_softmax_cross_entropy_gradients);
     RUN(test_sparse_values);
     RUN(test_sparse_gradients);
+    RUN(test_sparse_fused_bits);
     RUN(test_sigmoid_cross_entropy);
     RUN(test_sigmoid_cross_entropy_gradients);
     RUN(test_mean_squared_error);

@@ -155,8 +155,11 @@ nb_tensor *nb_log_softmax(const nb_tensor *x, int axis);
  * Labels get a gradient too. */
 nb_tensor *nb_softmax_cross_entropy(const nb_tensor *logits, const nb_tensor *labels);
 /* Per-example loss [N] from logits [N, C] and class indices labels [N] (NB_I32
- * or NB_I64). A label outside [0, C) is NB_ERR_INVALID_ARGUMENT (on a GPU, from
- * the next synchronising call: see the edge points above). */
+ * or NB_I64): -log_softmax(logits)[i, labels[i]]. A label outside [0, C) is
+ * NB_ERR_INVALID_ARGUMENT (on a GPU, from the next synchronising call: see the
+ * edge points above). On the CPU and the GPU it runs as one kernel forward and
+ * one backward (on the CPU with the bits of its composition of ops), and its
+ * gradient is differentiable again. */
 nb_tensor *nb_sparse_softmax_cross_entropy(const nb_tensor *logits, const nb_tensor *labels);
 /* Elementwise max(x,0) - x*z + log(1 + exp(-|x|)), stable for any logit. */
 nb_tensor *nb_sigmoid_cross_entropy(const nb_tensor *logits, const nb_tensor *labels);

@@ -261,6 +261,24 @@ struct nb_backend {
     /* ---- softmax ---- */
     /* Over the last dim of a contiguous x; out has x's shape. */
     nb_status (*softmax)(nb_device *dev, bool log, const nb_view *out, const nb_view *x);
+    /* Sparse softmax cross-entropy, one pass over each row of contiguous
+     * logits x [N, C] (C >= 1) with labels (contiguous NB_I32 or NB_I64 [N]):
+     * with m the row's max and lsum the log of the sum of exp(x - m), both
+     * as softmax takes them (log_softmax = (x - m) - lsum), loss[i] = -((x[i,
+     * label] - m) - lsum), and stats [N, 2] = (m, lsum) for the gradient (x's
+     * dtype; f32 for f16 and bf16). A label outside [0, C) gives a NaN loss
+     * (the op checks labels with check_indices first). Optional: NULL, or
+     * both entries present. */
+    nb_status (*softmax_xent)(nb_device *dev, const nb_view *loss, const nb_view *stats, const nb_view *x,
+                              const nb_view *labels);
+    /* Its gradient for the loss gradient g [N] (any stride: a mean's gradient
+     * is one value broadcast): dx [N, C] = G - exp(y) s, y =
+     * (x - m) - lsum, G = -g[i] at the label and +0 elsewhere, s = -g[i] + 0:
+     * log_softmax's gradient applied to the loss written as neg(sum(where(
+     * one_hot, log_softmax(x), 0))), which on the CPU gives its bits (its exp
+     * is the exp op's). */
+    nb_status (*softmax_xent_grad)(nb_device *dev, const nb_view *dx, const nb_view *g, const nb_view *x,
+                                   const nb_view *stats, const nb_view *labels);
 
     /* ---- indexing ---- */
     /* out[i, ...] = params[indices[i], ...]; params contiguous [R, ...], indices

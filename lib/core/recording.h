@@ -19,7 +19,8 @@ typedef struct nb_op_attrs {
 typedef struct nb_node nb_node;
 
 /* Computes the gradients of a node's inputs from those of its outputs. out_grads
- * has one entry per output (never NULL: missing ones are zeros). It writes one
+ * has one entry per output (missing ones are zeros, but for the outputs the
+ * op's def says have none: NULL). It writes one
  * entry per input to in_grads, NULL where an input gets none (integer inputs,
  * conditions). Written with nabla ops so an outer tape can record it. Returns
  * NB_OK or the error. Tensors it creates belong to the current scope. */
@@ -28,6 +29,11 @@ typedef nb_status (*nb_grad_fn)(const nb_node *node, nb_tensor *const *out_grads
 typedef struct nb_op_def {
     const char *name;
     nb_grad_fn grad; /* NULL: not differentiable (asking is NB_ERR_TAPE) */
+    /* 0: every output has a gradient; n: only the first n, the others being
+     * what the op saves for its gradient (a row's statistics), whose missing
+     * gradients reach grad as NULL rather than as tensors of zeros made for
+     * nothing. */
+    int n_grad_outputs;
 } nb_op_def;
 
 struct nb_node {

@@ -42,6 +42,8 @@ static bool cpu_supports(const nb_device *dev, nb_kernel k, int variant, nb_dtyp
     case NB_K_CONV2D:
     case NB_K_CONV2D_BACKWARD_DATA:
     case NB_K_CONV2D_BACKWARD_FILTER:
+    case NB_K_SOFTMAX_XENT:
+    case NB_K_SOFTMAX_XENT_GRAD:
     case NB_K_LAYER_NORM_ROWS:
     case NB_K_LAYER_NORM_ROWS_GRAD: return dtype == NB_F32 || dtype == NB_F64;
     default: return true;
@@ -82,6 +84,8 @@ const nb_backend nb__cpu_backend = {
     .cumsum = nb__cpu_cumsum,
     .matmul = nb__cpu_matmul,
     .softmax = nb__cpu_softmax,
+    .softmax_xent = nb__cpu_softmax_xent,
+    .softmax_xent_grad = nb__cpu_softmax_xent_grad,
     .gather = nb__cpu_gather,
     .scatter_add = nb__cpu_scatter_add,
     .one_hot = nb__cpu_one_hot,

@@ -403,6 +403,32 @@ static nb_status rec_softmax(nb_device *dev, bool log, const nb_view *out, const
     return NB_OK;
 }
 
+typedef struct { call h; vw v[5]; } xent_call;
+static nb_status run_softmax_xent(nb_device *dev, const call *c)
+{
+    const xent_call *a = (const xent_call *)c;
+    return CPU->softmax_xent(dev, V(a->v[0]), V(a->v[1]), V(a->v[2]), V(a->v[3]));
+}
+static nb_status rec_softmax_xent(nb_device *dev, const nb_view *loss, const nb_view *stats, const nb_view *x,
+                                  const nb_view *labels)
+{
+    RECORD(xent_call, run_softmax_xent, CPU->softmax_xent(dev, loss, stats, x, labels));
+    a->v[0] = vw_of(loss), a->v[1] = vw_of(stats), a->v[2] = vw_of(x), a->v[3] = vw_of(labels);
+    return NB_OK;
+}
+static nb_status run_softmax_xent_grad(nb_device *dev, const call *c)
+{
+    const xent_call *a = (const xent_call *)c;
+    return CPU->softmax_xent_grad(dev, V(a->v[0]), V(a->v[1]), V(a->v[2]), V(a->v[3]), V(a->v[4]));
+}
+static nb_status rec_softmax_xent_grad(nb_device *dev, const nb_view *dx, const nb_view *g, const nb_view *x,
+                                       const nb_view *stats, const nb_view *labels)
+{
+    RECORD(xent_call, run_softmax_xent_grad, CPU->softmax_xent_grad(dev, dx, g, x, stats, labels));
+    a->v[0] = vw_of(dx), a->v[1] = vw_of(g), a->v[2] = vw_of(x), a->v[3] = vw_of(stats), a->v[4] = vw_of(labels);
+    return NB_OK;
+}
+
 typedef struct { call h; const char *op; vw out, x, y; } indexed_call;
 static nb_status run_gather(nb_device *dev, const call *c)
 {
@@ -756,6 +782,8 @@ static void table_init(void)
     g_table.cumsum = rec_cumsum;
     g_table.matmul = rec_matmul;
     g_table.softmax = rec_softmax;
+    g_table.softmax_xent = rec_softmax_xent;
+    g_table.softmax_xent_grad = rec_softmax_xent_grad;
     g_table.gather = rec_gather;
     g_table.scatter_add = rec_scatter_add;
     g_table.one_hot = rec_one_hot;

@@ -266,6 +266,10 @@ nb_status nb__cpu_arg_reduce(nb_device *dev, bool is_max, const nb_view *out, co
 nb_status nb__cpu_cumsum(nb_device *dev, const nb_view *out, const nb_view *x, int axis,
                          bool exclusive, bool reverse);
 nb_status nb__cpu_softmax(nb_device *dev, bool log, const nb_view *out, const nb_view *x);
+nb_status nb__cpu_softmax_xent(nb_device *dev, const nb_view *loss, const nb_view *stats, const nb_view *x,
+                               const nb_view *labels);
+nb_status nb__cpu_softmax_xent_grad(nb_device *dev, const nb_view *dx, const nb_view *g, const nb_view *x,
+                                    const nb_view *stats, const nb_view *labels);
 nb_status nb__cpu_gather(nb_device *dev, const char *op, const nb_view *out,
                          const nb_view *params, const nb_view *indices);
 nb_status nb__cpu_scatter_add(nb_device *dev, const char *op, const nb_view *out,

@@ -1,4 +1,5 @@
-/* softmax / log_softmax over the last dim (f32, f64), numerically stable: the
+/* softmax / log_softmax over the last dim (f32, f64), and the rows of sparse
+ * softmax cross-entropy with its gradient (at the end), numerically stable: the
  * row's max is subtracted before exp; f32 rows sum their exps in double. Rows
  * may have any strides (the inner dim too); large inputs split by rows.
  * The max and the sum run in 8 lanes (element i in lane i % 8 of each whole
@@ -23,8 +24,10 @@ typedef struct sm_plan {
 
 #define SM_LANES 8
 
-/* One row, through X(i) and O(i), the lvalues of element i of x and out. */
-#define SM_ROW(T, ACC, EXP, LOG, X, O)                                                        \
+/* m = the max of a row of n elements X(i), the way softmax takes it: 8 lanes
+ * combined pairwise, then the tail; a row of -inf gives 0 and one whose max
+ * is +inf keeps it (its exps are NaN then). */
+#define SM_MAX(T, X, m)                                                                       \
     do {                                                                                      \
         T lm[SM_LANES];                                                                       \
         for (int j = 0; j < SM_LANES; j++)                                                    \
@@ -36,30 +39,50 @@ typedef struct sm_plan {
         for (int w = SM_LANES / 2; w > 0; w /= 2)                                             \
             for (int j = 0; j < w; j++)                                                       \
                 lm[j] = lm[j + w] > lm[j] ? lm[j + w] : lm[j];                                \
-        T m = lm[0];                                                                          \
+        m = lm[0];                                                                            \
         for (; i < n; i++)                                                                    \
             m = X(i) > m ? X(i) : m;                                                          \
         if (m != m || m == -INFINITY || m == INFINITY)                                        \
             m = m != m ? m : (m > 0 ? m : 0);                                                 \
-        for (i = 0; i < n; i++)                                                               \
-            O(i) = EXP(X(i) - m);                                                             \
+    } while (0)
+
+/* sum = the sum over a row of n of E, an expression in the element's index
+ * k, in ACC: 8 lanes combined pairwise, then the tail. */
+#define SM_SUM(ACC, E, sum)                                                                   \
+    do {                                                                                      \
         ACC ls[SM_LANES] = {0};                                                               \
-        for (i = 0; i + SM_LANES <= n; i += SM_LANES)                                         \
-            for (int j = 0; j < SM_LANES; j++)                                                \
-                ls[j] += (ACC)O(i + j);                                                       \
+        int64_t i = 0;                                                                        \
+        for (; i + SM_LANES <= n; i += SM_LANES)                                              \
+            for (int j = 0; j < SM_LANES; j++) {                                              \
+                const int64_t k = i + j;                                                      \
+                ls[j] += (ACC)(E);                                                            \
+            }                                                                                 \
         for (int w = SM_LANES / 2; w > 0; w /= 2)                                             \
             for (int j = 0; j < w; j++)                                                       \
                 ls[j] += ls[j + w];                                                           \
-        ACC sum = ls[0];                                                                      \
-        for (; i < n; i++)                                                                    \
-            sum += (ACC)O(i);                                                                 \
+        sum = ls[0];                                                                          \
+        for (; i < n; i++) {                                                                  \
+            const int64_t k = i;                                                              \
+            sum += (ACC)(E);                                                                  \
+        }                                                                                     \
+    } while (0)
+
+/* One row, through X(i) and O(i), the lvalues of element i of x and out. */
+#define SM_ROW(T, ACC, EXP, LOG, X, O)                                                        \
+    do {                                                                                      \
+        T m;                                                                                  \
+        SM_MAX(T, X, m);                                                                      \
+        for (int64_t i = 0; i < n; i++)                                                       \
+            O(i) = EXP(X(i) - m);                                                             \
+        ACC sum;                                                                              \
+        SM_SUM(ACC, O(k), sum);                                                               \
         if (pl->log) {                                                                        \
             const T lsum = (T)LOG(sum);                                                       \
-            for (i = 0; i < n; i++)                                                           \
+            for (int64_t i = 0; i < n; i++)                                                   \
                 O(i) = (X(i) - m) - lsum;                                                     \
         } else {                                                                              \
             const T inv = (T)(1 / sum);                                                       \
-            for (i = 0; i < n; i++)                                                           \
+            for (int64_t i = 0; i < n; i++)                                                   \
                 O(i) *= inv;                                                                  \
         }                                                                                     \
     } while (0)
@@ -136,5 +159,140 @@ nb_status nb__cpu_softmax(nb_device *dev, bool log, const nb_view *out, const nb
         fn(&pl, 0, rows);
     else
         nb__parallel_for(rows, NB_CPU_GRAIN_HEAVY / pl.len + 1, fn, &pl);
+    return NB_OK;
+}
+
+/* ---- sparse softmax cross-entropy (backend.h: softmax_xent, softmax_xent_grad) ----
+ * Row by row, each row's max and sum taken as softmax's are (SM_MAX, SM_SUM,
+ * the exps not stored), so the loss is log_softmax's element at the label
+ * negated, bit for bit, and the gradient the bits of log_softmax's gradient
+ * applied to the loss's composition; the gradient's exp is the exp op's. */
+
+typedef struct xent_plan {
+    int64_t len;          /* C */
+    int64_t gs;           /* g's byte stride (0: one value broadcast) */
+    const char *x, *labels, *g;
+    char *loss, *stats, *dx;
+    bool labels64;
+} xent_plan;
+
+static inline int64_t xent_label(const xent_plan *pl, int64_t r)
+{
+    return pl->labels64 ? ((const int64_t *)pl->labels)[r] : ((const int32_t *)pl->labels)[r];
+}
+
+/* EXP: softmax's exp; YEXP: the exp op's (they differ for f64). */
+#define XENT_IMPL(NAME, T, ACC, EXP, LOG, YEXP)                                               \
+    __attribute__((always_inline)) static inline void NAME##_fwd_body(void *ctx, int64_t b,   \
+                                                                      int64_t e)              \
+    {                                                                                         \
+        const xent_plan *pl = ctx;                                                            \
+        const int64_t n = pl->len;                                                            \
+        for (int64_t r = b; r < e; r++) {                                                     \
+            const T *restrict x = (const T *)pl->x + r * n;                                   \
+            T m;                                                                              \
+            SM_MAX(T, SM_AT, m);                                                              \
+            ACC sum;                                                                          \
+            SM_SUM(ACC, EXP(x[k] - m), sum);                                                  \
+            const T lsum = (T)LOG(sum);                                                       \
+            T *st = (T *)pl->stats + 2 * r;                                                   \
+            st[0] = m, st[1] = lsum;                                                          \
+            const int64_t l = xent_label(pl, r);                                              \
+            const T y = l >= 0 && l < n ? (x[l] - m) - lsum : (T)NAN;                         \
+            ((T *)pl->loss)[r] = y == y ? -y : -(T)NAN; /* the composition's NaN: a row sum's */ \
+        }                                                                                     \
+    }                                                                                         \
+    NB_CPU_SIMD_RANGE(NAME##_fwd)                                                             \
+    /* dx = G - exp(y) s with G = -g at the label, +0 elsewhere, and s = G's row sum:         \
+     * -g + 0 (the sum's +0 start turns -0 into +0). */                                       \
+    __attribute__((always_inline)) static inline void NAME##_grad_body(void *ctx, int64_t b,  \
+                                                                       int64_t e)             \
+    {                                                                                         \
+        const xent_plan *pl = ctx;                                                            \
+        const int64_t n = pl->len;                                                            \
+        for (int64_t r = b; r < e; r++) {                                                     \
+            const T *restrict x = (const T *)pl->x + r * n;                                   \
+            T *restrict dx = (T *)pl->dx + r * n;                                             \
+            const T *st = (const T *)pl->stats + 2 * r;                                       \
+            const T m = st[0], lsum = st[1], gn = -*(const T *)(pl->g + r * pl->gs);         \
+            const T s = gn + (T)0;                                                            \
+            for (int64_t k = 0; k < n; k++)                                                   \
+                dx[k] = (T)0 - YEXP((x[k] - m) - lsum) * s;                                   \
+            const int64_t l = xent_label(pl, r);                                              \
+            if (l >= 0 && l < n)                                                              \
+                dx[l] = gn - YEXP((x[l] - m) - lsum) * s;                                     \
+        }                                                                                     \
+    }                                                                                         \
+    NB_CPU_SIMD_RANGE(NAME##_grad)
+XENT_IMPL(xent_f32, float, double, nb_expf, log, nb_expf)
+XENT_IMPL(xent_f64, double, double, exp, log, NB_MATH_F64(exp))
+
+/* The checks both entries share; fills *pl but for loss, stats, g and dx. */
+static nb_status xent_plan_of(const char *name, nb_device *dev, const nb_view *x, const nb_view *labels,
+                              const nb_view *stats, xent_plan *pl, int64_t *rows)
+{
+    if (x->dtype != NB_F32 && x->dtype != NB_F64)
+        return nb__cpu_unsupported(dev, name, x->dtype);
+    if (labels->dtype != NB_I32 && labels->dtype != NB_I64)
+        return nb__fail(NB_ERR_DTYPE, "%s: labels dtype %s is not i32 or i64", name, nb_dtype_name(labels->dtype));
+    if (x->ndim != 2 || !x->contiguous || !labels->contiguous || !stats->contiguous ||
+        labels->numel != x->shape[0] || stats->numel != 2 * x->shape[0] || stats->dtype != x->dtype)
+        return nb__fail(NB_ERR_INTERNAL, "%s: expects contiguous logits [N, C], labels [N] and stats [N, 2]", name);
+    *rows = x->shape[0];
+    pl->len = x->shape[1];
+    pl->x = x->data;
+    pl->labels = labels->data;
+    pl->labels64 = labels->dtype == NB_I64;
+    pl->stats = stats->data;
+    return NB_OK;
+}
+
+static void xent_run(nb_range_fn fn, xent_plan *pl, int64_t rows)
+{
+    if (rows * pl->len < 2 * NB_CPU_GRAIN_HEAVY)
+        fn(pl, 0, rows);
+    else
+        nb__parallel_for(rows, NB_CPU_GRAIN_HEAVY / pl->len + 1, fn, pl);
+}
+
+nb_status nb__cpu_softmax_xent(nb_device *dev, const nb_view *loss, const nb_view *stats, const nb_view *x,
+                               const nb_view *labels)
+{
+    const char *name = "sparse_softmax_cross_entropy";
+    xent_plan pl = {0};
+    int64_t rows = 0;
+    nb_status st = xent_plan_of(name, dev, x, labels, stats, &pl, &rows);
+    if (st)
+        return st;
+    if (loss->dtype != x->dtype || !loss->contiguous || loss->numel != rows)
+        return nb__fail(NB_ERR_INTERNAL, "%s: expects a contiguous loss [N] of the logits' dtype", name);
+    if (rows == 0)
+        return NB_OK;
+    if (pl.len == 0)
+        return nb__fail(NB_ERR_INTERNAL, "%s: logits have no classes", name);
+    pl.loss = loss->data;
+    pl.stats = stats->data;
+    xent_run(x->dtype == NB_F32 ? xent_f32_fwd : xent_f64_fwd, &pl, rows);
+    return NB_OK;
+}
+
+nb_status nb__cpu_softmax_xent_grad(nb_device *dev, const nb_view *dx, const nb_view *g, const nb_view *x,
+                                    const nb_view *stats, const nb_view *labels)
+{
+    const char *name = "sparse_softmax_cross_entropy gradient";
+    xent_plan pl = {0};
+    int64_t rows = 0;
+    nb_status st = xent_plan_of(name, dev, x, labels, stats, &pl, &rows);
+    if (st)
+        return st;
+    if (dx->dtype != x->dtype || g->dtype != x->dtype || !dx->contiguous || g->ndim != 1 || dx->numel != x->numel ||
+        g->numel != rows)
+        return nb__fail(NB_ERR_INTERNAL, "%s: expects a contiguous dx of the logits' shape and g [N]", name);
+    if (x->numel == 0)
+        return NB_OK;
+    pl.dx = dx->data;
+    pl.g = g->data;
+    pl.gs = g->strides[0];
+    xent_run(x->dtype == NB_F32 ? xent_f32_grad : xent_f64_grad, &pl, rows);
     return NB_OK;
 }
