@@ -21,24 +21,6 @@ using namespace nbg;
 
 namespace {
 
-// What a kernel needs to record a bad index: the record, the op's name (a
-// static host string, carried as an integer) and the valid range.
-struct IndexCheck {
-    nb_gpu_index_error *err;
-    unsigned long long op;
-    int64_t rows;
-};
-
-__device__ __forceinline__ void flag_index(const IndexCheck &chk, int64_t position, int64_t value)
-{
-    if (atomicCAS(&chk.err->set, 0, 1) == 0) {
-        chk.err->position = position;
-        chk.err->value = value;
-        chk.err->rows = chk.rows;
-        chk.err->op = chk.op;
-    }
-}
-
 // Rows are copied in units of U bytes (up to 16), Du units a row.
 template <class U, class I>
 __global__ void __launch_bounds__(kThreads)

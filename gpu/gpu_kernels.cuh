@@ -442,4 +442,26 @@ struct Scratch {
     Scratch &operator=(const Scratch &) = delete;
 };
 
+// ---- bad indices ----------------------------------------------------------------------------
+// A kernel that finds an index outside its range records the first one in the
+// device's index-error record (nb__gpu_index_error_record before the launch,
+// _arm after it); the next synchronising call reports it (gpu_device.c).
+// What a kernel needs to record a bad index: the record, the op's name (a
+// static host string, carried as an integer) and the valid range.
+struct IndexCheck {
+    nb_gpu_index_error *err;
+    unsigned long long op;
+    int64_t rows;
+};
+
+__device__ __forceinline__ void flag_index(const IndexCheck &chk, int64_t position, int64_t value)
+{
+    if (atomicCAS(&chk.err->set, 0, 1) == 0) {
+        chk.err->position = position;
+        chk.err->value = value;
+        chk.err->rows = chk.rows;
+        chk.err->op = chk.op;
+    }
+}
+
 } // namespace nbg

@@ -134,18 +134,23 @@ extern "C" nb_status nb__gpu_softmax(nb_gpu_ctx *c, bool log, const nb_view *out
 // loss = -((x[label] - m) - log(s)), with (m, log s) kept per row for the
 // gradient (in the compute type: f32 for f16 and bf16). The gradient is one
 // elementwise pass, its row's values read from those stats. A label outside
-// [0, C) (queued check_indices reports it) reads nothing: a NaN loss, no -g.
+// [0, C) reads nothing: a NaN loss, no -g; the forward records it as
+// check_indices would (reported at the next synchronising call).
 
 namespace {
 
 template <nb_dtype D, class L>
 __device__ __forceinline__ void xent_finish(const T_of<D> *xr, int64_t C, L label, MaxSum<typename DT<D>::Acc> ms,
-                                            T_of<D> *loss, typename DT<D>::Acc *stats, int64_t row)
+                                            T_of<D> *loss, typename DT<D>::Acc *stats, int64_t row,
+                                            const IndexCheck &chk)
 {
     using A = typename DT<D>::Acc;
     const A log_s = m_log(ms.s);
-    const A y = label >= 0 && label < C ? (static_cast<A>(ld<D>(xr[label])) - ms.m) - log_s
-                                        : cuda::std::numeric_limits<A>::quiet_NaN();
+    const bool in_range = label >= 0 && label < C;
+    if (!in_range)
+        flag_index(chk, row, (int64_t)label);
+    const A y = in_range ? (static_cast<A>(ld<D>(xr[label])) - ms.m) - log_s
+                         : cuda::std::numeric_limits<A>::quiet_NaN();
     loss[row] = st<D>(-y);
     stats[2 * row] = ms.m;
     stats[2 * row + 1] = log_s;
@@ -153,7 +158,8 @@ __device__ __forceinline__ void xent_finish(const T_of<D> *xr, int64_t C, L labe
 
 template <nb_dtype D, class L>
 __global__ void __launch_bounds__(kThreads) k_xent_warp(const T_of<D> *x, const L *labels, T_of<D> *loss,
-                                                        typename DT<D>::Acc *stats, int64_t rows, int64_t C)
+                                                        typename DT<D>::Acc *stats, int64_t rows, int64_t C,
+                                                        IndexCheck chk)
 {
     using A = typename DT<D>::Acc;
     const int lane = threadIdx.x & 31;
@@ -165,13 +171,14 @@ __global__ void __launch_bounds__(kThreads) k_xent_warp(const T_of<D> *x, const 
             ms_add(ms, static_cast<A>(ld<D>(xr[i])));
         ms = ms_warp(ms);
         if (lane == 0)
-            xent_finish<D, L>(xr, C, labels[row], ms, loss, stats, row);
+            xent_finish<D, L>(xr, C, labels[row], ms, loss, stats, row, chk);
     }
 }
 
 template <nb_dtype D, class L>
 __global__ void __launch_bounds__(kThreads) k_xent_block(const T_of<D> *x, const L *labels, T_of<D> *loss,
-                                                         typename DT<D>::Acc *stats, int64_t rows, int64_t C)
+                                                         typename DT<D>::Acc *stats, int64_t rows, int64_t C,
+                                                         IndexCheck chk)
 {
     using A = typename DT<D>::Acc;
     __shared__ MaxSum<A> warps[kThreads / 32];
@@ -189,7 +196,7 @@ __global__ void __launch_bounds__(kThreads) k_xent_block(const T_of<D> *x, const
             ms = warps[0];
             for (int w = 1; w < kThreads / 32; w++)
                 ms = ms_merge(ms, warps[w]);
-            xent_finish<D, L>(xr, C, labels[row], ms, loss, stats, row);
+            xent_finish<D, L>(xr, C, labels[row], ms, loss, stats, row, chk);
         }
         __syncthreads(); // warps[] is reused by the next row
     }
@@ -242,7 +249,11 @@ extern "C" nb_status nb__gpu_softmax_xent(nb_gpu_ctx *c, const nb_view *loss, co
     const int64_t rows = x->shape[0], C = x->shape[1];
     if (rows == 0)
         return NB_OK;
-    return with_labels(c, name, labels, [&](auto ltag) -> nb_status {
+    IndexCheck chk{nullptr, (unsigned long long)(uintptr_t)name, C};
+    nb_status s = nb__gpu_index_error_record(c, &chk.err);
+    if (s)
+        return s;
+    s = with_labels(c, name, labels, [&](auto ltag) -> nb_status {
         using L = decltype(ltag);
         const L *lp = static_cast<const L *>(labels->data);
         return dispatch_float(x->dtype, c, name, [&](auto tag) -> nb_status {
@@ -252,15 +263,18 @@ extern "C" nb_status nb__gpu_softmax_xent(nb_gpu_ctx *c, const nb_view *loss, co
             T_of<D> *lo = static_cast<T_of<D> *>(loss->data);
             A *sp = static_cast<A *>(stats->data);
             if (C <= 1024) {
-                k_xent_warp<D, L><<<grid_for(c, rows * 32), kThreads, 0, c->stream>>>(xp, lp, lo, sp, rows, C);
+                k_xent_warp<D, L><<<grid_for(c, rows * 32), kThreads, 0, c->stream>>>(xp, lp, lo, sp, rows, C, chk);
             } else {
                 const int64_t cap = (int64_t)c->phys->sm_count * (2048 / kThreads);
                 const unsigned blocks = (unsigned)(rows < cap ? rows : cap);
-                k_xent_block<D, L><<<blocks, kThreads, 0, c->stream>>>(xp, lp, lo, sp, rows, C);
+                k_xent_block<D, L><<<blocks, kThreads, 0, c->stream>>>(xp, lp, lo, sp, rows, C, chk);
             }
             return nb__gpu_launched(c, name);
         });
     });
+    if (!s)
+        nb__gpu_index_error_arm(c);
+    return s;
 }
 
 extern "C" nb_status nb__gpu_softmax_xent_grad(nb_gpu_ctx *c, const nb_view *dx, const nb_view *g, const nb_view *x,

@@ -150,6 +150,9 @@ nb_tensor *nb_sparse_softmax_cross_entropy(const nb_tensor *logits, const nb_ten
                              nb__shape_str(labels->ndim, labels->shape, sa, sizeof sa),
                              nb__shape_str(logits->ndim, logits->shape, sb, sizeof sb));
     int64_t C = logits->shape[1];
+    /* the row kernel checks the labels itself */
+    if (labels->numel > 0 && C > 0 && xent_rows_ok(logits, labels))
+        return xent_rows(logits, labels);
     if (labels->numel > 0) {
         /* A label outside [0, C) would silently give a zero row: refused. On a
          * GPU the check is queued, and a bad label is reported at the next
@@ -166,8 +169,6 @@ nb_tensor *nb_sparse_softmax_cross_entropy(const nb_tensor *logits, const nb_ten
     }
     if (C == 0) /* no classes, so no labels (checked above): an empty loss */
         return nb_neg(nb_sum(logits, NB_AXES(-1), false));
-    if (labels->numel > 0 && xent_rows_ok(logits, labels))
-        return xent_rows(logits, labels);
     nb_tensor *target = nb_one_hot(labels, C, NB_BOOL);
     if (target && target->device != logits->device && !nb__device_pushed())
         return nb__fail_null(NB_ERR_DEVICE, "%s: logits on %s and labels on %s", op, logits->device->name,

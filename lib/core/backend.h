@@ -266,9 +266,10 @@ struct nb_backend {
      * with m the row's max and lsum the log of the sum of exp(x - m), both
      * as softmax takes them (log_softmax = (x - m) - lsum), loss[i] = -((x[i,
      * label] - m) - lsum), and stats [N, 2] = (m, lsum) for the gradient (x's
-     * dtype; f32 for f16 and bf16). A label outside [0, C) gives a NaN loss
-     * (the op checks labels with check_indices first). Optional: NULL, or
-     * both entries present. */
+     * dtype; f32 for f16 and bf16). A label outside [0, C) is reported as
+     * check_indices reports it, naming the op sparse_softmax_cross_entropy
+     * (a device may queue the check: the GPU does, its row's loss NaN).
+     * Optional: NULL, or both entries present. */
     nb_status (*softmax_xent)(nb_device *dev, const nb_view *loss, const nb_view *stats, const nb_view *x,
                               const nb_view *labels);
     /* Its gradient for the loss gradient g [N] (any stride: a mean's gradient

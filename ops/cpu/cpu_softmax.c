@@ -270,6 +270,8 @@ nb_status nb__cpu_softmax_xent(nb_device *dev, const nb_view *loss, const nb_vie
         return NB_OK;
     if (pl.len == 0)
         return nb__fail(NB_ERR_INTERNAL, "%s: logits have no classes", name);
+    if ((st = nb__cpu_check_indices(dev, name, labels, pl.len)))
+        return st;
     pl.loss = loss->data;
     pl.stats = stats->data;
     xent_run(x->dtype == NB_F32 ? xent_f32_fwd : xent_f64_fwd, &pl, rows);
