@@ -284,9 +284,26 @@ static nb_status gpu_scaler_update(nb_device *dev, double *state, const double *
     return nb__gpu_scaler_update(c, state, check, count, p);
 }
 
+static nb_status gpu_sgd_update_many(nb_device *dev, int n, const nb_view *param, const nb_view *grad,
+                                     const nb_view *slot1, const void *const *sources, const nb_update_params *p)
+{
+    ENTER(dev, "sgd_update");
+    return nb__gpu_sgd_update_many(c, n, param, grad, slot1, sources, p);
+}
+
+static nb_status gpu_adam_update_many(nb_device *dev, int n, const nb_view *param, const nb_view *grad,
+                                      const nb_view *slot1, const nb_view *slot2, const void *const *sources,
+                                      const nb_update_params *p)
+{
+    ENTER(dev, "adam_update");
+    return nb__gpu_adam_update_many(c, n, param, grad, slot1, slot2, sources, p);
+}
+
 static const nb_optim_kernels gpu_optim = {
     .sgd_update = gpu_sgd_update,
     .adam_update = gpu_adam_update,
+    .sgd_update_many = gpu_sgd_update_many,
+    .adam_update_many = gpu_adam_update_many,
     .scaler_update = gpu_scaler_update,
 };
 

@@ -319,6 +319,11 @@ nb_status nb__gpu_adam_update(nb_gpu_ctx *c, const nb_view *param, const nb_view
                               const nb_update_params *p);
 nb_status nb__gpu_scaler_update(nb_gpu_ctx *c, double *state, const double *check, double *count,
                                 const nb_scaler_params *p);
+nb_status nb__gpu_sgd_update_many(nb_gpu_ctx *c, int n, const nb_view *param, const nb_view *grad,
+                                  const nb_view *slot1, const void *const *sources, const nb_update_params *p);
+nb_status nb__gpu_adam_update_many(nb_gpu_ctx *c, int n, const nb_view *param, const nb_view *grad,
+                                   const nb_view *slot1, const nb_view *slot2, const void *const *sources,
+                                   const nb_update_params *p);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,6 @@
-// Fused optimizer updates: one pass over param, grad and slots.
+// Fused optimizer updates: one pass over param, grad and slots; several
+// updates of one kind in one launch (the _many entries), blockIdx.y picking
+// the update, each as its single kernel computes it.
 //
 // SGD:       g' = g + weight_decay * p (weight_decay is 0 for the public SGDs)
 //            plain:    p -= lr * g'
@@ -43,10 +45,24 @@ __device__ inline bool skipped(const double *skip, T *param, const T *source, in
     return true;
 }
 
+// One update's buffers; mom and m2 may be nullptr.
+template <nb_dtype D> struct Bufs {
+    T_of<D> *param;
+    const T_of<D> *source, *grad;
+    T_of<D> *m1, *m2;
+    int64_t n;
+};
+
+// Up to kMany updates of one launch: blockIdx.y picks the update, and its
+// blocks run the single kernel's body over it.
+constexpr int kMany = 32;
+template <nb_dtype D> struct ManyBufs {
+    Bufs<D> b[kMany];
+};
+
 template <nb_dtype D>
-__global__ void __launch_bounds__(kThreads) k_sgd(T_of<D> *param, const T_of<D> *source, const T_of<D> *grad,
-                                                  T_of<D> *mom, int64_t n, Upd a, const double *dp, bool nesterov,
-                                                  const double *skip)
+__device__ __forceinline__ void sgd_body(T_of<D> *param, const T_of<D> *source, const T_of<D> *grad, T_of<D> *mom,
+                                         int64_t n, const Upd &a, const double *dp, bool nesterov, const double *skip)
 {
     using C = typename DT<D>::Acc;
     if (skipped(skip, param, source, n))
@@ -66,9 +82,25 @@ __global__ void __launch_bounds__(kThreads) k_sgd(T_of<D> *param, const T_of<D> 
 }
 
 template <nb_dtype D>
-__global__ void __launch_bounds__(kThreads)
-    k_adam(T_of<D> *param, const T_of<D> *source, const T_of<D> *grad, T_of<D> *m1, T_of<D> *m2, int64_t n, Upd a,
-           const double *dp, const double *skip, const double *count)
+__global__ void __launch_bounds__(kThreads) k_sgd(T_of<D> *param, const T_of<D> *source, const T_of<D> *grad,
+                                                  T_of<D> *mom, int64_t n, Upd a, const double *dp, bool nesterov,
+                                                  const double *skip)
+{
+    sgd_body<D>(param, source, grad, mom, n, a, dp, nesterov, skip);
+}
+
+template <nb_dtype D>
+__global__ void __launch_bounds__(kThreads) k_sgd_many(ManyBufs<D> m, Upd a, const double *dp, bool nesterov,
+                                                       const double *skip)
+{
+    const Bufs<D> &b = m.b[blockIdx.y];
+    sgd_body<D>(b.param, b.source, b.grad, b.m1, b.n, a, dp, nesterov, skip);
+}
+
+template <nb_dtype D>
+__device__ __forceinline__ void adam_body(T_of<D> *param, const T_of<D> *source, const T_of<D> *grad, T_of<D> *m1,
+                                          T_of<D> *m2, int64_t n, const Upd &a, const double *dp, const double *skip,
+                                          const double *count)
 {
     using C = typename DT<D>::Acc;
     if (skipped(skip, param, source, n))
@@ -89,6 +121,22 @@ __global__ void __launch_bounds__(kThreads)
         const C step = (m * inv_bc1) / (m_sqrt(v * inv_bc2) + eps);
         param[i] = st<D>(p - lr * step - lr * wd * p);
     }
+}
+
+template <nb_dtype D>
+__global__ void __launch_bounds__(kThreads)
+    k_adam(T_of<D> *param, const T_of<D> *source, const T_of<D> *grad, T_of<D> *m1, T_of<D> *m2, int64_t n, Upd a,
+           const double *dp, const double *skip, const double *count)
+{
+    adam_body<D>(param, source, grad, m1, m2, n, a, dp, skip, count);
+}
+
+template <nb_dtype D>
+__global__ void __launch_bounds__(kThreads)
+    k_adam_many(ManyBufs<D> m, Upd a, const double *dp, const double *skip, const double *count)
+{
+    const Bufs<D> &b = m.b[blockIdx.y];
+    adam_body<D>(b.param, b.source, b.grad, b.m1, b.m2, b.n, a, dp, skip, count);
 }
 
 __global__ void k_scaler(double *state, const double *check, double *count, nb_scaler_params p)
@@ -171,4 +219,66 @@ extern "C" nb_status nb__gpu_scaler_update(nb_gpu_ctx *c, double *state, const d
                                            const nb_scaler_params *p)
 {
     return launch(c, "scaler_update", k_scaler, 1, 1, state, check, count, *p);
+}
+
+// Several updates: their views checked as the single entries check them, then
+// one launch per kMany of them (grid x: enough blocks for the largest).
+static nb_status many_updates(nb_gpu_ctx *c, const char *op, bool adam, int n, const nb_view *param,
+                              const nb_view *grad, const nb_view *slot1, const nb_view *slot2,
+                              const void *const *sources, const nb_update_params *p)
+{
+    if (adam && (!slot1 || !slot2))
+        return nb__fail(NB_ERR_INTERNAL, "%s: Adam needs both moment slots on %s", op, c->dev->name);
+    for (int k = 0; k < n; k++) {
+        nb_status s;
+        if (param[k].dtype != param[0].dtype)
+            return nb__fail(NB_ERR_INTERNAL, "%s: updates of one dtype expected on %s", op, c->dev->name);
+        if ((s = check_same(c, op, &param[k], &param[k], "the parameter")) != NB_OK ||
+            (s = check_same(c, op, &param[k], &grad[k], "the gradient")) != NB_OK ||
+            (slot1 && (s = check_same(c, op, &param[k], &slot1[k], "the first slot")) != NB_OK) ||
+            (slot2 && (s = check_same(c, op, &param[k], &slot2[k], "the second slot")) != NB_OK))
+            return s;
+    }
+    const Upd a = packed(p);
+    for (int first = 0; first < n; first += kMany) {
+        const int count = n - first < kMany ? n - first : kMany;
+        int64_t most = 0;
+        for (int k = first; k < first + count; k++)
+            most = param[k].numel > most ? param[k].numel : most;
+        if (most == 0)
+            continue;
+        nb_status s = launch_float(c, op, param[first].dtype, most, [&](auto tag) {
+            constexpr nb_dtype D = decltype(tag)::value;
+            ManyBufs<D> m{};
+            for (int k = 0; k < count; k++) {
+                const nb_view *v = &param[first + k];
+                T_of<D> *pp = out_ptr<D>(v);
+                m.b[k] = Bufs<D>{pp, sources[first + k] ? static_cast<const T_of<D> *>(sources[first + k]) : pp,
+                                 in_ptr<D>(&grad[first + k]), slot1 ? out_ptr<D>(&slot1[first + k]) : nullptr,
+                                 slot2 ? out_ptr<D>(&slot2[first + k]) : nullptr, v->numel};
+            }
+            const dim3 grid(grid_for(c, most), (unsigned)count);
+            if (adam)
+                k_adam_many<D><<<grid, kThreads, 0, c->stream>>>(m, a, p->device_params, p->skip, p->device_count);
+            else
+                k_sgd_many<D><<<grid, kThreads, 0, c->stream>>>(m, a, p->device_params, p->nesterov, p->skip);
+        });
+        if (s)
+            return s;
+    }
+    return NB_OK;
+}
+
+extern "C" nb_status nb__gpu_sgd_update_many(nb_gpu_ctx *c, int n, const nb_view *param, const nb_view *grad,
+                                             const nb_view *slot1, const void *const *sources,
+                                             const nb_update_params *p)
+{
+    return many_updates(c, "sgd_update", false, n, param, grad, slot1, NULL, sources, p);
+}
+
+extern "C" nb_status nb__gpu_adam_update_many(nb_gpu_ctx *c, int n, const nb_view *param, const nb_view *grad,
+                                              const nb_view *slot1, const nb_view *slot2, const void *const *sources,
+                                              const nb_update_params *p)
+{
+    return many_updates(c, "adam_update", true, n, param, grad, slot1, slot2, sources, p);
 }

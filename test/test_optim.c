@@ -341,6 +341,58 @@ static void test_optimizers_f32(void)
         check_optimizer(&ref_opts[i], NB_F32, 2e-5);
 }
 
+/* One apply over several variables (one call of the device's many entry: one
+ * kernel on a GPU) gives the bits of one optimizer per variable: sizes from
+ * 1 to 70000 (several blocks), a variable whose value a read holds (its update
+ * writes a fresh buffer), one without a gradient in a step, four steps. On
+ * the current device. */
+static void check_many(const ref_opt *o, nb_dtype dt)
+{
+    enum { NV = 4, STEPS = 4 };
+    const nb_shape shapes[NV] = {NB_SHAPE(1), NB_SHAPE(33), NB_SHAPE(70000), NB_SHAPE(7, 3)};
+    nb_variable *all[NV], *one[NV];
+    nb_optimizer *opt_all = make_opt(o), *opt_one[NV];
+    for (int k = 0; k < NV; k++) {
+        double *h = malloc(sizeof(double) * 70000);
+        all[k] = nb_variable_new("all", random_tensor(dt, shapes[k], h, 1));
+        one[k] = nb_variable_new("one", nb_read(all[k]));
+        opt_one[k] = make_opt(o);
+        free(h);
+    }
+    for (int step = 1; step <= STEPS; step++) {
+        nb_scope *s = nb_scope_begin();
+        nb_tensor *g[NV];
+        for (int k = 0; k < NV; k++) {
+            double *h = malloc(sizeof(double) * 70000);
+            g[k] = step == 2 && k == 1 ? NULL : random_tensor(dt, shapes[k], h, 1);
+            free(h);
+        }
+        nb_tensor *held = nb_read(all[2]), *held_one = nb_read(one[2]);
+        CHECK_OK(nb_optimizer_apply(opt_all, NV, all, g));
+        for (int k = 0; k < NV; k++) /* a NULL gradient still counts the step */
+            CHECK_OK(nb_optimizer_apply(opt_one[k], 1, &one[k], &g[k]));
+        for (int k = 0; k < NV; k++)
+            CHECKF(same_bits(nb_read(all[k]), nb_read(one[k])), "%s %s step %d variable %d", kind_name(o->kind),
+                   nb_dtype_name(dt), step, k);
+        CHECK(same_bits(held, held_one));
+        nb_scope_end(s);
+    }
+    for (int k = 0; k < NV; k++) {
+        nb_variable_free(all[k]);
+        nb_variable_free(one[k]);
+        nb_optimizer_free(opt_one[k]);
+    }
+    nb_optimizer_free(opt_all);
+}
+
+static void test_many_updates(void)
+{
+    for (size_t i = 0; i < sizeof ref_opts / sizeof *ref_opts; i++) {
+        check_many(&ref_opts[i], NB_F32);
+        check_many(&ref_opts[i], NB_F64);
+    }
+}
+
 /* Gradient descent on sum((w - c)^2) reaches c. */
 static void test_convergence(void)
 {
@@ -586,6 +638,7 @@ static void test_gpu(void)
     test_read_snapshot();
     test_copy_on_write();
     test_odd_gradients();
+    test_many_updates();
     for (size_t i = 0; i < sizeof ref_opts / sizeof *ref_opts; i++) {
         check_optimizer(&ref_opts[i], NB_F64, 1e-12);
         check_optimizer(&ref_opts[i], NB_F32, 2e-5);
@@ -710,6 +763,7 @@ int main(void)
     RUN(test_gradient_through_read);
     RUN(test_optimizers_f64);
     RUN(test_optimizers_f32);
+    RUN(test_many_updates);
     RUN(test_convergence);
     RUN(test_null_grads);
     RUN(test_apply_errors);

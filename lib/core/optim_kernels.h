@@ -119,6 +119,17 @@ typedef struct nb_optim_kernels {
     /* Adam; slot1 = m, slot2 = v; weight_decay > 0 gives AdamW. */
     nb_status (*adam_update)(nb_device *dev, const nb_view *param, const nb_view *grad,
                              const nb_view *slot1, const nb_view *slot2, const nb_update_params *p);
+    /* n updates of one kind and dtype at once: update k is the single entry's
+     * with param[k], grad[k], slot1[k] (slot1 NULL: none, as for plain SGD),
+     * slot2[k] and p with source = sources[k]; the same values, bit for bit
+     * (a GPU launches one kernel for them all, where a small model's step
+     * launched one per variable). The parameters are distinct. Optional:
+     * NULL, and lib/optim calls the single entry n times. */
+    nb_status (*sgd_update_many)(nb_device *dev, int n, const nb_view *param, const nb_view *grad,
+                                 const nb_view *slot1, const void *const *sources, const nb_update_params *p);
+    nb_status (*adam_update_many)(nb_device *dev, int n, const nb_view *param, const nb_view *grad,
+                                  const nb_view *slot1, const nb_view *slot2, const void *const *sources,
+                                  const nb_update_params *p);
     /* A loss scaler's step on the device, after the updates that read check
      * (one device double: 0 when every gradient was finite, see
      * nb_update_params.skip): state (NB_LS_COUNT device doubles) advances by

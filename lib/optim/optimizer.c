@@ -455,6 +455,69 @@ void nb__optimizer_pack(const nb_optimizer *opt, int64_t step, double out[NB_UPD
     nb_update_pack(&p, out);
 }
 
+/* The updates of every variable with a gradient in one call of the device's
+ * many entry, where it has one and they share it and a dtype, each listed
+ * once (a GPU launches one kernel); false when they do not (nothing done:
+ * the caller runs them one by one), else true with the outcome in *st.
+ * targets[i]: the fresh buffer variable i's update writes, or NULL (in place);
+ * committed on success. */
+static bool update_many(nb_optimizer *opt, int n, nb_variable *const *vars, const nb_tensor **ready,
+                        nb_tensor **targets, const nb_update_params *p, nb_status *st)
+{
+    nb_device *dev = NULL;
+    nb_dtype dt = NB_F32;
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        if (!ready[i])
+            continue;
+        const nb_tensor *x = nb__variable_value(vars[i]);
+        if (!dev)
+            dev = x->device, dt = x->dtype;
+        else if (x->device != dev || x->dtype != dt)
+            return false;
+        for (int j = 0; j < i; j++)
+            if (ready[j] && vars[j] == vars[i])
+                return false;
+        m++;
+    }
+    const nb_optim_kernels *k = dev ? dev->backend->optim : NULL;
+    if (m < 2 || !k || !(opt->kind == OPT_ADAM ? k->adam_update_many != NULL : k->sgd_update_many != NULL))
+        return false;
+    nb_view *views = malloc(sizeof *views * 4 * (size_t)m);
+    const void **sources = malloc(sizeof *sources * (size_t)m);
+    if (!views || !sources) {
+        free(views);
+        free(sources);
+        return false;
+    }
+    nb_view *pv = views, *gv = views + m, *s1 = views + 2 * m, *s2 = views + 3 * m;
+    for (int i = 0, c = 0; i < n; i++) {
+        if (!ready[i])
+            continue;
+        nb_tensor *cur = nb__variable_value(vars[i]), *x = targets[i] ? targets[i] : cur;
+        pv[c] = nb__view(x);
+        gv[c] = nb__view(ready[i]);
+        sources[c] = x == cur ? NULL : nb__data(cur);
+        if (opt->kind != OPT_SGD) {
+            slot_entry *e = slot_lookup(opt->slots, opt->cap, nb__variable_uid(vars[i]));
+            s1[c] = nb__view(e->s1);
+            if (opt->kind == OPT_ADAM)
+                s2[c] = nb__view(e->s2);
+        }
+        c++;
+    }
+    *st = opt->kind == OPT_ADAM ? k->adam_update_many(dev, m, pv, gv, s1, s2, sources, p)
+                                : k->sgd_update_many(dev, m, pv, gv, opt->kind == OPT_MOMENTUM ? s1 : NULL, sources, p);
+    free(views);
+    free(sources);
+    for (int i = 0; i < n && !*st; i++)
+        if (targets[i]) {
+            nb__variable_commit(vars[i], targets[i]);
+            targets[i] = NULL;
+        }
+    return true;
+}
+
 /* The update; skip and count (device doubles, or NULL) as in nb_update_params. */
 static nb_status update_impl(nb_optimizer *opt, int n, nb_variable *const *vars, nb_tensor *const *grads,
                              int64_t step, const double *device_params, const double *skip, const double *count,
@@ -508,7 +571,8 @@ static nb_status update_impl(nb_optimizer *opt, int n, nb_variable *const *vars,
     p.device_count = count;
     if (!st && !device_params && nb__capture_recording(rec) && !(p.device_params = record_update(opt, rec, skip)))
         st = nb_error() ? nb_error() : NB_ERR_INTERNAL;
-    for (int i = 0; i < n && !st; i++) {
+    bool done = !st && update_many(opt, n, vars, ready, targets, &p, &st);
+    for (int i = 0; i < n && !st && !done; i++) {
         if (!ready[i])
             continue;
         /* The value read now: a variable listed twice sees its first update. */

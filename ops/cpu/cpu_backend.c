@@ -53,6 +53,8 @@ static bool cpu_supports(const nb_device *dev, nb_kernel k, int variant, nb_dtyp
 static const nb_optim_kernels cpu_optim = {
     .sgd_update = nb__cpu_sgd_update,
     .adam_update = nb__cpu_adam_update,
+    .sgd_update_many = nb__cpu_sgd_update_many,
+    .adam_update_many = nb__cpu_adam_update_many,
     .scaler_update = nb__cpu_scaler_update,
 };
 

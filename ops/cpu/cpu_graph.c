@@ -763,7 +763,9 @@ static void table_init(void)
 {
     g_table = nb__cpu_backend;
     g_optim = (nb_optim_kernels){
-        .sgd_update = rec_sgd_update, .adam_update = rec_adam_update, .scaler_update = rec_scaler_update};
+        .sgd_update = rec_sgd_update, .adam_update = rec_adam_update, .scaler_update = rec_scaler_update,
+        /* these call the single entries through the table: recorded one by one */
+        .sgd_update_many = nb__cpu_sgd_update_many, .adam_update_many = nb__cpu_adam_update_many};
     g_table.optim = &g_optim;
     g_table.alloc = rec_alloc;
     g_table.free = rec_free;

@@ -323,6 +323,12 @@ nb_status nb__cpu_adam_update(nb_device *dev, const nb_view *param, const nb_vie
                               const nb_update_params *p);
 nb_status nb__cpu_scaler_update(nb_device *dev, double *state, const double *check, double *count,
                                 const nb_scaler_params *p);
+/* The single updates in turn, through dev's table (a recording records each). */
+nb_status nb__cpu_sgd_update_many(nb_device *dev, int n, const nb_view *param, const nb_view *grad,
+                                  const nb_view *slot1, const void *const *sources, const nb_update_params *p);
+nb_status nb__cpu_adam_update_many(nb_device *dev, int n, const nb_view *param, const nb_view *grad,
+                                   const nb_view *slot1, const nb_view *slot2, const void *const *sources,
+                                   const nb_update_params *p);
 
 /* Philox4x32-10 (cpu_random.c): the uniform double in [0, 1) that element i
  * of a random tensor with seed draws, and the standard normal it draws on try

@@ -186,3 +186,30 @@ nb_status nb__cpu_scaler_update(nb_device *dev, double *state, const double *che
         *count += 1;
     return NB_OK;
 }
+
+/* Several updates: the single entries in turn, called through dev's table so
+ * that a recorded step records each (the CPU gains nothing from one call). */
+nb_status nb__cpu_sgd_update_many(nb_device *dev, int n, const nb_view *param, const nb_view *grad,
+                                  const nb_view *slot1, const void *const *sources, const nb_update_params *p)
+{
+    nb_update_params q = *p;
+    nb_status st = NB_OK;
+    for (int k = 0; k < n && !st; k++) {
+        q.source = sources[k];
+        st = dev->backend->optim->sgd_update(dev, &param[k], &grad[k], slot1 ? &slot1[k] : NULL, &q);
+    }
+    return st;
+}
+
+nb_status nb__cpu_adam_update_many(nb_device *dev, int n, const nb_view *param, const nb_view *grad,
+                                   const nb_view *slot1, const nb_view *slot2, const void *const *sources,
+                                   const nb_update_params *p)
+{
+    nb_update_params q = *p;
+    nb_status st = NB_OK;
+    for (int k = 0; k < n && !st; k++) {
+        q.source = sources[k];
+        st = dev->backend->optim->adam_update(dev, &param[k], &grad[k], &slot1[k], &slot2[k], &q);
+    }
+    return st;
+}
