@@ -616,6 +616,85 @@ static void read_then_update(void)
     nb_device_pop();
 }
 
+/* A recording writes variables in place even where a read holds the old
+ * value (the model's default step keeps its tape's reads to the end): its
+ * graph has no more kernels than the step that frees them first, and 100
+ * steps stay bitwise eager's (bitwise_f32 and the others). A step that uses
+ * the old value after the update (a result computed from it, an output that
+ * is it, a gradient that is it) is recorded again with copy-on-write: the
+ * step runs three times at capture, and every replay still gives eager's
+ * values. */
+static void in_place_nodes(void)
+{
+    int64_t nodes[2] = {0, 0};
+    for (int free_first = 0; free_first < 2; free_first++) {
+        model m;
+        model_init(&m, NB_F32, OPT_ADAM, g_device);
+        m.free_tape_first = free_first;
+        nb_tensor *x, *y;
+        batch_v(0, NB_F32, false, &x, &y);
+        nb_graph *g = NULL;
+        CHECK_OK(nb_graph_capture(g_device, train_step, &m, 2, (nb_tensor *[]){x, y}, 0, NULL, &g));
+        nodes[free_first] = nb_graph_nodes(g);
+        CHECK(m.calls == 2);
+        nb_graph_free(g);
+        model_free(&m);
+    }
+    CHECKF(nodes[0] == nodes[1] && nodes[0] > 0, "kernels: %lld with reads held, %lld without", (long long)nodes[0],
+           (long long)nodes[1]);
+}
+
+typedef enum { OLD_USED, OLD_RETURNED, OLD_AS_GRADIENT, OLD_KINDS } old_kind;
+typedef struct old_step {
+    nb_variable *w;
+    nb_optimizer *opt;
+    old_kind kind;
+    int calls;
+} old_step;
+
+/* w -= 0.5 g with g = x (or w itself); out[0] = 2 w_before (or w_before), out[1] = w after. */
+static nb_status old_value_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    old_step *s = user;
+    (void)n_in, (void)n_out;
+    s->calls++;
+    nb_tensor *before = nb_read(s->w);
+    nb_tensor *g = s->kind == OLD_AS_GRADIENT ? before : in[0];
+    nb_status st = nb_optimizer_apply(s->opt, 1, &s->w, &g);
+    out[0] = s->kind == OLD_USED ? nb_mul_scalar(before, 2.0) : before;
+    out[1] = nb_mul_scalar(nb_read(s->w), 1.0);
+    return st;
+}
+
+static void old_value_after_update(void)
+{
+    static const char *names[OLD_KINDS] = {"used after", "returned", "as its gradient"};
+    for (int k = 0; k < OLD_KINDS; k++) {
+        nb_device_push(g_device);
+        old_step s = {nb_variable_new("w", nb_full(NB_F64, NB_SHAPE(5), 3.0)), nb_sgd_new(0.5), (old_kind)k, 0};
+        nb_tensor *x = nb_full(NB_F64, NB_SHAPE(5), 1.0), *out[2] = {NULL, NULL};
+        nb_graph *g = NULL;
+        CHECK_OK(nb_graph_capture(g_device, old_value_step, &s, 1, &x, 2, out, &g));
+        CHECKF(s.calls == 3, "%s: the step ran %d times at capture", names[k], s.calls);
+        double w = 3.0;
+        for (int i = 0; i < 4 && g; i++) {
+            if (i > 0)
+                CHECK_OK(nb_graph_replay(g, &x, out));
+            double before = w;
+            w = k == OLD_AS_GRADIENT ? w - 0.5 * w : w - 0.5;
+            double want0 = k == OLD_USED ? 2 * before : before;
+            CHECKF(out[0] && nb_tensor_get(out[0], 4) == want0 && out[1] && nb_tensor_get(out[1], 4) == w,
+                   "%s, step %d: %g and %g, expected %g and %g", names[k], i + 1, out[0] ? nb_tensor_get(out[0], 4) : NAN,
+                   out[1] ? nb_tensor_get(out[1], 4) : NAN, want0, w);
+        }
+        CHECK(nb_tensor_get(nb_read(s.w), 0) == w);
+        nb_graph_free(g);
+        nb_optimizer_free(s.opt);
+        nb_variable_free(s.w);
+        nb_device_pop();
+    }
+}
+
 static void replay_checks(void)
 {
     nb_tensor *x = nb_arange(NB_F32, 0, 6, 1), *outs[2] = {NULL, NULL};
@@ -792,6 +871,8 @@ int main(int argc, char **argv)
     RUN(refusals);
     RUN(replay_checks);
     RUN(read_then_update);
+    RUN(in_place_nodes);
+    RUN(old_value_after_update);
     if (!gpu_only) /* a GPU's index errors surface later, at a synchronising call */
         RUN(cpu_recording);
     if (!gpu_only)

@@ -46,11 +46,17 @@
  * Host values the step reads are frozen at capture: control flow that depends
  * on them, a seed passed to nb_dropout or a random op, a scalar computed on
  * the host each step. Pass them as
- * input tensors instead. The step runs twice at capture, and no other thread
- * may use the device while it is recorded.
+ * input tensors instead. The step runs twice at capture (three times in the
+ * case below), and no other thread may use the device while it is recorded.
  *
  * Variables: a replay reads and writes each variable the step uses in the
- * tensor the recording found it in, which the graph keeps. Eager steps and
+ * tensor the recording found it in, which the graph keeps. Its optimizer
+ * updates write those tensors in place, even where the step still holds
+ * reads of the old values (an eager step writes a fresh tensor then, so that
+ * the reads keep them): no copy is replayed. A step that uses such a read
+ * after the update (computes with it, returns it, passes it as a gradient) is
+ * recorded once more with the eager step's copies, so its replays give what
+ * eager steps give. Eager steps and
  * assignments may run between replays: a variable they moved to a fresh
  * tensor (copy-on-write, while a read held its value) is copied back into the
  * graph's before the next replay, which starts from its current value. A

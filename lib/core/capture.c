@@ -18,6 +18,10 @@ struct nb__capture {
     int n_params;
     hook *hooks;
     int n_hooks, cap_hooks;
+    bool no_in_place;   /* updates copy on write (nb__capture_no_in_place) */
+    bool stale_reached; /* a stale storage's data was reached */
+    nb_storage **stale; /* marked stale, each held */
+    int n_stale, cap_stale;
 };
 
 static _Thread_local nb__capture *tl_capture;
@@ -85,6 +89,47 @@ double *nb__capture_params(nb__capture *c, int n, int *first)
     return c->dev_params + *first;
 }
 
+bool nb__capture_in_place(const nb__capture *c) { return c && c->recording && !c->no_in_place; }
+void nb__capture_no_in_place(nb__capture *c) { c->no_in_place = true; }
+bool nb__capture_stale_reached(const nb__capture *c) { return c->stale_reached; }
+
+void nb__stale_reached(void)
+{
+    nb__capture *c = tl_capture;
+    if (c && c->recording)
+        c->stale_reached = true;
+}
+
+nb_status nb__capture_mark_stale(nb__capture *c, nb_storage *s)
+{
+    if (c->n_stale == c->cap_stale) {
+        int cap = c->cap_stale ? c->cap_stale * 2 : 8;
+        nb_storage **p = realloc(c->stale, sizeof *p * (size_t)cap);
+        if (!p) {
+            c->failed = true;
+            return nb__fail(NB_ERR_OUT_OF_MEMORY, "graph capture: out of host memory");
+        }
+        c->stale = p;
+        c->cap_stale = cap;
+    }
+    atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
+    c->stale[c->n_stale++] = s;
+    atomic_store_explicit(&s->stale, true, memory_order_relaxed);
+    return NB_OK;
+}
+
+/* The stale marks end with the step: the closing work may touch that memory. */
+static void clear_stale(nb__capture *c)
+{
+    for (int i = 0; i < c->n_stale; i++) {
+        atomic_store_explicit(&c->stale[i]->stale, false, memory_order_relaxed);
+        nb__storage_release(c->stale[i]);
+    }
+    free(c->stale);
+    c->stale = NULL;
+    c->n_stale = c->cap_stale = 0;
+}
+
 nb__capture *nb__capture_enter(nb_device *dev, bool recording, double *dev_params)
 {
     if (tl_capture)
@@ -116,6 +161,7 @@ void nb__capture_leave(nb__capture *c, bool kept)
 {
     if (tl_capture == c)
         tl_capture = NULL;
+    clear_stale(c);
     if (c->recording) {
         /* Still recording while the hooks queue their closing work: leave the
          * thread's capture first, so that the rules do not refuse it. */
@@ -158,6 +204,7 @@ void nb__capture_free(nb__capture *c)
         return;
     if (tl_capture == c)
         tl_capture = NULL;
+    clear_stale(c);
     release_hooks(c);
     free(c);
 }

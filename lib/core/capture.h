@@ -76,6 +76,28 @@ nb_status nb__capture_fail(nb__capture *c, nb_status st);
  * NB_CAPTURE_MAX_PARAMS would be needed. */
 double *nb__capture_params(nb__capture *c, int n, int *first);
 
+/* ---- variables written in place by a recording ----
+ * An optimizer update writes a fresh buffer when a read still holds the
+ * variable's value (copy-on-write), and a recording then copied it back into
+ * the buffer the replays read: a copy per variable per replay. Instead, while
+ * recording, the update writes the variable's memory in place (lib/variable
+ * gives it a new storage over the same memory) and the old storage, which the
+ * reads hold, is marked stale. A kernel that reaches a stale storage's data
+ * afterwards (a read of the old value used after the update), or a step
+ * output that shares it, would see the new values: the recording notes it,
+ * and lib/graph records the step again with copies. */
+
+/* Whether updates recorded in c may write variables in place (c records, and
+ * no earlier recording of the same step met a stale read). */
+bool nb__capture_in_place(const nb__capture *c);
+/* lib/graph: forbids it for the recording c (the step's second recording). */
+void nb__capture_no_in_place(nb__capture *c);
+/* Marks s stale until the recording c ends (nb__capture_leave clears it
+ * before the hooks' closing work), holding a reference to it till then. */
+nb_status nb__capture_mark_stale(nb__capture *c, nb_storage *s);
+/* Whether a stale storage's data was reached during the recording c. */
+bool nb__capture_stale_reached(const nb__capture *c);
+
 /* Whether a device that records a step may fuse its elementwise chains
  * (nb_graph_set_fusion; on unless set off). */
 bool nb__graph_fusion(void);

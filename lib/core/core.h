@@ -38,6 +38,10 @@ typedef struct nb_storage {
     bool external;
     void (*release)(void *ctx);
     void *release_ctx;
+    /* Set only while a step is recorded (capture.h, nb__capture_mark_stale):
+     * the recording rewrote this memory in place while this storage's holders
+     * kept the values from before; reaching its data tells the recording. */
+    atomic_bool stale;
 } nb_storage;
 
 struct nb_tensor {
@@ -55,8 +59,18 @@ struct nb_tensor {
     struct nb_tensor *next_free;
 };
 
-/* Pointer to element 0. */
-static inline void *nb__data(const nb_tensor *t) { return (char *)t->storage->data + t->offset; }
+/* A stale storage's data was reached (capture.c): the recording running on
+ * this thread, if any, notes that it must be recorded again without writing
+ * variables in place. */
+void nb__stale_reached(void);
+
+/* Pointer to element 0. Every kernel's view of a tensor comes through here. */
+static inline void *nb__data(const nb_tensor *t)
+{
+    if (__builtin_expect(atomic_load_explicit(&t->storage->stale, memory_order_relaxed), 0))
+        nb__stale_reached();
+    return (char *)t->storage->data + t->offset;
+}
 
 /* A plain description of a strided array for kernels: no ownership, no device. */
 /* Bit masks of dtypes an op accepts. */

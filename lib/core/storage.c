@@ -35,6 +35,7 @@ static nb_storage *header_take(nb_device *dev, void *data, size_t nbytes, bool e
     s->external = external;
     s->release = release;
     s->release_ctx = ctx;
+    atomic_init(&s->stale, false);
     return s;
 }
 

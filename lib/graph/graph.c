@@ -178,34 +178,44 @@ static nb_status record(nb_graph *g, const char *who)
     nb_status st = nb_device_push(dev->name);
     if (st)
         return st;
-    void *rec = NULL;
-    if ((st = k->begin(dev, &rec)) != NB_OK) {
-        nb_device_pop();
-        return st;
-    }
-    nb__capture *c = nb__capture_enter(dev, true, g->dev_params);
-    st = c ? run_step(g, c, g->out, who) : nb_error();
-    if (st == NB_OK)
-        st = snapshot_shared_outputs(g, dev);
-    bool kept = st == NB_OK;
-    if (c) /* the hooks' closing work is recorded while the stream still records */
-        nb__capture_leave(c, kept);
-    nb_status end = k->end(dev, rec, kept, &g->exec);
-    if (st == NB_OK)
-        st = end;
-    nb_device_pop();
-    if (st != NB_OK) {
+    /* Updates write variables in place where a read holds the old value
+     * (lib/core/capture.h); a step that uses that old value after the update,
+     * or returns it, reaches a stale storage and is recorded once more with
+     * copy-on-write updates. */
+    for (int attempt = 0;; attempt++) {
+        void *rec = NULL;
+        if ((st = k->begin(dev, &rec)) != NB_OK)
+            break;
+        nb__capture *c = nb__capture_enter(dev, true, g->dev_params);
+        if (c && attempt > 0)
+            nb__capture_no_in_place(c);
+        st = c ? run_step(g, c, g->out, who) : nb_error();
+        if (st == NB_OK)
+            st = snapshot_shared_outputs(g, dev);
+        const bool again = st == NB_OK && nb__capture_stale_reached(c);
+        const bool kept = st == NB_OK && !again;
+        if (c) /* the hooks' closing work is recorded while the stream still records */
+            nb__capture_leave(c, kept);
+        nb_status end = k->end(dev, rec, kept, &g->exec);
+        if (st == NB_OK && !again)
+            st = end;
+        if (st == NB_OK && !again) {
+            g->rec = c;
+            g->n_params = nb__capture_param_count(c);
+            break;
+        }
         for (int i = 0; i < g->n_out; i++) {
             nb__release(g->out[i]);
             g->out[i] = NULL;
         }
-        if (kept)
-            nb__capture_free(c);
-        return st;
+        if (st != NB_OK) {
+            if (kept)
+                nb__capture_free(c);
+            break;
+        }
     }
-    g->rec = c;
-    g->n_params = nb__capture_param_count(c);
-    return NB_OK;
+    nb_device_pop();
+    return st;
 }
 
 nb_status nb_graph_capture(const char *device, nb_graph_step_fn fn, void *user, int n_inputs,

@@ -562,6 +562,18 @@ static nb_status update_impl(nb_optimizer *opt, int n, nb_variable *const *vars,
             targets[i] = t;
     }
 
+    /* An update recorded in place (lib/core/capture.h) must not read a
+     * gradient from the memory it rewrites: such a step is recorded again,
+     * with copies. */
+    for (int i = 0; i < n && !st; i++) {
+        if (!targets[i] || !nb__variable_target_in_place(vars[i], targets[i]))
+            continue;
+        const void *mem = nb__variable_value(vars[i])->storage->data;
+        for (int j = 0; j < n; j++)
+            if (ready[j] && ready[j]->storage->data == mem)
+                nb__stale_reached();
+    }
+
     /* The updates. */
     nb_update_params p = opt->params;
     p.step = step;

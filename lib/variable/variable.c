@@ -231,6 +231,28 @@ static bool value_shared(const nb_tensor *t)
     return atomic_load(&t->refs) > 1 || atomic_load(&t->storage->refs) > 1;
 }
 
+/* A recorded update that writes a shared value in place (capture.h): a tensor
+ * over a new storage sharing cur's memory, which holds cur's storage until it
+ * goes; commit makes it the value and marks cur's storage stale. */
+static void alias_release(void *ctx) { nb__storage_release(ctx); }
+
+static nb_tensor *in_place_alias(const nb_tensor *cur)
+{
+    nb_storage *s = cur->storage;
+    atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
+    nb_storage *a = nb__storage_wrap(cur->device, s->data, s->nbytes, alias_release, s);
+    if (!a) {
+        nb__storage_release(s);
+        return NULL;
+    }
+    return nb__tensor_on_storage(a, cur->dtype, cur->ndim, cur->shape, cur->strides, cur->offset);
+}
+
+static bool is_alias_of(const nb_tensor *t, const nb_tensor *cur)
+{
+    return t->storage->release == alias_release && t->storage->release_ctx == (void *)cur->storage;
+}
+
 nb_tensor *nb__variable_update_target(nb_variable *v, const char *who)
 {
     if (!v)
@@ -240,15 +262,26 @@ nb_tensor *nb__variable_update_target(nb_variable *v, const char *who)
     nb_tensor *cur = lv->value;
     if (!value_shared(cur))
         return cur;
+    nb__capture *c = nb__capture_current();
+    if (nb__capture_in_place(c) && lv->bound_in == nb__capture_id(c))
+        return in_place_alias(cur);
     return nb__tensor_new(who, cur->device, cur->dtype, cur->ndim, cur->shape);
+}
+
+bool nb__variable_target_in_place(nb_variable *v, const nb_tensor *t)
+{
+    return v && t && is_alias_of(t, local(v)->value);
 }
 
 /* ---- bound to a recorded step ----------------------------------------------------
  * A replay reads and writes a variable where the recording first found it:
- * that tensor is bound to the graph (the hook holds a reference). A variable
- * that moves to a fresh tensor during the recording (copy-on-write) goes back
- * to it when the recording ends, its new value copied there by the last
- * recorded kernel; one that moved between replays (an eager update while a
+ * that tensor is bound to the graph (the hook holds a reference). An update
+ * recorded while a read holds the value writes that memory in place through
+ * a second storage over it (nb__variable_update_target), so going back costs
+ * nothing. A variable that moves to a fresh tensor during the recording (an
+ * assignment while a read held it, or an update of a recording that may not
+ * write in place) goes back to it when the recording ends, its new value
+ * copied there by the last recorded kernel; one that moved between replays (an eager update while a
  * read held its value, an assignment) goes back to it before the next replay,
  * its value copied there first, on the device's stream, so the replay starts
  * from the value eager code left. */
@@ -264,7 +297,7 @@ static void go_back(bound *b, bool keep)
     nb_tensor *now = b->v->value;
     if (now == b->rec)
         return;
-    if (keep) {
+    if (keep && !is_alias_of(now, b->rec)) { /* an alias: the memory holds the values already */
         nb_device *dev = now->device;
         nb_view dst = nb__view(b->rec), src = nb__view(now);
         if (dev->backend->copy(dev, &dst, &src) != NB_OK)
@@ -332,6 +365,8 @@ void nb__variable_commit(nb_variable *v, nb_tensor *t)
     v = local(v);
     if (t == v->value)
         return;
+    if (is_alias_of(t, v->value)) /* a failure fails the recording */
+        (void)nb__capture_mark_stale(nb__capture_current(), v->value->storage);
     set_value(v, t);
 }
 

@@ -15,13 +15,19 @@ nb_tensor *nb__variable_value(nb_variable *v);
 
 /* The tensor an update of v should write: v's value itself when nothing else
  * holds it, else a new uninitialised tensor of its shape (refs = 1) for an
- * out-of-place update that reads the old value. Hand the result to
- * nb__variable_commit once written (or nb__release it on failure). NULL and the
- * error recorded when memory runs out. */
+ * out-of-place update that reads the old value; but in a recording
+ * (lib/core/capture.h) that allows it, a new tensor over the value's own
+ * memory, written in place (nb__variable_target_in_place tells). Hand the
+ * result to nb__variable_commit once written (or nb__release it on failure).
+ * NULL and the error recorded when memory runs out. */
 nb_tensor *nb__variable_update_target(nb_variable *v, const char *who);
+/* Whether t, from nb__variable_update_target, is v's memory written in place
+ * while a read holds the old storage. */
+bool nb__variable_target_in_place(nb_variable *v, const nb_tensor *t);
 
 /* Makes t (from nb__variable_update_target) v's value; the old value stays alive
- * for the reads that hold it. */
+ * for the reads that hold it (when t is written in place, the recording marks
+ * the old storage stale: a later use of it records the step again). */
 void nb__variable_commit(nb_variable *v, nb_tensor *t);
 
 /* The registry (lib/variable/variable_scope.c): nb_variable_new and the mirrored
