@@ -45,6 +45,8 @@ static nb_tensor *binary(nb_binary_op kop, const nb_tensor *a, const nb_tensor *
     return out;
 }
 
+nb_tensor *nb__binary(nb_binary_op kop, const nb_tensor *a, const nb_tensor *b) { return binary(kop, a, b); }
+
 static nb_status add_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
 {
     gi[0] = nb__sum_to(g[0], SHAPE_OF(n->in[0]));
@@ -110,6 +112,15 @@ static nb_status select_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **
 }
 
 static nb_status maximum_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi) { return select_grad(n, g, gi, true); }
+
+/* relu_grad(a, b) = a step(b): a gets g step(b); b, the step's argument, a
+ * constant of the backward pass (see step_grad), gets nothing. */
+static nb_status relu_grad_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi)
+{
+    gi[1] = NULL;
+    gi[0] = nb__sum_to(binary(NB_BIN_RELU_GRAD, g[0], n->in[1]), SHAPE_OF(n->in[0]));
+    return nb__ok(gi[0]);
+}
 static nb_status minimum_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi) { return select_grad(n, g, gi, false); }
 
 /* Comparisons: NB_BOOL results, never recorded. */
@@ -124,6 +135,7 @@ static const nb_op_def binary_defs[NB_BIN_COUNT] = {
 #define WRAP_AB(ID, name) \
     nb_tensor *nb_##name(const nb_tensor *a, const nb_tensor *b) { return binary(NB_BIN_##ID, a, b); }
 #define WRAP_OWN(ID, name)
+#define WRAP_INTERNAL(ID, name)
 #define NB_BINARY(ID, name, dtypes, cost, kind, api) WRAP_##api(ID, name)
 #include "lib/core/ops.def"
 
@@ -292,7 +304,7 @@ GRAD(cos, nb_neg(nb_mul(G, nb_sin(X))))
 GRAD(tanh, nb_mul(G, nb_add_scalar(nb_neg(nb_square(Y)), 1.0)))
 GRAD(erf, nb_mul(G, nb_mul_scalar(nb_exp(nb_neg(nb_square(X))), 1.1283791670955126)))
 GRAD(sigmoid, nb_mul(G, nb_mul(Y, nb_add_scalar(nb_neg(Y), 1.0))))
-GRAD(relu, nb_mul(G, nb__step(X)))
+GRAD(relu, binary(NB_BIN_RELU_GRAD, G, X))
 GRAD(leaky_relu, nb_mul(G, nb_add_scalar(nb_mul_scalar(nb__step(X), 1.0 - ALPHA), ALPHA)))
 /* gelu'(x) = Phi(x) + x phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2 */
 GRAD(gelu, nb_mul(G, nb_add(nb_mul_scalar(nb_add_scalar(nb_erf(nb_mul_scalar(X, 0.7071067811865476)), 1.0), 0.5),

@@ -107,6 +107,7 @@ nb_tensor *nb__expand_reduced(nb_tensor *g, const nb_tensor *x, int mask);
 
 /* Internal ops shared between files. */
 nb_tensor *nb__unary(nb_unary_op kop, const nb_tensor *x, double alpha);
+nb_tensor *nb__binary(nb_binary_op kop, const nb_tensor *a, const nb_tensor *b);
 /* A recorded copy of t on dev (placement.c), owned by the current scope; NULL
  * with the error recorded (no device, no memory, a captured step). */
 nb_tensor *nb__copy_to_device(const nb_tensor *t, nb_device *dev);

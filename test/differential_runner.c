@@ -164,6 +164,7 @@ typedef nb_tensor *(*reduce_fn)(const nb_tensor *, nb_axes, bool);
 #define WITH_SCALAR_INTERNAL(name)
 #define TWO_INPUTS_AB(name) {#name, nb_##name},
 #define TWO_INPUTS_OWN(name) {#name, nb_##name},
+#define TWO_INPUTS_INTERNAL(name)
 
 static const struct { const char *name; unary_fn fn; } unaries[] = {
 #define NB_UNARY(ID, name, dtypes, cost, api) ONE_INPUT_##api(name)

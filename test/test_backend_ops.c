@@ -864,6 +864,14 @@ static void kernel_unary(void)
 
 #define PUB_BIN_AB(name) nb_##name
 #define PUB_BIN_OWN(name) nb_##name
+#define PUB_BIN_INTERNAL(name) pub_bin_##name
+/* nb__binary for the internal ones */
+#define PUB_BIN_FN_AB(ID, name)
+#define PUB_BIN_FN_OWN(ID, name)
+#define PUB_BIN_FN_INTERNAL(ID, name) \
+    static nb_tensor *pub_bin_##name(const nb_tensor *a, const nb_tensor *b) { return nb__binary(NB_BIN_##ID, a, b); }
+#define NB_BINARY(ID, name, dtypes, cost, kind, api) PUB_BIN_FN_##api(ID, name)
+#include "lib/core/ops.def"
 #define CMP_ARITH false
 #define CMP_CMP true
 
