@@ -114,7 +114,7 @@ nb_status nb__capture_mark_stale(nb__capture *c, nb_storage *s)
     }
     atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
     c->stale[c->n_stale++] = s;
-    atomic_store_explicit(&s->stale, true, memory_order_relaxed);
+    __atomic_store_n(&s->stale, true, __ATOMIC_RELAXED);
     return NB_OK;
 }
 
@@ -122,7 +122,7 @@ nb_status nb__capture_mark_stale(nb__capture *c, nb_storage *s)
 static void clear_stale(nb__capture *c)
 {
     for (int i = 0; i < c->n_stale; i++) {
-        atomic_store_explicit(&c->stale[i]->stale, false, memory_order_relaxed);
+        __atomic_store_n(&c->stale[i]->stale, false, __ATOMIC_RELAXED);
         nb__storage_release(c->stale[i]);
     }
     free(c->stale);

@@ -40,8 +40,9 @@ typedef struct nb_storage {
     void *release_ctx;
     /* Set only while a step is recorded (capture.h, nb__capture_mark_stale):
      * the recording rewrote this memory in place while this storage's holders
-     * kept the values from before; reaching its data tells the recording. */
-    atomic_bool stale;
+     * kept the values from before; reaching its data tells the recording.
+     * Read and written with __atomic builtins (this header is C++ too). */
+    bool stale;
 } nb_storage;
 
 struct nb_tensor {
@@ -67,7 +68,7 @@ void nb__stale_reached(void);
 /* Pointer to element 0. Every kernel's view of a tensor comes through here. */
 static inline void *nb__data(const nb_tensor *t)
 {
-    if (__builtin_expect(atomic_load_explicit(&t->storage->stale, memory_order_relaxed), 0))
+    if (__builtin_expect(__atomic_load_n(&t->storage->stale, __ATOMIC_RELAXED), 0))
         nb__stale_reached();
     return (char *)t->storage->data + t->offset;
 }

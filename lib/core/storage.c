@@ -35,7 +35,7 @@ static nb_storage *header_take(nb_device *dev, void *data, size_t nbytes, bool e
     s->external = external;
     s->release = release;
     s->release_ctx = ctx;
-    atomic_init(&s->stale, false);
+    __atomic_store_n(&s->stale, false, __ATOMIC_RELAXED);
     return s;
 }
 
