@@ -199,7 +199,8 @@ static inline int64_t xent_label(const xent_plan *pl, int64_t r)
             st[0] = m, st[1] = lsum;                                                          \
             const int64_t l = xent_label(pl, r);                                              \
             const T y = l >= 0 && l < n ? (x[l] - m) - lsum : (T)NAN;                         \
-            ((T *)pl->loss)[r] = y == y ? -y : -(T)NAN; /* the composition's NaN: a row sum's */ \
+            /* a NaN as the composition gives it: a row sum's default NaN, negated */         \
+            ((T *)pl->loss)[r] = y == y ? -y : -(T)NAN;                                       \
         }                                                                                     \
     }                                                                                         \
     NB_CPU_SIMD_RANGE(NAME##_fwd)                                                             \
