@@ -19,7 +19,7 @@ fi
 ninja -C "$build" build.ninja >/dev/null # regenerate first if a meson.build changed
 targets=()
 missing=()
-for name in overhead mlp_step conv_step conv_layer gpu_bandwidth gpu_matmul gpu_reduce allreduce mirrored_step async_step pipeline_step data_io norm fusion cpu_math cpu_reduce; do
+for name in overhead mlp_step conv_step conv_layer gpu_bandwidth gpu_matmul gpu_reduce allreduce mirrored_step async_step pipeline_step data_io norm loss fusion cpu_math cpu_reduce; do
   if ninja -C "$build" -t query "bench/bench_$name" >/dev/null 2>&1; then
     targets+=("bench/bench_$name")
   else

@@ -182,6 +182,7 @@ static inline int64_t xent_label(const xent_plan *pl, int64_t r)
 }
 
 /* EXP: softmax's exp; YEXP: the exp op's (they differ for f64). */
+#define XENT_CHUNK 256 /* a multiple of SM_LANES */
 #define XENT_IMPL(NAME, T, ACC, EXP, LOG, YEXP)                                               \
     __attribute__((always_inline)) static inline void NAME##_fwd_body(void *ctx, int64_t b,   \
                                                                       int64_t e)              \
@@ -192,8 +193,24 @@ static inline int64_t xent_label(const xent_plan *pl, int64_t r)
             const T *restrict x = (const T *)pl->x + r * n;                                   \
             T m;                                                                              \
             SM_MAX(T, SM_AT, m);                                                              \
-            ACC sum;                                                                          \
-            SM_SUM(ACC, EXP(x[k] - m), sum);                                                  \
+            /* SM_SUM's order, the exps made a chunk at a time so that the loop vectorises */ \
+            ACC ls[SM_LANES] = {0};                                                           \
+            T e[XENT_CHUNK];                                                                  \
+            const int64_t whole = n - n % SM_LANES;                                           \
+            for (int64_t c = 0; c < whole; c += XENT_CHUNK) {                                 \
+                const int64_t len = whole - c < XENT_CHUNK ? whole - c : XENT_CHUNK;          \
+                for (int64_t k = 0; k < len; k++)                                             \
+                    e[k] = EXP(x[c + k] - m);                                                 \
+                for (int64_t i = 0; i < len; i += SM_LANES)                                   \
+                    for (int j = 0; j < SM_LANES; j++)                                        \
+                        ls[j] += (ACC)e[i + j];                                               \
+            }                                                                                 \
+            for (int w = SM_LANES / 2; w > 0; w /= 2)                                         \
+                for (int j = 0; j < w; j++)                                                   \
+                    ls[j] += ls[j + w];                                                       \
+            ACC sum = ls[0];                                                                  \
+            for (int64_t k = whole; k < n; k++)                                               \
+                sum += (ACC)EXP(x[k] - m);                                                    \
             const T lsum = (T)LOG(sum);                                                       \
             T *st = (T *)pl->stats + 2 * r;                                                   \
             st[0] = m, st[1] = lsum;                                                          \
