@@ -163,18 +163,6 @@ __global__ void __launch_bounds__(kThreads) k_check_indices(const I *idx, int64_
     }
 }
 
-// Calls fn(I{}) for the index dtype.
-template <class Fn>
-nb_status by_index(const nb_gpu_ctx *c, const char *op, const nb_view *indices, Fn &&fn)
-{
-    if (indices->dtype == NB_I32)
-        return fn(int32_t{});
-    if (indices->dtype == NB_I64)
-        return fn(int64_t{});
-    return nb__fail(NB_ERR_DTYPE, "%s: indices must be i32 or i64, not %s (on %s)", op,
-                    nb_dtype_name(indices->dtype), c->dev->name);
-}
-
 int64_t rows_of(const nb_view *v) { return v->ndim > 0 ? v->shape[0] : 1; }
 
 } // namespace

@@ -464,4 +464,16 @@ __device__ __forceinline__ void flag_index(const IndexCheck &chk, int64_t positi
     }
 }
 
+// Calls fn(I{}) for the index dtype.
+template <class Fn>
+nb_status by_index(const nb_gpu_ctx *c, const char *op, const nb_view *indices, Fn &&fn)
+{
+    if (indices->dtype == NB_I32)
+        return fn(int32_t{});
+    if (indices->dtype == NB_I64)
+        return fn(int64_t{});
+    return nb__fail(NB_ERR_DTYPE, "%s: indices must be i32 or i64, not %s (on %s)", op,
+                    nb_dtype_name(indices->dtype), c->dev->name);
+}
+
 } // namespace nbg

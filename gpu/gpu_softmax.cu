@@ -218,17 +218,6 @@ __global__ void __launch_bounds__(kThreads) k_xent_grad(const T_of<D> *x, const 
     }
 }
 
-// Calls fn(label type) for i32 or i64 labels.
-template <class Fn> nb_status with_labels(nb_gpu_ctx *c, const char *name, const nb_view *labels, Fn &&fn)
-{
-    if (labels->dtype == NB_I32)
-        return fn(int32_t{});
-    if (labels->dtype == NB_I64)
-        return fn(int64_t{});
-    return nb__fail(NB_ERR_DTYPE, "%s: labels dtype %s is not i32 or i64 on %s", name, nb_dtype_name(labels->dtype),
-                    c->dev->name);
-}
-
 bool xent_views_ok(const nb_view *x, const nb_view *labels, const nb_view *stats)
 {
     const nb_dtype sdt = x->dtype == NB_F64 ? NB_F64 : NB_F32;
@@ -253,7 +242,7 @@ extern "C" nb_status nb__gpu_softmax_xent(nb_gpu_ctx *c, const nb_view *loss, co
     nb_status s = nb__gpu_index_error_record(c, &chk.err);
     if (s)
         return s;
-    s = with_labels(c, name, labels, [&](auto ltag) -> nb_status {
+    s = by_index(c, name, labels, [&](auto ltag) -> nb_status {
         using L = decltype(ltag);
         const L *lp = static_cast<const L *>(labels->data);
         return dispatch_float(x->dtype, c, name, [&](auto tag) -> nb_status {
@@ -288,7 +277,7 @@ extern "C" nb_status nb__gpu_softmax_xent_grad(nb_gpu_ctx *c, const nb_view *dx,
     const int64_t n = x->numel, C = x->shape[1];
     if (n == 0)
         return NB_OK;
-    return with_labels(c, name, labels, [&](auto ltag) -> nb_status {
+    return by_index(c, name, labels, [&](auto ltag) -> nb_status {
         using L = decltype(ltag);
         const L *lp = static_cast<const L *>(labels->data);
         return dispatch_float(x->dtype, c, name, [&](auto tag) -> nb_status {

@@ -112,6 +112,7 @@ static nb_status select_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **
 }
 
 static nb_status maximum_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi) { return select_grad(n, g, gi, true); }
+static nb_status minimum_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi) { return select_grad(n, g, gi, false); }
 
 /* relu_grad(a, b) = a step(b): a gets g step(b); b, the step's argument, a
  * constant of the backward pass (see step_grad), gets nothing. */
@@ -121,7 +122,6 @@ static nb_status relu_grad_grad(const nb_node *n, nb_tensor *const *g, nb_tensor
     gi[0] = nb__sum_to(binary(NB_BIN_RELU_GRAD, g[0], n->in[1]), SHAPE_OF(n->in[0]));
     return nb__ok(gi[0]);
 }
-static nb_status minimum_grad(const nb_node *n, nb_tensor *const *g, nb_tensor **gi) { return select_grad(n, g, gi, false); }
 
 /* Comparisons: NB_BOOL results, never recorded. */
 #define GRAD_OF_ARITH(name) name##_grad

@@ -455,6 +455,25 @@ void nb__optimizer_pack(const nb_optimizer *opt, int64_t step, double out[NB_UPD
     nb_update_pack(&p, out);
 }
 
+/* What variable v's update reads and writes: its param view (target, or the
+ * value itself when target is NULL), its gradient's, its slots' (those its
+ * optimizer keeps) and the source the values are read from (NULL: param
+ * itself). The value read now: a variable listed twice sees its first update. */
+static void update_views(const nb_optimizer *opt, nb_variable *v, nb_tensor *target, const nb_tensor *grad,
+                         nb_view *param, nb_view *g, nb_view *s1, nb_view *s2, const void **source)
+{
+    nb_tensor *cur = nb__variable_value(v), *x = target ? target : cur;
+    *param = nb__view(x);
+    *g = nb__view(grad);
+    *source = x == cur ? NULL : nb__data(cur);
+    if (opt->kind == OPT_SGD)
+        return;
+    slot_entry *e = slot_lookup(opt->slots, opt->cap, nb__variable_uid(v));
+    *s1 = nb__view(e->s1);
+    if (opt->kind == OPT_ADAM)
+        *s2 = nb__view(e->s2);
+}
+
 /* The updates of every variable with a gradient in one call of the device's
  * many entry, where it has one and they share it and a dtype, each listed
  * once (a GPU launches one kernel); false when they do not (nothing done:
@@ -483,33 +502,30 @@ static bool update_many(nb_optimizer *opt, int n, nb_variable *const *vars, cons
     const nb_optim_kernels *k = dev ? dev->backend->optim : NULL;
     if (m < 2 || !k || !(opt->kind == OPT_ADAM ? k->adam_update_many != NULL : k->sgd_update_many != NULL))
         return false;
-    nb_view *views = malloc(sizeof *views * 4 * (size_t)m);
-    const void **sources = malloc(sizeof *sources * (size_t)m);
+    /* a step of a small model allocates nothing here */
+    nb_view small_views[4 * 16];
+    const void *small_sources[16];
+    nb_view *views = m <= 16 ? small_views : malloc(sizeof *views * 4 * (size_t)m);
+    const void **sources = m <= 16 ? small_sources : malloc(sizeof *sources * (size_t)m);
     if (!views || !sources) {
-        free(views);
-        free(sources);
+        if (views != small_views)
+            free(views);
+        if (sources != small_sources)
+            free(sources);
         return false;
     }
     nb_view *pv = views, *gv = views + m, *s1 = views + 2 * m, *s2 = views + 3 * m;
-    for (int i = 0, c = 0; i < n; i++) {
-        if (!ready[i])
-            continue;
-        nb_tensor *cur = nb__variable_value(vars[i]), *x = targets[i] ? targets[i] : cur;
-        pv[c] = nb__view(x);
-        gv[c] = nb__view(ready[i]);
-        sources[c] = x == cur ? NULL : nb__data(cur);
-        if (opt->kind != OPT_SGD) {
-            slot_entry *e = slot_lookup(opt->slots, opt->cap, nb__variable_uid(vars[i]));
-            s1[c] = nb__view(e->s1);
-            if (opt->kind == OPT_ADAM)
-                s2[c] = nb__view(e->s2);
+    for (int i = 0, c = 0; i < n; i++)
+        if (ready[i]) {
+            update_views(opt, vars[i], targets[i], ready[i], &pv[c], &gv[c], &s1[c], &s2[c], &sources[c]);
+            c++;
         }
-        c++;
-    }
     *st = opt->kind == OPT_ADAM ? k->adam_update_many(dev, m, pv, gv, s1, s2, sources, p)
                                 : k->sgd_update_many(dev, m, pv, gv, opt->kind == OPT_MOMENTUM ? s1 : NULL, sources, p);
-    free(views);
-    free(sources);
+    if (views != small_views)
+        free(views);
+    if (sources != small_sources)
+        free(sources);
     for (int i = 0; i < n && !*st; i++)
         if (targets[i]) {
             nb__variable_commit(vars[i], targets[i]);
@@ -587,24 +603,12 @@ static nb_status update_impl(nb_optimizer *opt, int n, nb_variable *const *vars,
     for (int i = 0; i < n && !st && !done; i++) {
         if (!ready[i])
             continue;
-        /* The value read now: a variable listed twice sees its first update. */
-        nb_tensor *cur = nb__variable_value(vars[i]);
-        nb_tensor *x = targets[i] ? targets[i] : cur;
-        p.source = x == cur ? NULL : nb__data(cur);
-        nb_device *dev = x->device;
-        nb_view xv = nb__view(x), gv = nb__view(ready[i]);
-        if (opt->kind == OPT_SGD) {
-            st = dev->backend->optim->sgd_update(dev, &xv, &gv, NULL, &p);
-        } else {
-            slot_entry *e = slot_lookup(opt->slots, opt->cap, nb__variable_uid(vars[i]));
-            nb_view s1 = nb__view(e->s1);
-            if (opt->kind == OPT_MOMENTUM) {
-                st = dev->backend->optim->sgd_update(dev, &xv, &gv, &s1, &p);
-            } else {
-                nb_view s2 = nb__view(e->s2);
-                st = dev->backend->optim->adam_update(dev, &xv, &gv, &s1, &s2, &p);
-            }
-        }
+        nb_view xv, gv, s1, s2;
+        update_views(opt, vars[i], targets[i], ready[i], &xv, &gv, &s1, &s2, &p.source);
+        nb_device *dev = nb__variable_value(vars[i])->device;
+        const nb_optim_kernels *k = dev->backend->optim;
+        st = opt->kind == OPT_ADAM ? k->adam_update(dev, &xv, &gv, &s1, &s2, &p)
+                                   : k->sgd_update(dev, &xv, &gv, opt->kind == OPT_MOMENTUM ? &s1 : NULL, &p);
         if (!st && targets[i]) {
             nb__variable_commit(vars[i], targets[i]);
             targets[i] = NULL;

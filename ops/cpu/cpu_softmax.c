@@ -245,7 +245,7 @@ static inline int64_t xent_label(const xent_plan *pl, int64_t r)
 XENT_IMPL(xent_f32, float, double, nb_expf, log, nb_expf)
 XENT_IMPL(xent_f64, double, double, exp, log, NB_MATH_F64(exp))
 
-/* The checks both entries share; fills *pl but for loss, stats, g and dx. */
+/* The checks both entries share; fills *pl but for loss, g and dx. */
 static nb_status xent_plan_of(const char *name, nb_device *dev, const nb_view *x, const nb_view *labels,
                               const nb_view *stats, xent_plan *pl, int64_t *rows)
 {
@@ -291,7 +291,6 @@ nb_status nb__cpu_softmax_xent(nb_device *dev, const nb_view *loss, const nb_vie
     if ((st = nb__cpu_check_indices(dev, name, labels, pl.len)))
         return st;
     pl.loss = loss->data;
-    pl.stats = stats->data;
     xent_run(x->dtype == NB_F32 ? xent_f32_fwd : xent_f64_fwd, &pl, rows);
     return NB_OK;
 }
