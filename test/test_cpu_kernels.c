@@ -1098,6 +1098,74 @@ static void test_softmax(void)
             }
 }
 
+/* A row's max is taken one way whatever the row's stride: a contiguous row
+ * (vectorised, the lanes of several vectors) gives the bits of a strided one
+ * (scalar, SM_MAX), on rows long and short, of ties, zeros of both signs, NaN,
+ * +-inf and a max in every place. */
+static void test_softmax_stride_bits(void)
+{
+    current = "softmax strides";
+    enum { N = 40, C = 131 };
+    static double v[N * C];
+    uint64_t seed = 12345;
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < C; c++) {
+            seed = seed * 6364136223846793005u + 1442695040888963407u;
+            const unsigned k = (unsigned)(seed >> 33) % 16;
+            double *e = &v[r * C + c];
+            if (r < 16) /* zeros of both signs among -200s: the max is a zero */
+                *e = k < 2 ? 0.0 : k < 4 ? -0.0 : -200.0 - k;
+            else if (r < 20) /* ties at 3 among smaller values */
+                *e = k < 3 ? 3.0 : -(double)k;
+            else if (r < 24)
+                *e = (double)k - 8;
+            else /* distinct values, the max at a place of its own */
+                *e = c == (r * 37) % C ? 20.0 : (double)(seed >> 11) * 0x1p-53 * 20 - 10;
+        }
+    v[20 * C] = NAN;            /* NaN first: the max is NaN */
+    v[21 * C + 77] = NAN;       /* NaN later: the max skips it, its exp does not */
+    v[22 * C + 50] = INFINITY;  /* +inf: its exps are NaN */
+    for (int c = 0; c < C; c++) /* all -inf: the max is 0, the exps 0 */
+        v[23 * C + c] = -INFINITY;
+    const int64_t lens[5] = {C, 40, 32, 31, 7};
+    for (int di = 0; di < 2; di++)
+        for (int li = 0; li < 5; li++)
+            for (int lg = 0; lg < 2; lg++) {
+                nb_dtype dt = di ? NB_F64 : NB_F32;
+                const int64_t sh[2] = {N, lens[li]};
+                arr xc = arr_c(dt, 2, sh), xs = arr_layout(dt, 2, sh, L_TRANS);
+                arr oc = arr_c(dt, 2, sh), os = arr_c(dt, 2, sh);
+                for (int64_t r = 0; r < N; r++)
+                    for (int64_t c = 0; c < sh[1]; c++) {
+                        set(&xc, r * sh[1] + c, v[r * C + c]);
+                        set(&xs, r * sh[1] + c, v[r * C + c]);
+                    }
+                arr_poison(&oc), arr_poison(&os);
+                EXPECT_OK(B->softmax(DEV, lg, &oc.v, &xc.v));
+                EXPECT_OK(B->softmax(DEV, lg, &os.v, &xs.v));
+                EXPECT(memcmp(oc.v.data, os.v.data, (size_t)(N * sh[1]) * esize(dt)) == 0,
+                       "%s %s, rows of %lld: a contiguous row's bits differ from a strided one's",
+                       lg ? "log_softmax" : "softmax", nb_dtype_name(dt), (long long)sh[1]);
+                if (lg && li == 0) {
+                    for (int64_t r = 0; r < 16; r++) { /* each zero: -log(the row's count of zeros) */
+                        int zeros = 0;
+                        for (int64_t c = 0; c < C; c++)
+                            zeros += v[r * C + c] == 0;
+                        for (int64_t c = 0; c < C; c++)
+                            if (v[r * C + c] == 0)
+                                EXPECT(close_to(get(&oc, r * C + c), -log(zeros), 1e-6), "row %lld [%lld] = %g",
+                                       (long long)r, (long long)c, get(&oc, r * C + c));
+                    }
+                    for (int64_t r = 20; r < 24; r++)
+                        EXPECT(isnan(get(&oc, r * C + 1)), "row %lld is not NaN", (long long)r);
+                    for (int64_t r = 24; r < N; r++)
+                        EXPECT(get(&oc, r * C + (r * 37) % C) > -1e-3, "row %lld: its max's place %g", (long long)r,
+                               get(&oc, r * C + (r * 37) % C));
+                }
+                arr_free(&xc), arr_free(&xs), arr_free(&oc), arr_free(&os);
+            }
+}
+
 /* ---- gather, scatter_add, one_hot --------------------------------------------------------------- */
 
 static void fill_indices(arr *ix, int64_t rows)
@@ -1456,6 +1524,7 @@ int main(void)
     test_arg_reduce();
     test_matmul();
     test_softmax();
+    test_softmax_stride_bits();
     test_index();
     test_optim();
     test_optim_scaled();

@@ -2,15 +2,17 @@
  * softmax cross-entropy with its gradient (at the end), numerically stable: the
  * row's max is subtracted before exp; f32 rows sum their exps in double. Rows
  * may have any strides (the inner dim too); large inputs split by rows.
- * The max and the sum run in 8 lanes (element i in lane i % 8 of each whole
- * block of 8, the rest after, in order; the lanes combined pairwise), the same
- * order for every stride, and the exps are written before they are summed, so
- * the contiguous loops vectorise (this file's flags: ops/cpu/meson.build);
+ * The sum runs in 8 lanes (element i in lane i % 8 of each whole block of 8,
+ * the rest after, in order; the lanes combined pairwise), the same order for
+ * every stride; the max of a contiguous row in four vectors of 8 (its value,
+ * and the bits of every output, are the same); the exps are written before
+ * they are summed, so the contiguous loops vectorise (this file's flags: ops/cpu/meson.build);
  * f32 exp is nb_expf (lib/core/formulas.h) for that reason. */
 #include "cpu_internal.h"
 #include "lib/core/formulas.h"
 
 #include <math.h>
+#include <string.h>
 
 typedef struct sm_plan {
     int nd;                          /* outer dims */
@@ -46,6 +48,51 @@ typedef struct sm_plan {
             m = m != m ? m : (m > 0 ? m : 0);                                                 \
     } while (0)
 
+/* SM_MAX's m for a contiguous row, faster: GCC leaves SM_MAX's lanes scalar
+ * inside the kernels, one chain of vmaxss per lane. Here four vectors of
+ * SM_LANES lanes fold x > a ? x : a over the row's blocks in turn, so the
+ * value is SM_MAX's, and the bits too but for the sign of a zero max, which
+ * shows in no output: with one zero it is that zero's, with more, exps
+ * summing to at least 2 hide it. A NaN max is x[0]'s NaN here as there (both
+ * skip every later NaN, which the exps then meet). */
+#define SM_MAX_CONTIG(T, X, m)                                                                \
+    do {                                                                                      \
+        typedef T smv_t __attribute__((vector_size(SM_LANES * sizeof(T))));                   \
+        typedef __typeof__((smv_t){0} > (smv_t){0}) smm_t;                                    \
+        if (n < 4 * SM_LANES) {                                                               \
+            SM_MAX(T, X, m);                                                                  \
+            break;                                                                            \
+        }                                                                                     \
+        smv_t a0, a1, a2, a3, v;                                                              \
+        for (int j = 0; j < SM_LANES; j++)                                                    \
+            a0[j] = X(0);                                                                     \
+        a1 = a2 = a3 = a0;                                                                    \
+        int64_t i = 0;                                                                        \
+        for (; i + 4 * SM_LANES <= n; i += 4 * SM_LANES) {                                    \
+            SM_VMAX(a0, &X(i));                                                               \
+            SM_VMAX(a1, &X(i + SM_LANES));                                                    \
+            SM_VMAX(a2, &X(i + 2 * SM_LANES));                                                \
+            SM_VMAX(a3, &X(i + 3 * SM_LANES));                                                \
+        }                                                                                     \
+        SM_VMAX(a0, &a1);                                                                     \
+        SM_VMAX(a2, &a3);                                                                     \
+        SM_VMAX(a0, &a2);                                                                     \
+        m = a0[0];                                                                            \
+        for (int j = 1; j < SM_LANES; j++)                                                    \
+            m = a0[j] > m ? a0[j] : m;                                                        \
+        for (; i < n; i++)                                                                    \
+            m = X(i) > m ? X(i) : m;                                                          \
+        if (m == -INFINITY)                                                                   \
+            m = 0;                                                                            \
+    } while (0)
+/* a = x > a ? x : a, lane by lane, x read from p (any alignment). */
+#define SM_VMAX(a, p)                                                                         \
+    do {                                                                                      \
+        memcpy(&v, (p), sizeof v);                                                            \
+        const smm_t gt = v > a;                                                               \
+        a = (smv_t)((gt & (smm_t)v) | (~gt & (smm_t)a));                                      \
+    } while (0)
+
 /* sum = the sum over a row of n of E, an expression in the element's index
  * k, in ACC: 8 lanes combined pairwise, then the tail. */
 #define SM_SUM(ACC, E, sum)                                                                   \
@@ -68,10 +115,10 @@ typedef struct sm_plan {
     } while (0)
 
 /* One row, through X(i) and O(i), the lvalues of element i of x and out. */
-#define SM_ROW(T, ACC, EXP, LOG, X, O)                                                        \
+#define SM_ROW(T, ACC, EXP, LOG, X, O, MAX)                                                   \
     do {                                                                                      \
         T m;                                                                                  \
-        SM_MAX(T, X, m);                                                                      \
+        MAX(T, X, m);                                                                         \
         for (int64_t i = 0; i < n; i++)                                                       \
             O(i) = EXP(X(i) - m);                                                             \
         ACC sum;                                                                              \
@@ -102,11 +149,11 @@ typedef struct sm_plan {
             if (so == (int64_t)sizeof(T) && sx == (int64_t)sizeof(T)) {                       \
                 T *restrict o = (T *)(pl->out + off[0]);                                      \
                 const T *restrict x = (const T *)(pl->x + off[1]);                            \
-                SM_ROW(T, ACC, EXP, LOG, SM_AT, SM_OUT_AT);                                   \
+                SM_ROW(T, ACC, EXP, LOG, SM_AT, SM_OUT_AT, SM_MAX_CONTIG);                    \
             } else {                                                                          \
                 char *op = pl->out + off[0];                                                  \
                 const char *xp = pl->x + off[1];                                              \
-                SM_ROW(T, ACC, EXP, LOG, SM_STRIDED_X, SM_STRIDED_O);                         \
+                SM_ROW(T, ACC, EXP, LOG, SM_STRIDED_X, SM_STRIDED_O, SM_MAX);                 \
             }                                                                                 \
             if (r + 1 < e)                                                                    \
                 nb__cpu_index_next(pl->nd, pl->shape, idx, 2, off, pl->st);                   \
@@ -192,7 +239,7 @@ static inline int64_t xent_label(const xent_plan *pl, int64_t r)
         for (int64_t r = b; r < e; r++) {                                                     \
             const T *restrict x = (const T *)pl->x + r * n;                                   \
             T m;                                                                              \
-            SM_MAX(T, SM_AT, m);                                                              \
+            SM_MAX_CONTIG(T, SM_AT, m);                                                       \
             /* SM_SUM's order, the exps made a chunk at a time so that the loop vectorises */ \
             ACC ls[SM_LANES] = {0};                                                           \
             T e[XENT_CHUNK];                                                                  \
