@@ -695,6 +695,52 @@ static void old_value_after_update(void)
     }
 }
 
+/* Two updates of one variable in a step, a read held between them (not
+ * used by any kernel): both write the variable in place, so the graph has
+ * the kernels of the step that holds nothing, and no copy of the variable
+ * onto itself. */
+typedef struct twice_step {
+    nb_variable *w;
+    nb_optimizer *opt;
+    bool hold;
+} twice_step;
+
+static nb_status twice_updated_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    twice_step *s = user;
+    (void)n_in, (void)n_out, (void)out;
+    nb_tensor *g = in[0];
+    nb_status st = nb_optimizer_apply(s->opt, 1, &s->w, &g);
+    if (s->hold) /* the step's scope holds it to the end */
+        nb_read(s->w);
+    if (st == NB_OK)
+        st = nb_optimizer_apply(s->opt, 1, &s->w, &g);
+    return st;
+}
+
+static void twice_updated(void)
+{
+    int64_t nodes[2] = {0, 0};
+    for (int hold = 0; hold < 2; hold++) {
+        nb_device_push(g_device);
+        twice_step s = {nb_variable_new("w", nb_full(NB_F64, NB_SHAPE(5), 3.0)), nb_sgd_new(0.5), hold};
+        nb_tensor *x = nb_full(NB_F64, NB_SHAPE(5), 1.0);
+        nb_graph *g = NULL;
+        CHECK_OK(nb_graph_capture(g_device, twice_updated_step, &s, 1, &x, 0, NULL, &g));
+        nodes[hold] = nb_graph_nodes(g);
+        for (int i = 0; i < 3 && g; i++)
+            CHECK_OK(nb_graph_replay(g, &x, NULL));
+        CHECKF(nb_tensor_get(nb_read(s.w), 4) == -1.0, "hold %d: w = %g after four steps, expected -1", hold,
+               nb_tensor_get(nb_read(s.w), 4));
+        nb_graph_free(g);
+        nb_optimizer_free(s.opt);
+        nb_variable_free(s.w);
+        nb_device_pop();
+    }
+    CHECKF(nodes[0] == nodes[1] && nodes[0] > 0, "kernels: %lld with a read held between the updates, %lld without",
+           (long long)nodes[1], (long long)nodes[0]);
+}
+
 static void replay_checks(void)
 {
     nb_tensor *x = nb_arange(NB_F32, 0, 6, 1), *outs[2] = {NULL, NULL};
@@ -873,6 +919,7 @@ int main(int argc, char **argv)
     RUN(read_then_update);
     RUN(in_place_nodes);
     RUN(old_value_after_update);
+    RUN(twice_updated);
     if (!gpu_only) /* a GPU's index errors surface later, at a synchronising call */
         RUN(cpu_recording);
     if (!gpu_only)

@@ -236,9 +236,21 @@ static bool value_shared(const nb_tensor *t)
  * goes; commit makes it the value and marks cur's storage stale. */
 static void alias_release(void *ctx) { nb__storage_release(ctx); }
 
+/* The storage that owns the memory of t's: an alias's original. */
+static nb_storage *root_storage(const nb_tensor *t)
+{
+    return t->storage->release == alias_release ? t->storage->release_ctx : t->storage;
+}
+
+/* Whether t is an alias over cur's memory (cur itself may be one). */
+static bool is_alias_of(const nb_tensor *t, const nb_tensor *cur)
+{
+    return t->storage->release == alias_release && t->storage->release_ctx == (void *)root_storage(cur);
+}
+
 static nb_tensor *in_place_alias(const nb_tensor *cur)
 {
-    nb_storage *s = cur->storage;
+    nb_storage *s = root_storage(cur); /* a second update's alias too, so that is_alias_of holds */
     atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
     nb_storage *a = nb__storage_wrap(cur->device, s->data, s->nbytes, alias_release, s);
     if (!a) {
@@ -246,11 +258,6 @@ static nb_tensor *in_place_alias(const nb_tensor *cur)
         return NULL;
     }
     return nb__tensor_on_storage(a, cur->dtype, cur->ndim, cur->shape, cur->strides, cur->offset);
-}
-
-static bool is_alias_of(const nb_tensor *t, const nb_tensor *cur)
-{
-    return t->storage->release == alias_release && t->storage->release_ctx == (void *)cur->storage;
 }
 
 nb_tensor *nb__variable_update_target(nb_variable *v, const char *who)
