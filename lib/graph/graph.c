@@ -192,12 +192,15 @@ static nb_status record(nb_graph *g, const char *who)
         st = c ? run_step(g, c, g->out, who) : nb_error();
         if (st == NB_OK)
             st = snapshot_shared_outputs(g, dev);
-        const bool again = st == NB_OK && nb__capture_stale_reached(c);
+        const bool stale = st == NB_OK && nb__capture_stale_reached(c);
+        if (stale && attempt > 0) /* nothing is stale without in-place updates: never loop */
+            st = nb__fail(NB_ERR_INTERNAL, "%s: the step reached a stale value in a recording with copies", who);
+        const bool again = stale && attempt == 0;
         const bool kept = st == NB_OK && !again;
         if (c) /* the hooks' closing work is recorded while the stream still records */
             nb__capture_leave(c, kept);
         nb_status end = k->end(dev, rec, kept, &g->exec);
-        if (st == NB_OK && !again)
+        if (st == NB_OK) /* also an abandoned recording's failure: no retry after it */
             st = end;
         if (st == NB_OK && !again) {
             g->rec = c;
