@@ -68,6 +68,7 @@ struct nb_gpu_allocator {
     block *small[N_SMALL]; /* free lists by class */
     block *large;          /* free large blocks, ascending size */
     block *spare;          /* unused block records */
+    block *retry;          /* idle blocks of an abandoned recording, for the next (counted in cached) */
     block **table;         /* live blocks by pointer: open addressing */
     size_t table_cap, table_n;
     /* the reserve arena */
@@ -397,6 +398,13 @@ static cudaError_t flush_cache(nb_gpu_allocator *a, const char **call)
         if (first == cudaSuccess)
             first = e;
     }
+    while (a->retry) {
+        block *b = a->retry;
+        a->retry = b->next;
+        cudaError_t e = release_block(a, b);
+        if (first == cudaSuccess)
+            first = e;
+    }
     a->cached = 0;
     return first;
 }
@@ -639,6 +647,16 @@ nb_status nb__gpu_pool_start(nb_gpu_ctx *c, nb_gpu_pool **out)
     p->ctx = c;
     nb_gpu_allocator *a = c->phys->alloc;
     pthread_mutex_lock(&a->lock);
+    /* An abandoned recording's blocks start the next one's pool: a step
+     * recorded again (lib/graph) needs no third set of scratch memory. */
+    while (a->retry) {
+        block *b = a->retry;
+        a->retry = b->next;
+        a->cached -= b->size;
+        b->pool = p;
+        b->next = p->free;
+        p->free = b;
+    }
     c->rec_pool = p;
     pthread_mutex_unlock(&a->lock);
     *out = p;
@@ -653,7 +671,7 @@ void nb__gpu_pool_stop(nb_gpu_ctx *c)
     pthread_mutex_unlock(&a->lock);
 }
 
-void nb__gpu_pool_release(nb_gpu_pool *p)
+void nb__gpu_pool_release(nb_gpu_pool *p, bool abandoned)
 {
     if (!p)
         return;
@@ -668,7 +686,13 @@ void nb__gpu_pool_release(nb_gpu_pool *p)
             b->event_pending = false; /* the caller waited for the stream */
             b->fenced = false;
             b->recycled = true;
-            cache_put(a, b);
+            if (abandoned) { /* idle: the caller waited */
+                b->next = a->retry;
+                a->retry = b;
+                a->cached += b->size;
+            } else {
+                cache_put(a, b);
+            }
             b = next;
         }
     }

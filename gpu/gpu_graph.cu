@@ -66,7 +66,7 @@ nb_status begin(nb_device *dev, void **out)
     cudaError_t e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) {
         nb__gpu_pool_stop(c);
-        nb__gpu_pool_release(r->pool); // nothing was allocated from it
+        nb__gpu_pool_release(r->pool, true); // nothing was allocated from it: kept for the next
         __atomic_or_fetch(&c->index_armed, r->armed_before, __ATOMIC_RELAXED);
         free(r);
         return nb__gpu_cuda_fail(e, "cudaStreamBeginCapture", dev->name);
@@ -78,12 +78,12 @@ nb_status begin(nb_device *dev, void **out)
 
 // Gives a pool back after the stream has finished the work queued before the
 // recording (the blocks freed while recording may still be read by it).
-void release_after_stream(nb_gpu_ctx *c, nb_gpu_pool *pool)
+void release_after_stream(nb_gpu_ctx *c, nb_gpu_pool *pool, bool abandoned)
 {
     nb__gpu_count_wait(c);
     if (cudaStreamSynchronize(c->stream) != cudaSuccess)
         (void)cudaGetLastError();
-    nb__gpu_pool_release(pool);
+    nb__gpu_pool_release(pool, abandoned);
 }
 
 nb_status end(nb_device *dev, void *rec, bool keep, void **out)
@@ -128,7 +128,7 @@ nb_status end(nb_device *dev, void *rec, bool keep, void **out)
     if (!x) {
         if (exec)
             (void)cudaGraphExecDestroy(exec);
-        release_after_stream(c, r->pool);
+        release_after_stream(c, r->pool, true); // lib/graph may record the step again
         free(r);
         return st ? st : fused;
     }
@@ -171,7 +171,7 @@ void destroy(nb_device *dev, void *exec)
         return;
     nb_gpu_ctx *c;
     if (nb__gpu_enter(dev, "nb_graph_free", &c) == NB_OK) {
-        release_after_stream(c, x->pool);
+        release_after_stream(c, x->pool, false);
         (void)cudaGraphExecDestroy(x->exec);
     }
     free(x);

@@ -203,12 +203,15 @@ bool nb__gpu_block_fence(nb_gpu_ctx *c, const void *ptr, cudaStream_t waiter);
 
 /* The pools of recorded graphs (gpu_graph.cu). start: until stop, c's
  * allocations come from a new pool, which also keeps every block c frees
- * (NB_OK, or NB_ERR_OUT_OF_MEMORY recorded). release: after the caller waited
- * for c's stream, every block of the pool goes back to the cache and its live
- * blocks become ordinary ones; p is freed (NULL is ignored). */
+ * (NB_OK, or NB_ERR_OUT_OF_MEMORY recorded); it starts with the blocks of
+ * the card's last abandoned recording. release: after the caller waited for
+ * c's stream, every block of the pool goes back to the cache, or, for an
+ * abandoned recording, is kept for the next recording's pool (a flush of the
+ * cache frees them too), and its live blocks become ordinary ones; p is freed
+ * (NULL is ignored). */
 nb_status nb__gpu_pool_start(nb_gpu_ctx *c, nb_gpu_pool **out);
 void nb__gpu_pool_stop(nb_gpu_ctx *c);
-void nb__gpu_pool_release(nb_gpu_pool *p);
+void nb__gpu_pool_release(nb_gpu_pool *p, bool abandoned);
 
 /* ---- gpu_graph.cu: recording steps into CUDA graphs ----------------------------- */
 

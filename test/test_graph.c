@@ -741,6 +741,53 @@ static void twice_updated(void)
            (long long)nodes[1], (long long)nodes[0]);
 }
 
+/* On a GPU, a step recorded again (its old value used after the update)
+ * starts from the first recording's blocks: the capture reserves the
+ * second recording's memory once, not on top of the first's. Each step holds
+ * two 16 MiB outputs; the retried one also a 16 MiB copy of w. */
+static nb_status retry_memory_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    old_step *s = user;
+    (void)n_in, (void)n_out;
+    s->calls++;
+    nb_tensor *before = nb_read(s->w);
+    nb_tensor *g = in[0];
+    nb_status st = nb_optimizer_apply(s->opt, 1, &s->w, &g);
+    out[0] = nb_mul_scalar(s->kind == OLD_USED ? before : nb_read(s->w), 2.0);
+    out[1] = nb_mul_scalar(nb_read(s->w), 1.0);
+    return st;
+}
+
+static void retry_memory(void)
+{
+    const int64_t n = 4 << 20; /* 16 MiB of f32 */
+    const double mib = 1024.0 * 1024.0;
+    double growth[2] = {0, 0};
+    for (int retried = 0; retried < 2; retried++) {
+        nb_device_push(g_device);
+        old_step s = {nb_variable_new("w", nb_full(NB_F32, NB_SHAPE(n), 3.0)), nb_sgd_new(0.5),
+                      retried ? OLD_USED : OLD_RETURNED, 0};
+        nb_tensor *x = nb_full(NB_F32, NB_SHAPE(n), 1.0), *out[2] = {NULL, NULL};
+        nb_gpu_memory_stats before, after;
+        CHECK_OK(nb_gpu_empty_cache(g_device));
+        CHECK_OK(nb_gpu_reset_peak_memory(g_device));
+        CHECK_OK(nb_gpu_get_memory_stats(g_device, &before));
+        nb_graph *g = NULL;
+        CHECK_OK(nb_graph_capture(g_device, retry_memory_step, &s, 1, &x, 2, out, &g));
+        CHECK_OK(nb_gpu_get_memory_stats(g_device, &after));
+        growth[retried] = ((double)after.peak_reserved - (double)before.reserved) / mib;
+        CHECKF(s.calls == (retried ? 3 : 2), "the step ran %d times at capture", s.calls);
+        CHECK_OK(g ? nb_graph_replay(g, &x, out) : NB_ERR_INTERNAL);
+        CHECK(out[0] && nb_tensor_get(out[0], n - 1) == (retried ? 5.0 : 4.0));
+        nb_graph_free(g);
+        nb_optimizer_free(s.opt);
+        nb_variable_free(s.w);
+        nb_device_pop();
+    }
+    CHECKF(growth[1] <= growth[0] + 16 + 4, "capture reserved %.1f MiB when recorded again, %.1f MiB once", growth[1],
+           growth[0]);
+}
+
 static void replay_checks(void)
 {
     nb_tensor *x = nb_arange(NB_F32, 0, 6, 1), *outs[2] = {NULL, NULL};
@@ -920,6 +967,8 @@ int main(int argc, char **argv)
     RUN(in_place_nodes);
     RUN(old_value_after_update);
     RUN(twice_updated);
+    if (gpu_only)
+        RUN(retry_memory);
     if (!gpu_only) /* a GPU's index errors surface later, at a synchronising call */
         RUN(cpu_recording);
     if (!gpu_only)

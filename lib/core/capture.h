@@ -11,7 +11,9 @@
  *
  * On a GPU the step runs twice at capture: once as a normal step (the
  * warm-up: it makes optimizer slots, library handles and plans), then once
- * while the device's stream is recorded, which runs nothing. During the
+ * while the device's stream is recorded, which runs nothing; three times
+ * when that recording reaches a stale value and is made again with copies
+ * (nb__capture_no_in_place). During the
  * recording, rooms above the core that change host state register hooks
  * (nb__capture_hook) so that the graph can undo that state when the recording
  * ends and redo it at each replay, and may ask for device doubles that each
