@@ -152,7 +152,7 @@ __device__ __forceinline__ void xent_finish(const T_of<D> *xr, int64_t C, L labe
     const A y = in_range ? (static_cast<A>(ld<D>(xr[label])) - ms.m) - log_s
                          : cuda::std::numeric_limits<A>::quiet_NaN();
     loss[row] = st<D>(-y);
-    stats[2 * row] = ms.m;
+    stats[2 * row] = ms.m == -cuda::std::numeric_limits<A>::infinity() ? A(0) : ms.m; // the CPU's max of a -inf row
     stats[2 * row + 1] = log_s;
 }
 
