@@ -68,7 +68,12 @@ static nb_status handle_of(nb_gpu_ctx *c, cublasHandle_t *out)
     nb_status st = NB_OK;
     pthread_mutex_lock(&c->lock);
     if (!c->cublas) {
+        /* relaxed: a handle made while a stream is recorded must not end the recording */
+        enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+        bool swapped = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
         cublasStatus_t s = cublasCreate(&h);
+        if (swapped)
+            (void)cudaThreadExchangeStreamCaptureMode(&mode);
         if (s != CUBLAS_STATUS_SUCCESS) {
             st = cublas_fail(c, "cublasCreate", s);
         } else if ((s = cublasSetStream(h, c->stream)) != CUBLAS_STATUS_SUCCESS) {
@@ -238,10 +243,12 @@ static nb_status run_gemms(nb_gpu_ctx *c, const gemm *g, const nb_view *out, con
     const nb_lt_plan *plan = NULL;
     void *ws = NULL;
     nb_status st = nb__lt_plan_for(c, &prob, &plan);
-    if (st == NB_ERR_UNSUPPORTED)
+    if (st == NB_ERR_UNSUPPORTED) { /* cuBLAS runs it */
         plan = NULL;
-    else if (st)
+        st = NB_OK;
+    } else if (st) {
         return st;
+    }
     /* the workspace from the caching allocator, in stream order (while
      * gpu_graph.cu records, from the graph's pool, kept as long as the graph) */
     if (plan && nb__lt_workspace(plan) > 0 && !(ws = nb__gpu_malloc(c, nb__lt_workspace(plan))))

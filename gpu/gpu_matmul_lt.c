@@ -49,7 +49,7 @@ struct nb_lt_plan {
 
 typedef struct lt_cache {
     nb_lt_plan *bucket[LT_BUCKETS]; /* heads read with __atomic acquire, written under the ctx's lock */
-    int count;                      /* under the ctx's lock */
+    int count;                      /* written under the ctx's lock (__atomic: read without it) */
 } lt_cache;
 
 /* NB_MATMUL_CUBLAS=1: cuBLAS alone, as before cuBLASLt (to compare the two). */
@@ -275,6 +275,8 @@ nb_status nb__lt_plan_for(nb_gpu_ctx *c, const nb_lt_problem *p, const nb_lt_pla
     key_of(p, key);
     const unsigned b = key_hash(key);
     nb_lt_plan *e = plan_find(lc, b, key);
+    if (!e && __atomic_load_n(&lc->count, __ATOMIC_RELAXED) >= LT_MAX_PLANS)
+        return NB_ERR_UNSUPPORTED; /* the cache is full: no heuristics query per call */
     if (!e) {
         nb_lt_plan *ne = calloc(1, sizeof *ne);
         if (!ne)
@@ -286,7 +288,7 @@ nb_status nb__lt_plan_for(nb_gpu_ctx *c, const nb_lt_problem *p, const nb_lt_pla
         if (!e && lc->count < LT_MAX_PLANS) {
             ne->next = lc->bucket[b];
             __atomic_store_n(&lc->bucket[b], ne, __ATOMIC_RELEASE);
-            lc->count++;
+            __atomic_store_n(&lc->count, lc->count + 1, __ATOMIC_RELAXED);
             e = ne;
             ne = NULL;
         }
