@@ -15,6 +15,7 @@ typedef struct compiled {
     char *src;
     cudaLibrary_t lib;
     cudaKernel_t kernel;
+    uint64_t loaded; /* the cards (CUDA ordinals below 64) it was loaded on */
 } compiled;
 
 enum { CACHE_MAX = 512 };
@@ -22,73 +23,91 @@ static pthread_mutex_t g_cache_lock = PTHREAD_MUTEX_INITIALIZER;
 static compiled g_cache[CACHE_MAX];
 static int g_cache_n;
 
-/* The cached kernel of src for arch: *found tells whether src was compiled
- * (or failed to) before; NULL where it failed. Under g_cache_lock. */
-static cudaKernel_t cached(int arch, const char *src, bool *found)
+/* The entry of src for arch, or NULL when src was never compiled; its kernel
+ * is NULL where compiling or loading failed for good. Under g_cache_lock. */
+static compiled *cached(int arch, const char *src)
 {
-    for (int i = 0; i < g_cache_n; i++) {
-        if (g_cache[i].arch == arch && !strcmp(g_cache[i].src, src)) {
-            *found = true;
-            return g_cache[i].kernel;
-        }
-    }
-    *found = false;
+    for (int i = 0; i < g_cache_n; i++)
+        if (g_cache[i].arch == arch && !strcmp(g_cache[i].src, src))
+            return &g_cache[i];
     return NULL;
 }
 
 static int arch_of(const nb_gpu_ctx *c) { return c->phys->cc_major * 10 + c->phys->cc_minor; }
 
-/* The kernel of src for c's card if it was compiled already, else NULL: what
- * a recording may use (it may not load code). */
+static uint64_t card_bit(const nb_gpu_ctx *c) { return c->ordinal >= 0 && c->ordinal < 64 ? 1ull << c->ordinal : 0; }
+
+/* The kernel of src if it was compiled and loaded on c's card already, else
+ * NULL: what a recording may use (it may not load code). */
 static cudaKernel_t kernel_ready(nb_gpu_ctx *c, const char *src)
 {
-    bool found;
     pthread_mutex_lock(&g_cache_lock);
-    cudaKernel_t k = cached(arch_of(c), src, &found);
+    compiled *e = cached(arch_of(c), src);
+    cudaKernel_t k = e && (e->loaded & card_bit(c)) ? e->kernel : NULL;
     pthread_mutex_unlock(&g_cache_lock);
     return k;
 }
 
-/* Compiles and loads the kernel of src for c's card unless that was done (or
- * failed) before: a chain that failed is not compiled again; NVRTC missing
- * is not remembered per chain (it is one failed dlopen). Errors are recorded;
- * preparing, the caller drops them. */
+/* Whether a load that failed with e would fail again: a bad or foreign image. */
+static bool load_failed_for_good(cudaError_t e)
+{
+    return e == cudaErrorInvalidKernelImage || e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidPtx ||
+           e == cudaErrorUnsupportedPtxVersion || e == cudaErrorInvalidSource || e == cudaErrorSymbolNotFound;
+}
+
+/* Compiles src for c's card unless that was done (or failed for good)
+ * before, and loads it on c's card unless it was: a library's kernels load
+ * on a card at their first use when CUDA loads lazily (its default), which
+ * must not be a recording's launch. A chain whose compile or image failed is
+ * not compiled again; NVRTC missing, or memory, is not remembered per chain.
+ * Errors are recorded; preparing, the caller drops them. */
 static void compile_once(nb_gpu_ctx *c, const char *src)
 {
     int arch = arch_of(c);
-    bool found;
     pthread_mutex_lock(&g_cache_lock);
-    (void)cached(arch, src, &found);
-    if (found || g_cache_n == CACHE_MAX) {
-        pthread_mutex_unlock(&g_cache_lock);
-        return;
-    }
-    void *cubin = NULL;
-    size_t size = 0;
-    cudaKernel_t k = NULL;
-    cudaLibrary_t lib = NULL;
-    char *copy = strdup(src);
-    nb_status st = copy ? nb__gpu_fuse_compile(src, arch, &cubin, &size)
-                        : nb__fail(NB_ERR_OUT_OF_MEMORY, "fused kernel: out of host memory");
-    if (st == NB_OK) {
-        cudaError_t e = cudaLibraryLoadData(&lib, cubin, NULL, NULL, 0, NULL, NULL, 0);
-        if (e == cudaSuccess)
-            e = cudaLibraryGetKernel(&k, lib, "nb_fused");
-        if (e != cudaSuccess) {
-            (void)cudaGetLastError();
-            if (lib)
-                (void)cudaLibraryUnload(lib);
-            lib = NULL;
-            k = NULL;
-            nb__fail(NB_ERR_BACKEND, "fused kernel: loading it failed on %s: %s", c->dev->name, cudaGetErrorString(e));
+    compiled *entry = cached(arch, src);
+    if (!entry && g_cache_n < CACHE_MAX) {
+        void *cubin = NULL;
+        size_t size = 0;
+        cudaKernel_t k = NULL;
+        cudaLibrary_t lib = NULL;
+        char *copy = strdup(src);
+        nb_status st = copy ? nb__gpu_fuse_compile(src, arch, &cubin, &size)
+                            : nb__fail(NB_ERR_OUT_OF_MEMORY, "fused kernel: out of host memory");
+        bool remember = st == NB_ERR_BACKEND; /* NVRTC refused the source */
+        if (st == NB_OK) {
+            cudaError_t e = cudaLibraryLoadData(&lib, cubin, NULL, NULL, 0, NULL, NULL, 0);
+            if (e == cudaSuccess)
+                e = cudaLibraryGetKernel(&k, lib, "nb_fused");
+            remember = e == cudaSuccess || load_failed_for_good(e);
+            if (e != cudaSuccess) {
+                (void)cudaGetLastError();
+                if (lib)
+                    (void)cudaLibraryUnload(lib);
+                lib = NULL;
+                k = NULL;
+                nb__fail(NB_ERR_BACKEND, "fused kernel: loading it failed on %s: %s", c->dev->name,
+                         cudaGetErrorString(e));
+            }
         }
+        free(cubin);
+        if (copy && remember) {
+            g_cache[g_cache_n] = (compiled){arch, copy, lib, k, 0};
+            entry = &g_cache[g_cache_n++];
+            copy = NULL;
+        }
+        free(copy);
     }
-    free(cubin);
-    if (copy && st != NB_ERR_UNSUPPORTED) {
-        g_cache[g_cache_n++] = (compiled){arch, copy, lib, k};
-        copy = NULL;
+    if (entry && entry->kernel && !(entry->loaded & card_bit(c)) && card_bit(c)) {
+        struct cudaFuncAttributes fa;
+        cudaError_t e = nb__gpu_set_device(c->ordinal, c->dev->name) == NB_OK
+                            ? cudaFuncGetAttributes(&fa, (const void *)entry->kernel)
+                            : cudaErrorInvalidDevice;
+        if (e == cudaSuccess)
+            entry->loaded |= card_bit(c);
+        else
+            (void)cudaGetLastError();
     }
-    free(copy);
     pthread_mutex_unlock(&g_cache_lock);
 }
 

@@ -57,8 +57,17 @@ static const char k_prelude_h[] =
     "  return nbf_f2b(__uint_as_float(u));\n"
     "#endif\n"
     "}\n"
-    "NBF float nbf_keep(float v) { asm volatile(\"\" : \"+f\"(v)); return v; }\n"
-    "NBF double nbf_keep(double v) { asm volatile(\"\" : \"+d\"(v)); return v; }\n";
+    /* Each call's result rounded on its own: an add of -0 with .rn, which
+     * ptxas never contracts into an fma with the next call's add (an empty asm
+     * leaves nothing in the PTX). x + -0 is x but for a NaN's payload, so a
+     * NaN passes as it came, as from the call's own kernel. */
+    "NBF double nbf_opaque(long long bits) { double d; asm volatile(\"mov.b64 %0, %1;\" : \"=d\"(d) : \"l\"(bits)); return d; }\n"
+    "NBF float nbf_keep(float v) {\n"
+    "  float w; asm volatile(\"add.rn.f32 %0, %1, 0f80000000;\" : \"=f\"(w) : \"f\"(v)); return v == v ? w : v;\n"
+    "}\n"
+    "NBF double nbf_keep(double v) {\n"
+    "  double w; asm volatile(\"add.rn.f64 %0, %1, 0d8000000000000000;\" : \"=d\"(w) : \"d\"(v)); return v == v ? w : v;\n"
+    "}\n";
 
 /* ---- the iteration --------------------------------------------------------------------- */
 
@@ -240,9 +249,19 @@ static void put_real(text *t, nb_dtype d, double v)
     }
 }
 
-/* A fill's value as the kernels store it (lib/core/half.h, nb_cast_to_*). */
+/* A fill's value as the kernels store it (lib/core/half.h, nb_cast_to_*).
+ * A NaN is converted on the device, as the fill kernel does (its NaN's bits
+ * are the device's), from a double the compiler cannot fold. */
 static void put_fill(text *t, nb_dtype d, double v)
 {
+    if (v != v && (d == NB_F32 || d == NB_F64 || d == NB_F16 || d == NB_BF16)) {
+        uint64_t bits;
+        memcpy(&bits, &v, sizeof bits);
+        static const char *const conv[] = {[NB_F32] = "(float)", [NB_F64] = "", [NB_F16] = "nbf_d2h",
+                                           [NB_BF16] = "nbf_d2b"};
+        put(t, "%s(nbf_opaque(0x%016llxLL))", conv[d], (unsigned long long)bits);
+        return;
+    }
     switch (d) {
     case NB_F32: case NB_F64: put_real(t, d, v); break;
     case NB_F16: put(t, "(unsigned short)0x%04x", nb__f16_from_double(v)); break;
@@ -426,6 +445,7 @@ char *nb__gpu_fuse_source(const nb_fuse_plan *p, const nb_gpu_fuse_geo *g)
 
 typedef struct nvrtc_api {
     bool loaded;
+    nvrtcResult (*version)(int *, int *);
     const char *(*error_string)(nvrtcResult);
     nvrtcResult (*create)(nvrtcProgram *, const char *, const char *, int, const char *const *, const char *const *);
     nvrtcResult (*compile)(nvrtcProgram, int, const char *const *);
@@ -465,17 +485,27 @@ static void *nvrtc_beside_cudart(void)
     return h;
 }
 
+/* The NVRTC of the runtime's toolkit: the one beside it, else the loader's
+ * of the runtime's major version, else any; one of another major version is
+ * not used (its libdevice may round expf or powf otherwise than the unfused
+ * kernels, its CUBIN may not load on the driver): the chains run unfused. */
 static void nvrtc_load(void)
 {
-    void *h = NULL;
+    int runtime = 0;
+    if (cudaRuntimeGetVersion(&runtime) != cudaSuccess)
+        runtime = 0;
+    void *h = nvrtc_beside_cudart();
+    char own[32];
+    snprintf(own, sizeof own, "libnvrtc.so.%d", runtime / 1000);
+    if (!h && runtime)
+        h = dlopen(own, RTLD_NOW | RTLD_LOCAL);
     for (size_t i = 0; i < sizeof k_nvrtc_names / sizeof *k_nvrtc_names && !h; i++)
         h = dlopen(k_nvrtc_names[i], RTLD_NOW | RTLD_LOCAL);
-    if (!h)
-        h = nvrtc_beside_cudart();
     if (!h)
         return;
     nvrtc_api a;
 #define SYM(field, name) *(void **)(&a.field) = dlsym(h, name)
+    SYM(version, "nvrtcVersion");
     SYM(error_string, "nvrtcGetErrorString");
     SYM(create, "nvrtcCreateProgram");
     SYM(compile, "nvrtcCompileProgram");
@@ -486,6 +516,9 @@ static void nvrtc_load(void)
     SYM(destroy, "nvrtcDestroyProgram");
 #undef SYM
     a.loaded = a.error_string && a.create && a.compile && a.log_size && a.log && a.cubin_size && a.cubin && a.destroy;
+    int major = 0, minor = 0;
+    if (a.loaded && runtime && (!a.version || a.version(&major, &minor) != NVRTC_SUCCESS || major != runtime / 1000))
+        a.loaded = false;
     if (a.loaded)
         g_nvrtc = a;
     else
@@ -497,7 +530,8 @@ nb_status nb__gpu_fuse_compile(const char *src, int arch, void **cubin, size_t *
     *cubin = NULL;
     *size = 0;
     if (pthread_once(&g_nvrtc_once, nvrtc_load) != 0 || !g_nvrtc.loaded)
-        return nb__fail(NB_ERR_UNSUPPORTED, "fused kernel: NVRTC (libnvrtc.so.13, .12 or .so) could not be loaded, on the loader's path or beside libcudart");
+        return nb__fail(NB_ERR_UNSUPPORTED, "fused kernel: no NVRTC of the CUDA runtime's major version could be "
+                        "loaded, beside libcudart or on the loader's path");
     static const char *const names[] = {"nb_fuse_prelude.h", "stdint.h", "math.h", "formulas.h",
                                         "formulas_float.inc", "formulas_int.inc", "formulas_cmp.inc"};
     const char *const headers[] = {k_prelude_h, k_stdint_h, k_math_h, nb__gpu_fuse_formulas_h,

@@ -2,6 +2,7 @@
  * replay with fusion gives the same bits as the step run eagerly and as a
  * replay without it — f32, f64 and i32 (and f16, bf16, i64 on a GPU), sizes
  * around the CPU's tile (1, 255, 256, 257) and past the threads' split,
+ * a product and a sum (rounded apart, never one fma),
  * inputs with 0, -0, ±inf and NaN, a broadcast operand, a comparison, an
  * in-place update, a temporary that a later call still reads, one the step
  * returns, casts (f32 to f16, bf16 and back, to i32, at their rounding and
@@ -61,6 +62,17 @@ static nb_status chain_step(void *user, int n_in, nb_tensor *const *in, int n_ou
     nb_tensor *r = dt == NB_I32 || dt == NB_I64 ? nb_mul(nb_add(in[0], in[1]), in[2])
                                                     : nb_exp(nb_mul(nb_add(in[0], in[1]), in[2]));
     out[0] = nb_keep(r);
+    nb_scope_end(s);
+    return out[0] ? NB_OK : nb_error();
+}
+
+/* a * b + c: the fused kernel must round the product before the sum, as
+ * two kernels do (a GPU compiler would contract them into one fma). */
+static nb_status madd_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    (void)user, (void)n_in, (void)n_out;
+    nb_scope *s = nb_scope_begin();
+    out[0] = nb_keep(nb_add(nb_mul(in[0], in[1]), in[2]));
     nb_scope_end(s);
     return out[0] ? NB_OK : nb_error();
 }
@@ -195,6 +207,11 @@ static void chain_bits(void)
             bool ints = dts[d] == NB_I32 || dts[d] == NB_I64;
             CHECKF(g_gpu ? fused < plain : plain == (ints ? 2 : 3) * (1 + g_poison) && fused == 1, "%s n=%lld: %lld nodes fused, %lld not",
                    nb_dtype_name(dts[d]), (long long)n, (long long)fused, (long long)plain);
+            fused = check_replays(madd_step, NULL, true, 3, first, later, 1);
+            plain = check_replays(madd_step, NULL, false, 3, first, later, 1);
+            CHECKF(g_gpu ? fused < plain : plain == 2 * (1 + g_poison) && fused == 1,
+                   "a * b + c, %s n=%lld: %lld nodes fused, %lld not", nb_dtype_name(dts[d]), (long long)n,
+                   (long long)fused, (long long)plain);
         }
     }
 }
