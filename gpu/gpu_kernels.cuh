@@ -81,17 +81,19 @@ template <nb_dtype D> NBG_HD C_of<D> ld(T_of<D> x)
         return static_cast<C_of<D>>(x);
 }
 
-// Compute type (or any arithmetic value) -> storage.
+// Compute type (or any arithmetic value) -> storage. An integer goes to f16
+// and bf16 through double, as on the CPU (ops/cpu/cpu_copy.c): through float,
+// an i32 past 2^24 would round twice (16842753 to bf16: 16777216, not 16908288).
 template <nb_dtype D, class V> NBG_HD T_of<D> st(V v)
 {
     if constexpr (D == NB_F16) {
-        if constexpr (std::is_same_v<V, double>)
-            return __double2half(v);
+        if constexpr (std::is_same_v<V, double> || std::is_integral_v<V>)
+            return __double2half(static_cast<double>(v));
         else
             return __float2half(static_cast<float>(v));
     } else if constexpr (D == NB_BF16) {
-        if constexpr (std::is_same_v<V, double>)
-            return __double2bfloat16(v);
+        if constexpr (std::is_same_v<V, double> || std::is_integral_v<V>)
+            return __double2bfloat16(static_cast<double>(v));
         else
             return __float2bfloat16(static_cast<float>(v));
     } else if constexpr (D == NB_BOOL) {

@@ -116,6 +116,25 @@ static void test_tf32(void)
     CHECK_MATCH("matmul f32", nb_matmul(gpu(a), gpu(b)), nb_matmul(a, b), 1e-4);
 }
 
+/* ---- integer casts to f16 and bf16: one rounding, as on the CPU ------------------------------ */
+
+static void test_int_to_half(void)
+{
+    /* past 2^24 an i32 through float would round twice: 2^24 + 2^16 + 1 is
+     * 16908288 in bf16, 16777216 the other way */
+    const double v[6] = {16842753, -16842753, 2147483647, 65519, 65520, 33554435};
+    const nb_dtype from[2] = {NB_I32, NB_I64}, to[2] = {NB_BF16, NB_F16};
+    for (int f = 0; f < 2; f++)
+        for (int t = 0; t < 2; t++) {
+            nb_tensor *x = nb_cast(nb_from_buffer(NB_F64, NB_SHAPE(6), v), from[f]);
+            nb_tensor *on_gpu = nb_to_device(nb_cast(gpu(x), to[t]), "/cpu:0"), *on_cpu = nb_cast(x, to[t]);
+            CHECKF(same_bits(on_gpu, on_cpu), "%s to %s differs from the CPU's", nb_dtype_name(from[f]),
+                   nb_dtype_name(to[t]));
+        }
+    nb_tensor *b = nb_to_device(nb_cast(gpu(nb_cast(nb_scalar(NB_F64, 16842753), NB_I32)), NB_BF16), "/cpu:0");
+    CHECK(b && nb_tensor_get(b, 0) == 16908288);
+}
+
 /* ---- logsumexp (built from the reductions, not a kernel of its own) ---------------------------- */
 
 static void test_logsumexp(void)
@@ -826,6 +845,7 @@ int main(void)
     if (nb_device_count(NB_DEVICE_GPU) == 0)
         return check_no_gpu("test_gpu");
     RUN(test_tf32);
+    RUN(test_int_to_half);
     RUN(test_logsumexp);
     RUN(test_gradients);
     RUN(test_random);
