@@ -577,7 +577,10 @@ void nb__gpu_free(nb_gpu_ctx *c, void *ptr)
         /* free cannot fail: errors here are not recorded, only worked around. */
         int cur = -1;
         cudaError_t e = cudaGetDevice(&cur);
-        if (e == cudaSuccess && cur != c->ordinal)
+        /* a free may run on another library's thread (a DLPack deleter): its
+         * current card is put back */
+        const int restore = e == cudaSuccess && cur != c->ordinal ? cur : -1;
+        if (restore >= 0)
             e = cudaSetDevice(c->ordinal);
         if (e == cudaSuccess && !b->event)
             e = cudaEventCreateWithFlags(&b->event, cudaEventDisableTiming);
@@ -594,6 +597,8 @@ void nb__gpu_free(nb_gpu_ctx *c, void *ptr)
             nb__gpu_count_wait(c);
             (void)cudaStreamSynchronize(c->stream);
         }
+        if (restore >= 0 && cudaSetDevice(restore) != cudaSuccess)
+            (void)cudaGetLastError();
     }
     cache_put(a, b);
     pthread_mutex_unlock(&a->lock);

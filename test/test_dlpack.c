@@ -174,6 +174,19 @@ static void test_from_dlpack(void)
     nb_scope_end(s);
     CHECK(o.deleted == 1);
 
+    /* a size-1 dim's stride steps nowhere, however large (no overflow in bytes) */
+    s = nb_scope_begin();
+    t = nb_from_dlpack(describe(&o, data, 1, 6, (int64_t[]){INT64_MAX, 1}, 0));
+    CHECK(t && nb_tensor_is_contiguous(t) && nb_tensor_get(t, 5) == 2.5);
+    nb_scope_end(s);
+    CHECK(o.deleted == 1);
+    o.deleted = 0;
+    s = nb_scope_begin();
+    t = nb_from_dlpack(describe(&o, data, 0, 6, (int64_t[]){INT64_MAX, INT64_MAX}, 0));
+    CHECK(t && nb_tensor_numel(t) == 0);
+    nb_scope_end(s);
+    CHECK(o.deleted == 1);
+
     /* the unversioned form */
     s = nb_scope_begin();
     describe(&o, data, 2, 3, NULL, 0);
@@ -200,6 +213,26 @@ static void test_from_dlpack(void)
     nb_tensor *back = nb_from_dlpack(nb_to_dlpack(nb_transpose(a, 0, 1)));
     CHECK(back && nb_tensor_dim(back, 0) == 3 && nb_tensor_get(back, 1) == 3);
     nb_scope_end(s);
+}
+
+/* Inside a captured step, taking in memory is refused (a replay would use
+ * memory the producer took back), and the deleter is called. */
+static nb_status import_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    (void)n_in, (void)in, (void)n_out, (void)out;
+    static double data[4] = {1, 2, 3, 4};
+    return nb_from_dlpack(describe(user, data, 2, 2, NULL, 0)) ? NB_OK : nb_error();
+}
+
+static void test_refused_in_capture(void)
+{
+    owned o;
+    memset(&o, 0, sizeof o);
+    nb_graph *g = NULL;
+    nb_status st = nb_graph_capture(dev_name, import_step, &o, 0, NULL, 0, NULL, &g);
+    CHECK(st == NB_ERR_UNSUPPORTED && g == NULL && strstr(nb_error_message(), "nb_from_dlpack"));
+    nb_error_clear();
+    CHECKF(o.deleted == 1, "the deleter ran %d times", o.deleted);
 }
 
 /* Each refusal names the function and the problem, and calls the deleter. */
@@ -302,5 +335,6 @@ int main(int argc, char **argv)
     RUN(test_deleter_elsewhere);
     RUN(test_from_dlpack);
     RUN(test_refusals);
+    RUN(test_refused_in_capture);
     return check_finish();
 }

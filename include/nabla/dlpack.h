@@ -107,7 +107,8 @@ extern "C" {
  * calls its deleter exactly once (from any thread) when done, which releases
  * that reference and frees the struct; t itself stays the caller's. On a GPU,
  * t's device is synchronized first, so the memory holds its values for any
- * stream. nabla never writes into a tensor once made (a variable's update
+ * stream; the receiver's work on it must be finished before it calls the
+ * deleter (nabla may hand the memory out again at once). nabla never writes into a tensor once made (a variable's update
  * writes into its own storage only while nothing else holds it), and the
  * receiver should not either: t, its views and the tapes that recorded it
  * would see the change.
@@ -123,7 +124,9 @@ DLManagedTensorVersioned *nb_to_dlpack(nb_tensor *t);
  * device_id for kDLCUDA and kDLCUDAManaged. The memory must hold its values
  * already (a GPU producer's work on it finished, or ordered before nabla's
  * stream). When the last nabla tensor over it goes, m->deleter(m) is called,
- * once, on whichever thread released it. A read-only tensor
+ * once, on whichever thread released it, after the devices of its card have
+ * finished nabla's work (a GPU tensor: a wait; not while that thread records
+ * a step). A read-only tensor
  * (DLPACK_FLAG_BITMASK_READ_ONLY) is copied instead, and its deleter called
  * before this returns, since nabla may not keep memory it must not write
  * into as a tensor a variable could take over.
@@ -131,7 +134,8 @@ DLManagedTensorVersioned *nb_to_dlpack(nb_tensor *t);
  * (none is called for NULL). Returns NULL with NB_ERR_INVALID_ARGUMENT for NULL
  * m, a negative dim, more than NB_MAX_DIMS dims or a NULL shape;
  * NB_ERR_UNSUPPORTED for a major version other than 1 (whose other fields are
- * not read, as DLPack requires), a negative stride, more than one lane or an
+ * not read, as DLPack requires), inside a captured step (nabla/graph.h: a
+ * replay would outlive the memory), a negative stride, more than one lane or an
  * element not aligned to its size; NB_ERR_DTYPE for a type nabla has no dtype
  * for (the message names its code and bits); NB_ERR_DEVICE for a device
  * nabla has not got (naming its type and id); NB_ERR_OUT_OF_MEMORY. */

@@ -248,6 +248,9 @@ nb_device *nb__device_find(const char *name, const char *who);
  * name who. */
 nb_device *nb__device_resolve(const char *name, const char *who);
 bool nb__log_placement_enabled(void);
+/* Waits for every device of dev's kind on dev's physical card (a GPU's
+ * logical devices share its memory): NB_OK, or the first failure recorded. */
+nb_status nb__device_synchronize_card(nb_device *dev);
 /* Whether soft placement is on (nb_set_soft_placement). */
 bool nb__soft_placement(void);
 

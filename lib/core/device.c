@@ -268,6 +268,21 @@ nb_status nb_synchronize(void)
     return NB_OK;
 }
 
+nb_status nb__device_synchronize_card(nb_device *dev)
+{
+    ensure_init();
+    nb_status first = NB_OK;
+    for (int i = 0; i < g_n[dev->kind]; i++) {
+        nb_device *d = &g_devs[dev->kind][i];
+        if (d->physical != dev->physical)
+            continue;
+        nb_status st = d->backend->synchronize(d);
+        if (!first)
+            first = st;
+    }
+    return first;
+}
+
 bool nb_deterministic(void)
 {
     int v = atomic_load_explicit(&g_deterministic, memory_order_relaxed);

@@ -128,10 +128,11 @@ DLManagedTensorVersioned *nb_to_dlpack(nb_tensor *t)
 /* ---- taking in ----------------------------------------------------------------- */
 
 /* Who to tell when nabla is done with the memory: the versioned or the
- * unversioned deleter. */
+ * unversioned deleter; dev, the device the memory was taken in on. */
 typedef struct producer {
     DLManagedTensorVersioned *versioned;
     DLManagedTensor *unversioned;
+    nb_device *dev;
 } producer;
 
 /* Calls the producer's deleter, if it gave one. */
@@ -143,10 +144,19 @@ static void producer_tell(const producer *p)
         p->unversioned->deleter(p->unversioned);
 }
 
+/* The last tensor over taken-in memory went: kernels queued on the card may
+ * still use it, and the producer may hand it out at once (its stream knows
+ * nothing of nabla's), so the card is waited for first. Not while this thread
+ * records a step, which runs nothing and cannot wait. */
 static void producer_done(void *ctx)
 {
-    producer_tell(ctx);
-    free(ctx);
+    producer *p = ctx;
+    if (p->dev && p->dev->kind != NB_DEVICE_CPU && !nb__capture_current() &&
+        nb__device_synchronize_card(p->dev) != NB_OK)
+        nb__log(NB_LOG_WARNING, "dlpack: waiting for %s before letting its memory go failed: %s", p->dev->name,
+                nb_error_message());
+    producer_tell(p);
+    free(p);
 }
 
 /* A heap copy of who_made_it, for the storage to tell later. Returns NULL
@@ -219,6 +229,9 @@ static nb_tensor *take_in(const char *who, const DLTensor *dl, bool read_only, p
     nb_device *dev = device_for(dl->device, who);
     if (!dev)
         goto done;
+    /* a replay would read memory the producer has taken back by then */
+    if (nb__capture_check(dev, who, "taking in another library's memory"))
+        goto done;
     if (!(dev->backend->dtypes & (1u << dtype))) {
         nb__fail(NB_ERR_DTYPE, "%s: dtype %s is not supported on %s", who, nb_dtype_name(dtype), dev->name);
         goto done;
@@ -245,8 +258,8 @@ static nb_tensor *take_in(const char *who, const DLTensor *dl, bool read_only, p
         goto done;
     }
     int64_t byte_strides[NB_MAX_DIMS];
-    for (int i = 0; i < dl->ndim; i++)
-        byte_strides[i] = strides[i] * elem;
+    for (int i = 0; i < dl->ndim; i++) /* span_bytes bounds the rest; a size-1 dim's stride steps nowhere */
+        byte_strides[i] = span && dl->shape[i] > 1 ? strides[i] * elem : 0;
 
     /* Writable memory: the storage tells the producer when the last tensor
      * over it goes. Read-only memory: copied below, and let go here. */
@@ -254,8 +267,10 @@ static nb_tensor *take_in(const char *who, const DLTensor *dl, bool read_only, p
                                      read_only ? NULL : producer_done, p);
     if (!s)
         goto done;
-    if (!read_only)
+    if (!read_only) {
+        p->dev = dev;
         p = NULL;
+    }
     nb_tensor *t = nb__tensor_on_storage(s, dtype, dl->ndim, dl->shape, byte_strides, (int64_t)dl->byte_offset);
     if (!t)
         goto done;
