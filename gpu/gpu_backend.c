@@ -251,14 +251,14 @@ static nb_status gpu_conv2d_backward_filter(nb_device *dev, const nb_conv2d_desc
  * runs all of them, f16 and bf16 included (computed in float). */
 bool nb__gpu_supports(const nb_device *dev, nb_kernel k, int variant, nb_dtype dtype)
 {
-    (void)dev;
     if (!nb__list_defines(k, variant, dtype))
         return false;
+    const nb_gpu_ctx *c = dev->ctx;
     switch (k) {
     case NB_K_CONV2D:
     case NB_K_CONV2D_BACKWARD_DATA:
-    case NB_K_CONV2D_BACKWARD_FILTER: /* cuDNN: floating dtypes */
-        return dtype == NB_F32 || dtype == NB_F64 || dtype == NB_F16 || dtype == NB_BF16;
+    case NB_K_CONV2D_BACKWARD_FILTER: /* cuDNN: floating dtypes, bf16 from Ampere (8.0) on */
+        return dtype == NB_F32 || dtype == NB_F64 || dtype == NB_F16 || (dtype == NB_BF16 && c->phys->cc_major >= 8);
     default: return true;
     }
 }
