@@ -48,6 +48,7 @@ static const char k_host_prelude[] =
     "static inline unsigned short nbf_f2b(float f) { return nb__bf16_from_float(f); }\n"
     "static inline unsigned short nbf_d2h(double d) { return nb__f16_from_double(d); }\n"
     "static inline unsigned short nbf_d2b(double d) { return nb__bf16_from_double(d); }\n"
+    "static inline double nbf_opaque(long long u) { return __longlong_as_double(u); }\n"
     "static inline float nbf_keep(float v) { return v; }\n"
     "static inline double nbf_keep(double v) { return v; }\n";
 
