@@ -101,8 +101,11 @@ template <nb_dtype D, nb_random_dist DIST, class Idx>
 __global__ void __launch_bounds__(kThreads) k_random(Geo<1> g, char *out, Idx n, double a, double b, uint64_t seed,
                                                      const double *seed_add)
 {
-    if (seed_add) // a recorded step's mask seed, refreshed before each replay
-        seed += (uint64_t)*seed_add;
+    if (seed_add) { // a recorded step's mask seed, refreshed before each replay: 64 bits in a double's place
+        uint64_t add;
+        memcpy(&add, seed_add, sizeof add);
+        seed += add;
+    }
     for (Idx i = (Idx)gtid(); i < n; i += (Idx)gstride()) {
         T_of<D> v;
         if constexpr (DIST == NB_RAND_UNIFORM) {

@@ -788,6 +788,37 @@ static void retry_memory(void)
            growth[0]);
 }
 
+/* A dropout layer's seed set anywhere between replays, below the recorded
+ * one or far above it: each replay draws the mask an eager apply draws from
+ * that seed (the offset travels as 64 bits, not as a rounded double). */
+static nb_status dropout_only_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    (void)n_in, (void)n_out;
+    out[0] = nb_dropout_apply(user, in[0], true);
+    return out[0] ? NB_OK : nb_error();
+}
+
+static void dropout_seed_set(void)
+{
+    nb_device_push(g_device);
+    nb_dropout_layer layer;
+    CHECK_OK(nb_dropout_init(&layer, 0.5, 1000));
+    nb_tensor *x = nb_ones(NB_F32, NB_SHAPE(4096)), *out[1] = {NULL};
+    nb_graph *g = NULL;
+    CHECK_OK(nb_graph_capture(g_device, dropout_only_step, &layer, 1, &x, 1, out, &g));
+    const uint64_t seeds[] = {1005, 1000, 998, 0, (uint64_t)1 << 60, 0x9E3779B97F4A7C15u, UINT64_MAX};
+    for (size_t i = 0; i < sizeof seeds / sizeof *seeds && g; i++) {
+        layer.seed = seeds[i];
+        CHECK_OK(nb_graph_replay(g, &x, out));
+        CHECKF(layer.seed == seeds[i] + 1, "seed %llu: the layer's seed moved to %llu", (unsigned long long)seeds[i],
+               (unsigned long long)layer.seed);
+        CHECKF(same_bits(out[0], nb_dropout(x, 0.5, seeds[i])), "seed %llu: the replay's mask is not eager's",
+               (unsigned long long)seeds[i]);
+    }
+    nb_graph_free(g);
+    nb_device_pop();
+}
+
 static void replay_checks(void)
 {
     nb_tensor *x = nb_arange(NB_F32, 0, 6, 1), *outs[2] = {NULL, NULL};
@@ -957,6 +988,7 @@ int main(int argc, char **argv)
     RUN(bitwise_f32);
     RUN(bitwise_in_place);
     RUN(bitwise_dropout);
+    RUN(dropout_seed_set);
     RUN(bitwise_mixed);
     RUN(bitwise_scaled);
     RUN(scaler_rules);

@@ -223,9 +223,9 @@ struct nb_backend {
     nb_status (*fill)(nb_device *dev, const nb_view *out, double value); /* out any strides */
     nb_status (*arange)(nb_device *dev, const nb_view *out, double start, double step);
     /* Counter-based: element i depends only on (seed, i). Floating out.
-     * seed_add: NULL, or one double in dev's memory read when the kernel runs,
-     * a whole number in [0, 2^53) added to seed (a recorded step's dropout
-     * reads its mask seed there, which each replay refreshes). */
+     * seed_add: NULL, or one double's 8 bytes in dev's memory read when the
+     * kernel runs, holding the bits of a uint64 added to seed (a recorded
+     * step's dropout reads its mask seed there, which each replay refreshes). */
     nb_status (*random)(nb_device *dev, const nb_view *out, nb_random_dist dist, double a,
                         double b, uint64_t seed, const double *seed_add);
 

@@ -344,7 +344,8 @@ typedef struct recorded_dropout {
 static void dropout_fill(void *ctx, double *params)
 {
     recorded_dropout *r = ctx;
-    params[r->first] = (double)(r->layer->seed - r->seed);
+    const uint64_t add = r->layer->seed - r->seed; /* its 64 bits as they are: a double would round it */
+    memcpy(&params[r->first], &add, sizeof add);
     r->layer->seed++;
 }
 

@@ -290,8 +290,11 @@ nb_status nb__cpu_random(nb_device *dev, const nb_view *out, nb_random_dist dist
     }
     if (dist != NB_RAND_NORMAL && dist != NB_RAND_UNIFORM && dist != NB_RAND_TRUNCATED_NORMAL)
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "random: unknown distribution %d", (int)dist);
-    if (seed_add) /* the CPU's memory: read now, as the kernel runs */
-        seed += (uint64_t)*seed_add;
+    if (seed_add) { /* the CPU's memory: read now, as the kernel runs; 64 bits in a double's place */
+        uint64_t add;
+        memcpy(&add, seed_add, sizeof add);
+        seed += add;
+    }
     rand_ctx c = {dist, a, b, keys_of(seed), nextafterf((float)b, (float)a), nextafter(b, a)};
     nb_cpu_iter it;
     const nb_view *views[1] = {out};
