@@ -313,13 +313,9 @@ static cudnnBackendDescriptor_t make_plan(const nb_gpu_ctx *c, cudnnBackendDescr
 /* Builds the problem, runs the heuristics and finalizes the chosen plan into
  * e; with no plan, e->plan.plan stays NULL and e->why says why. Fails (the
  * error recorded) only when cuDNN cannot be started on the device. */
-static nb_status plan_build(nb_gpu_ctx *c, unsigned flags, nb_cudnn_build_fn build, const void *arg,
-                            plan_entry *e)
+static nb_status plan_build_with(nb_gpu_ctx *c, cudnnHandle_t h, unsigned flags, nb_cudnn_build_fn build,
+                                 const void *arg, plan_entry *e)
 {
-    cudnnHandle_t h;
-    nb_status st = nb__cudnn_handle(c, &h);
-    if (st)
-        return st;
     cudnnBackendDescriptor_t ops[8], graph;
     int nops = 0;
     t_why[0] = 0;
@@ -428,6 +424,20 @@ static nb_status plan_build(nb_gpu_ctx *c, unsigned flags, nb_cudnn_build_fn bui
     return NB_OK;
 }
 
+/* plan_build_with c's handle, which no other thread uses meanwhile. */
+static nb_status plan_build(nb_gpu_ctx *c, unsigned flags, nb_cudnn_build_fn build, const void *arg, plan_entry *e)
+{
+    cudnnHandle_t h;
+    nb_status st = nb__cudnn_handle(c, &h);
+    if (st)
+        return st;
+    pthread_mutex_lock(&c->cudnn_lock);
+    st = plan_build_with(c, h, flags, build, arg, e);
+    pthread_mutex_unlock(&c->cudnn_lock);
+    return st;
+}
+
+
 nb_status nb__cudnn_plan_for(nb_gpu_ctx *c, const char *op, const int64_t *key, int nkey, unsigned flags,
                              nb_cudnn_build_fn build, const void *arg, const nb_cudnn_plan **out, const char **why)
 {
@@ -504,7 +514,9 @@ static nb_status run_plan(nb_gpu_ctx *c, const char *op, const nb_cudnn_plan *pl
         s = cudnnBackendFinalize(vp);
     bool executed = false;
     if (s == CUDNN_STATUS_SUCCESS) {
+        pthread_mutex_lock(&c->cudnn_lock); /* it only queues the kernels */
         s = cudnnBackendExecute(h, plan->plan, vp);
+        pthread_mutex_unlock(&c->cudnn_lock);
         executed = true;
     }
     const cudnnStatus_t category = (cudnnStatus_t)CUDNN_STATUS_CATEGORY(s);

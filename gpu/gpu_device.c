@@ -122,6 +122,7 @@ int nb__gpu_discover(nb_device *devices, int max, int logical_per_gpu)
             c->slot = l;
             pthread_mutex_init(&c->lock, NULL);
             pthread_mutex_init(&c->stage_lock, NULL);
+            pthread_mutex_init(&c->cudnn_lock, NULL);
             if (!p->first)
                 p->first = c;
             p->n_logical++;

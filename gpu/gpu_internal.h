@@ -97,6 +97,9 @@ typedef struct nb_gpu_ctx {
     int index_armed;          /* an index check was queued since the last report (__atomic) */
     /* pinned staging for host -> device copies (gpu_transfer.c) */
     pthread_mutex_t stage_lock;
+    /* cuDNN's handle: threads may not use it at once (a pipeline's stages, or
+     * an async trainer's workers, on one device); held to build and to run a plan */
+    pthread_mutex_t cudnn_lock;
     int stage_state;          /* 0 not tried, 1 ready, -1 unavailable (pageable copies) */
     int stage_next[2];        /* the next slot of each pair (0 stream, 1 copy stream) */
     void *stage[NB_GPU_STAGE_SLOTS];
