@@ -69,6 +69,7 @@ struct nb_gpu_allocator {
     block *large;          /* free large blocks, ascending size */
     block *spare;          /* unused block records */
     block *retry;          /* idle blocks of an abandoned recording, for the next (counted in cached) */
+    int recordings;        /* streams of this card being recorded: no card-wide wait meanwhile */
     block **table;         /* live blocks by pointer: open addressing */
     size_t table_cap, table_n;
     /* the reserve arena */
@@ -472,8 +473,9 @@ void *nb__gpu_malloc(nb_gpu_ctx *c, size_t nbytes)
             call = "cudaSetDevice";
         else
             p = fresh_memory(a, size, pool != NULL, &in_arena, &err, &call);
-        /* Emptying the cache waits for the card, which a recording cannot. */
-        if (!p && current && err == cudaErrorMemoryAllocation && a->cached > 0 && !pool) {
+        /* Emptying the cache waits for the card, which a recording cannot,
+         * nor may another thread while one of the card's streams records. */
+        if (!p && current && err == cudaErrorMemoryAllocation && a->cached > 0 && !pool && !a->recordings) {
             a->cache_flushes++;
             cudaError_t fe = flush_cache(a, &call);
             if (fe != cudaSuccess) {
@@ -663,6 +665,7 @@ nb_status nb__gpu_pool_start(nb_gpu_ctx *c, nb_gpu_pool **out)
         p->free = b;
     }
     c->rec_pool = p;
+    a->recordings++;
     pthread_mutex_unlock(&a->lock);
     *out = p;
     return NB_OK;
@@ -672,6 +675,8 @@ void nb__gpu_pool_stop(nb_gpu_ctx *c)
 {
     nb_gpu_allocator *a = c->phys->alloc;
     pthread_mutex_lock(&a->lock);
+    if (c->rec_pool)
+        a->recordings--;
     c->rec_pool = NULL;
     pthread_mutex_unlock(&a->lock);
 }
@@ -768,6 +773,10 @@ static nb_status empty_one(nb_gpu_phys *p)
     const char *name = p->first ? p->first->dev->name : "/gpu:?";
     pthread_mutex_lock(&a->lock);
     nb_status st = NB_OK;
+    if (a->cached > 0 && a->recordings) {
+        pthread_mutex_unlock(&a->lock);
+        return nb__fail(NB_ERR_UNSUPPORTED, "nb_gpu_empty_cache: a step is being recorded on %s's card", name);
+    }
     if (a->cached > 0) {
         const char *call = "";
         st = nb__gpu_set_device(p->ordinal, name);
@@ -815,6 +824,10 @@ nb_status nb_gpu_set_reserve(const char *device, size_t bytes, bool allow_growth
         return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: %zu bytes is too large for %s", who, bytes, dev->name);
 
     pthread_mutex_lock(&a->lock);
+    if (a->recordings) {
+        pthread_mutex_unlock(&a->lock);
+        return nb__fail(NB_ERR_UNSUPPORTED, "%s: a step is being recorded on %s's card", who, dev->name);
+    }
     cudaError_t e = cudaSuccess;
     const char *call = "cudaMalloc";
     if (a->arena) {

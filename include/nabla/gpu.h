@@ -54,8 +54,11 @@ nb_status nb_gpu_reset_peak_memory(const char *device);
 
 /* Gives every cached (free) block of the device's card back to CUDA, waiting for
  * the card's queued work first; blocks of the reserve arena go back to the arena.
- * device NULL means every GPU. Returns NB_OK, NB_ERR_DEVICE, or NB_ERR_BACKEND
- * when a CUDA call fails. Tensors that are alive are not touched. */
+ * device NULL means every GPU. Returns NB_OK, NB_ERR_DEVICE, NB_ERR_BACKEND
+ * when a CUDA call fails, or NB_ERR_UNSUPPORTED while a stream of the card is
+ * being recorded (nabla/graph.h: the wait would end the recording). Tensors
+ * that are alive are not touched. Out of memory, the allocator empties the
+ * cache itself, except during such a recording. */
 nb_status nb_gpu_empty_cache(const char *device);
 
 /* Chooses how the card under device gets memory.
@@ -66,7 +69,8 @@ nb_status nb_gpu_empty_cache(const char *device);
  *   with NB_ERR_OUT_OF_MEMORY (the arena is then a hard cap).
  * Returns NB_OK; NB_ERR_OUT_OF_MEMORY when the arena cannot be had (the mode is
  * left as it was); NB_ERR_INVALID_ARGUMENT when a current arena still holds
- * live blocks (free them first); NB_ERR_DEVICE for a name that is not a GPU. */
+ * live blocks (free them first); NB_ERR_DEVICE for a name that is not a GPU;
+ * NB_ERR_UNSUPPORTED while a stream of the card is being recorded. */
 nb_status nb_gpu_set_reserve(const char *device, size_t bytes, bool allow_growth);
 
 /* Lets float32 matmuls use TF32 tensor cores (faster, about 10 bits of
