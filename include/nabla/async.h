@@ -99,7 +99,8 @@ bool nb_async_is_server(const nb_async *a);
 const char *nb_async_device(const nb_async *a, int worker);
 
 /* The staleness bound: -1 (default) none, 0 synchronous, b > 0
- * stale-synchronous (see above). NB_ERR_INVALID_ARGUMENT for NULL or a bound
+ * stale-synchronous (see above), from the next nb_async_train on (a call in
+ * progress keeps its own). NB_ERR_INVALID_ARGUMENT for NULL or a bound
  * below -1. Across processes every rank must set the same bound. */
 nb_status nb_async_set_staleness_bound(nb_async *a, int64_t bound);
 
@@ -130,8 +131,9 @@ typedef struct nb_async_update {
  * Must not call the trainer. */
 typedef void (*nb_async_observer)(const nb_async_update *u, void *user);
 
-/* Sets (or with fn NULL removes) the observer. Reading each loss to the host
- * costs a wait on the device, so there is none without an observer.
+/* Sets (or with fn NULL removes) the observer, from the next nb_async_train
+ * on (a call in progress keeps its own). Reading each loss to the host costs
+ * a wait on the device, so there is none without an observer.
  * NB_ERR_INVALID_ARGUMENT for NULL a. */
 nb_status nb_async_set_observer(nb_async *a, nb_async_observer fn, void *user);
 

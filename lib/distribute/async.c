@@ -100,7 +100,7 @@ static nb_async *async_make(int n, const char *const *devices, const char *maste
     a->n = n;
     a->workers = ws;
     a->master = master;
-    a->bound = -1;
+    a->set_bound = -1;
     memcpy(a->devices, devs, sizeof *devs * (size_t)n);
     pthread_mutex_init(&a->lock, NULL);
     pthread_cond_init(&a->cv, NULL);
@@ -188,7 +188,7 @@ nb_status nb_async_set_staleness_bound(nb_async *a, int64_t bound)
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_async_set_staleness_bound: %s",
                         !a ? "trainer is NULL" : "the bound must be -1 (none), 0 (synchronous) or more");
     pthread_mutex_lock(&a->lock);
-    a->bound = bound;
+    a->set_bound = bound;
     pthread_mutex_unlock(&a->lock);
     return NB_OK;
 }
@@ -198,8 +198,8 @@ nb_status nb_async_set_observer(nb_async *a, nb_async_observer fn, void *user)
     if (!a)
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "nb_async_set_observer: trainer is NULL");
     pthread_mutex_lock(&a->lock);
-    a->observer = fn;
-    a->observer_user = user;
+    a->set_observer = fn;
+    a->set_observer_user = user;
     pthread_mutex_unlock(&a->lock);
     return NB_OK;
 }
@@ -676,7 +676,12 @@ nb_status nb_async_train(nb_async *a, nb_optimizer *opt, int n_vars, nb_variable
         return st;
     pthread_mutex_lock(&a->lock);
     bool busy = a->training;
-    a->training = true;
+    if (!busy) { /* the settings hold for the whole call, whatever other threads set meanwhile */
+        a->training = true;
+        a->bound = a->set_bound;
+        a->observer = a->set_observer;
+        a->observer_user = a->set_observer_user;
+    }
     pthread_mutex_unlock(&a->lock);
     if (busy)
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: the trainer is already training on another thread", who);

@@ -38,12 +38,16 @@ struct nb_async {
 
     pthread_mutex_t lock; /* the masters, the clocks, the counters */
     pthread_cond_t cv;    /* a clock moved, a round was applied, or a worker failed */
-    int64_t bound;        /* -1 none, 0 synchronous, else the largest lead */
-    nb_async_observer observer;
-    void *observer_user;
+    /* what the setters chose (under lock): a call takes them at its start */
+    int64_t set_bound;
+    nb_async_observer set_observer;
+    void *set_observer_user;
     bool training;        /* a call is in progress (one at a time) */
 
     /* the call in progress */
+    int64_t bound;        /* -1 none, 0 synchronous, else the largest lead */
+    nb_async_observer observer;
+    void *observer_user;
     nb_optimizer *opt;
     int n_vars;
     nb_variable *const *vars;
