@@ -12,6 +12,8 @@
  *   test_graph [--gpu]     (--gpu: the GPU cases only; 77 without a GPU) */
 #include "check.h"
 
+#include <nabla/dlpack.h>
+
 #define FEAT 12
 #define HID 16
 #define CLASSES 5
@@ -819,6 +821,56 @@ static void dropout_seed_set(void)
     nb_device_pop();
 }
 
+/* After a capture, eager updates of a variable nothing else reads write its
+ * tensor in place, as before the capture: the graph's hold on it is no read
+ * (before, every eager update moved the variable to a fresh tensor, and the
+ * next replay copied it back). */
+static nb_variable *g_w;
+static nb_optimizer *g_sgd;
+static nb_status sgd_only_step(void *user, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out)
+{
+    (void)user, (void)n_in, (void)n_out, (void)out;
+    nb_tensor *g = in[0];
+    return nb_optimizer_apply(g_sgd, 1, &g_w, &g);
+}
+
+static const void *value_address(nb_variable *v)
+{
+    nb_scope *s = nb_scope_begin();
+    DLManagedTensorVersioned *m = nb_to_dlpack(nb_read(v));
+    const void *p = m ? (const char *)m->dl_tensor.data + m->dl_tensor.byte_offset : NULL;
+    if (m)
+        m->deleter(m);
+    nb_scope_end(s);
+    return p;
+}
+
+static void eager_after_capture(void)
+{
+    nb_device_push(g_device);
+    g_w = nb_variable_new("w", nb_zeros(NB_F64, NB_SHAPE(64)));
+    g_sgd = nb_sgd_new(0.125);
+    nb_tensor *g = nb_ones(NB_F64, NB_SHAPE(64));
+    nb_graph *graph = NULL;
+    CHECK_OK(nb_graph_capture(g_device, sgd_only_step, NULL, 1, &g, 0, NULL, &graph));
+    const void *at = value_address(g_w);
+    for (int i = 0; i < 3; i++) {
+        CHECK_OK(nb_optimizer_apply(g_sgd, 1, &g_w, &g));
+        CHECKF(value_address(g_w) == at, "eager update %d moved the variable", i);
+    }
+    CHECK_OK(graph ? nb_graph_replay(graph, &g, NULL) : NB_ERR_INTERNAL);
+    CHECK(value_address(g_w) == at && nb_tensor_get(nb_read(g_w), 63) == -0.625);
+    nb_tensor *held = nb_read(g_w); /* a read: the next update writes a fresh tensor, the replay copies back */
+    CHECK_OK(nb_optimizer_apply(g_sgd, 1, &g_w, &g));
+    CHECK(value_address(g_w) != at && nb_tensor_get(held, 0) == -0.625);
+    CHECK_OK(graph ? nb_graph_replay(graph, &g, NULL) : NB_ERR_INTERNAL);
+    CHECK(value_address(g_w) == at && nb_tensor_get(nb_read(g_w), 0) == -0.875);
+    nb_graph_free(graph);
+    nb_optimizer_free(g_sgd);
+    nb_variable_free(g_w);
+    nb_device_pop();
+}
+
 static void replay_checks(void)
 {
     nb_tensor *x = nb_arange(NB_F32, 0, 6, 1), *outs[2] = {NULL, NULL};
@@ -999,6 +1051,7 @@ int main(int argc, char **argv)
     RUN(in_place_nodes);
     RUN(old_value_after_update);
     RUN(twice_updated);
+    RUN(eager_after_capture);
     if (gpu_only)
         RUN(retry_memory);
     if (!gpu_only) /* a GPU's index errors surface later, at a synchronising call */

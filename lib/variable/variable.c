@@ -31,6 +31,7 @@ struct nb_variable {
     uint64_t uid;
     uint64_t mirror_owner; /* the strategy's id for a mirrored variable, else 0 */
     uint64_t bound_in;     /* the recording (capture id) it is bound to, while it runs */
+    struct bound *bindings; /* the recorded graphs' holds on its tensors */
     int n_copies;
     nb_variable **copies;  /* one plain variable per replica */
 };
@@ -225,10 +226,14 @@ nb_tensor *nb__variable_value(nb_variable *v) { return v ? local(v)->value : NUL
 
 /* ---- copy-on-write -------------------------------------------------------------- */
 
-/* True when a tensor read from the variable, or a view of its storage, is alive. */
-static bool value_shared(const nb_tensor *t)
+static int graph_holds(const nb_variable *v, const nb_tensor *t);
+
+/* True when a tensor read from v's value t, or a view of its storage, is
+ * alive: a reference other than v's own and its graphs' (which replay into t
+ * whatever it holds, so an update may write it in place). */
+static bool value_shared(const nb_variable *v, const nb_tensor *t)
 {
-    return atomic_load(&t->refs) > 1 || atomic_load(&t->storage->refs) > 1;
+    return atomic_load(&t->refs) > 1 + graph_holds(v, t) || atomic_load(&t->storage->refs) > 1;
 }
 
 /* A recorded update that writes a shared value in place (capture.h): a tensor
@@ -267,7 +272,7 @@ nb_tensor *nb__variable_update_target(nb_variable *v, const char *who)
     nb_variable *lv = local(v);
     bind_to_recording(lv); /* written in place, or moved by set_value */
     nb_tensor *cur = lv->value;
-    if (!value_shared(cur))
+    if (!value_shared(lv, cur))
         return cur;
     nb__capture *c = nb__capture_current();
     if (nb__capture_in_place(c) && lv->bound_in == nb__capture_id(c))
@@ -296,7 +301,17 @@ bool nb__variable_target_in_place(nb_variable *v, const nb_tensor *t)
 typedef struct bound {
     nb_variable *v;
     nb_tensor *rec; /* the tensor the recording reads and writes (a reference) */
+    struct bound *next; /* v's next binding */
 } bound;
+
+/* How many of v's graphs hold t. */
+static int graph_holds(const nb_variable *v, const nb_tensor *t)
+{
+    int n = 0;
+    for (const bound *b = v->bindings; b; b = b->next)
+        n += b->rec == t;
+    return n;
+}
 
 /* v's value goes back to b->rec, now's values copied there first when keep. */
 static void go_back(bound *b, bool keep)
@@ -329,9 +344,15 @@ static void bound_before_replay(void *ctx, double *params)
     go_back(ctx, true);
 }
 
+/* The graph goes (its variables outlive it, nabla/graph.h). */
 static void bound_release(void *ctx)
 {
     bound *b = ctx;
+    for (bound **p = &b->v->bindings; *p; p = &(*p)->next)
+        if (*p == b) {
+            *p = b->next;
+            break;
+        }
     nb__release(b->rec);
     free(b);
 }
@@ -353,7 +374,8 @@ static void bind_to_recording(nb_variable *v)
         return;
     }
     nb__retain(v->value);
-    *b = (bound){v, v->value};
+    *b = (bound){v, v->value, v->bindings};
+    v->bindings = b;
     if (nb__capture_hook(c, &hooks, b) == NB_OK) /* else released: the recording fails */
         v->bound_in = nb__capture_id(c);
 }
@@ -440,7 +462,7 @@ static nb_status assign(nb_variable *v, const nb_tensor *value, assign_kind kind
      * still holds it. Add and sub always write a fresh tensor: the binary kernel
      * may not alias its output with an input (its pointers are restrict), and
      * the traffic is the same either way. */
-    bool fresh = kind != ASSIGN_SET || value_shared(cur);
+    bool fresh = kind != ASSIGN_SET || value_shared(v, cur);
     nb_tensor *out = fresh ? nb__tensor_new(who, dev, cur->dtype, cur->ndim, cur->shape) : cur;
     if (!out) {
         st = nb_error() ? nb_error() : NB_ERR_OUT_OF_MEMORY;
