@@ -420,14 +420,20 @@ static void test_random(void)
             EXPECT_OK(B->random(DEV, &o.v, (nb_random_dist)dist, a, b, 1234, NULL));
             EXPECT_OK(B->random(DEV, &o2.v, (nb_random_dist)dist, a, b, 1234, NULL));
             EXPECT_OK(B->random(DEV, &o3.v, (nb_random_dist)dist, a, b, 1235, NULL));
-            /* seed_add, read from memory: 1233 + 2 is seed 1235 */
-            const double add = 2;
-            arr o4 = arr_c(dt, 1, shape1);
-            arr_poison(&o4);
-            EXPECT_OK(B->random(DEV, &o4.v, (nb_random_dist)dist, a, b, 1233, &add));
-            EXPECT(memcmp(o3.v.data, o4.v.data, (size_t)n * nb_dtype_size(dt)) == 0,
-                   "seed 1233 + seed_add 2 is not seed 1235");
-            arr_free(&o4);
+            /* seed_add, read from memory, the bits of a uint64 in a double's
+             * place: 1233 + 2 is seed 1235, and so is 1237 + (2^64 - 2) */
+            const uint64_t adds[2] = {2, (uint64_t)0 - 2}, bases[2] = {1233, 1237};
+            for (int k = 0; k < 2; k++) {
+                double add;
+                memcpy(&add, &adds[k], sizeof add);
+                arr o4 = arr_c(dt, 1, shape1);
+                arr_poison(&o4);
+                EXPECT_OK(B->random(DEV, &o4.v, (nb_random_dist)dist, a, b, bases[k], &add));
+                EXPECT(memcmp(o3.v.data, o4.v.data, (size_t)n * nb_dtype_size(dt)) == 0,
+                       "seed %llu + seed_add %llu is not seed 1235", (unsigned long long)bases[k],
+                       (unsigned long long)adds[k]);
+                arr_free(&o4);
+            }
             double sum = 0, sum2 = 0, lo = INFINITY, hi = -INFINITY;
             int64_t same_other_seed = 0;
             for (int64_t i = 0; i < n; i++) {
