@@ -251,8 +251,9 @@ static nb_status conv(nb_gpu_ctx *c, int which, const nb_conv2d_desc *d, const n
     const bool cn = d->nchw || dt == NB_F64, relayout = cn != d->nchw;
     const bool tf32 = dt == NB_F32 && nb_gpu_tf32(), det = nb_deterministic();
     /* f32 and f64 exactly as stored (no input converted down, no reduction
-     * in lower precision); f16 and bf16 as cuDNN sees fit, as frameworks do */
-    const unsigned flags = (dt == NB_F32 || dt == NB_F64 ? NB_CUDNN_EXACT_INPUTS : 0) |
+     * in lower precision); f16 and bf16 summed in float where cuDNN has an
+     * engine for it (the mixed-precision policy's promise), else as it can */
+    const unsigned flags = (dt == NB_F32 || dt == NB_F64 ? NB_CUDNN_EXACT_INPUTS : NB_CUDNN_FLOAT_REDUCTION) |
                            (dt != NB_F32 || tf32 ? NB_CUDNN_ALLOW_TENSOR_CORE : 0) | (det ? NB_CUDNN_DETERMINISTIC : 0);
     /* sizes of the scratch blocks: the callers checked that the tensors' fit */
     const int64_t padded_shape[4] = {d->N, Hc, Wc, d->C};

@@ -242,6 +242,8 @@ static bool engine_allowed(cudnnBackendDescriptor_t cfg, unsigned flags, bool *j
              notes[i] == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION) &&
             (flags & NB_CUDNN_EXACT_INPUTS))
             goto done;
+        if (notes[i] == CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION && (flags & NB_CUDNN_FLOAT_REDUCTION))
+            goto done;
     }
     cudnnBackendBehaviorNote_t behaviour[CUDNN_BEHAVIOR_NOTE_TYPE_COUNT];
     if (cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_BEHAVIOR_NOTE, CUDNN_TYPE_BEHAVIOR_NOTE,
@@ -339,70 +341,78 @@ static nb_status plan_build_with(nb_gpu_ctx *c, cudnnHandle_t h, unsigned flags,
     int offered = 0, refused_by_flags = 0, unfinalized = 0;
     cudnnStatus_t heur_status = CUDNN_STATUS_SUCCESS, plan_status = CUDNN_STATUS_SUCCESS;
     const cudnnBackendHeurMode_t modes[2] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
-    /* pass 0: precompiled engines only; pass 1 also those compiled at run time */
-    for (int pass = 0; pass < 2 && !best_fits; pass++) {
-        for (int m = 0; m < 2 && !best_fits; m++) {
-            cudnnBackendDescriptor_t heur = NULL, cfgs[64] = {0};
-            int64_t count = 0;
-            cudnnStatus_t s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur);
-            if (s == CUDNN_STATUS_SUCCESS)
-                s = cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH,
-                                             CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph);
-            if (s == CUDNN_STATUS_SUCCESS)
-                s = cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &modes[m]);
-            if (s == CUDNN_STATUS_SUCCESS)
-                s = heur_device(c, heur);
-            if (s == CUDNN_STATUS_SUCCESS)
-                s = cudnnBackendFinalize(heur);
-            if (s == CUDNN_STATUS_SUCCESS)
-                s = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
-                                             &count, NULL);
-            if (count > 64)
-                count = 64;
-            int64_t made = 0;
-            while (s == CUDNN_STATUS_SUCCESS && made < count &&
-                   (s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfgs[made])) ==
-                       CUDNN_STATUS_SUCCESS)
-                made++;
-            int64_t got = 0;
-            if (s == CUDNN_STATUS_SUCCESS && made > 0)
-                s = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                             made, &got, cfgs);
-            if (s != CUDNN_STATUS_SUCCESS)
-                heur_status = s;
-            for (int64_t i = 0; s == CUDNN_STATUS_SUCCESS && i < got && i < made && !best_fits; i++) {
-                bool jit;
-                if (!engine_allowed(cfgs[i], flags, &jit)) {
-                    refused_by_flags += pass == 0;
-                    continue;
-                }
-                if (jit != (pass == 1))
-                    continue;
-                offered++;
-                int64_t ws = 0;
-                cudnnBackendDescriptor_t plan = make_plan(c, cfgs[i], h, &ws, &plan_status);
-                if (!plan) {
-                    unfinalized++;
-                    continue;
-                }
-                bool fits = (uint64_t)ws <= limit;
-                if (!best || fits || ws < best_ws) {
-                    if (best) {
-                        cudnnBackendDestroyDescriptor(best);
-                        cudnnBackendDestroyDescriptor(best_cfg);
+    /* round 1 again without NB_CUDNN_FLOAT_REDUCTION when round 0 found no
+     * plan; pass 0: precompiled engines only; pass 1 also those compiled at
+     * run time */
+    for (int round = 0; round < 2 && !best; round++) {
+        if (round == 1 && !(flags & NB_CUDNN_FLOAT_REDUCTION))
+            break;
+        if (round == 1)
+            flags &= ~(unsigned)NB_CUDNN_FLOAT_REDUCTION;
+        for (int pass = 0; pass < 2 && !best_fits; pass++) {
+            for (int m = 0; m < 2 && !best_fits; m++) {
+                cudnnBackendDescriptor_t heur = NULL, cfgs[64] = {0};
+                int64_t count = 0;
+                cudnnStatus_t s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur);
+                if (s == CUDNN_STATUS_SUCCESS)
+                    s = cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH,
+                                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph);
+                if (s == CUDNN_STATUS_SUCCESS)
+                    s = cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &modes[m]);
+                if (s == CUDNN_STATUS_SUCCESS)
+                    s = heur_device(c, heur);
+                if (s == CUDNN_STATUS_SUCCESS)
+                    s = cudnnBackendFinalize(heur);
+                if (s == CUDNN_STATUS_SUCCESS)
+                    s = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
+                                                 &count, NULL);
+                if (count > 64)
+                    count = 64;
+                int64_t made = 0;
+                while (s == CUDNN_STATUS_SUCCESS && made < count &&
+                       (s = cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfgs[made])) ==
+                           CUDNN_STATUS_SUCCESS)
+                    made++;
+                int64_t got = 0;
+                if (s == CUDNN_STATUS_SUCCESS && made > 0)
+                    s = cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                                 made, &got, cfgs);
+                if (s != CUDNN_STATUS_SUCCESS)
+                    heur_status = s;
+                for (int64_t i = 0; s == CUDNN_STATUS_SUCCESS && i < got && i < made && !best_fits; i++) {
+                    bool jit;
+                    if (!engine_allowed(cfgs[i], flags, &jit)) {
+                        refused_by_flags += pass == 0;
+                        continue;
                     }
-                    /* the configuration the plan was made from stays with it */
-                    best = plan, best_cfg = cfgs[i], best_ws = ws, best_fits = fits;
-                    cfgs[i] = NULL;
-                } else {
-                    cudnnBackendDestroyDescriptor(plan);
+                    if (jit != (pass == 1))
+                        continue;
+                    offered++;
+                    int64_t ws = 0;
+                    cudnnBackendDescriptor_t plan = make_plan(c, cfgs[i], h, &ws, &plan_status);
+                    if (!plan) {
+                        unfinalized++;
+                        continue;
+                    }
+                    bool fits = (uint64_t)ws <= limit;
+                    if (!best || fits || ws < best_ws) {
+                        if (best) {
+                            cudnnBackendDestroyDescriptor(best);
+                            cudnnBackendDestroyDescriptor(best_cfg);
+                        }
+                        /* the configuration the plan was made from stays with it */
+                        best = plan, best_cfg = cfgs[i], best_ws = ws, best_fits = fits;
+                        cfgs[i] = NULL;
+                    } else {
+                        cudnnBackendDestroyDescriptor(plan);
+                    }
                 }
+                for (int64_t i = 0; i < made; i++)
+                    if (cfgs[i])
+                        cudnnBackendDestroyDescriptor(cfgs[i]);
+                if (heur)
+                    cudnnBackendDestroyDescriptor(heur);
             }
-            for (int64_t i = 0; i < made; i++)
-                if (cfgs[i])
-                    cudnnBackendDestroyDescriptor(cfgs[i]);
-            if (heur)
-                cudnnBackendDestroyDescriptor(heur);
         }
     }
     if (best && e->keep.n == NB_CUDNN_MAX_DESCS) { /* no room to keep its configuration */

@@ -71,6 +71,7 @@ enum {
     NB_CUDNN_ALLOW_TENSOR_CORE = 1, /* tensor-core engines (TF32 for f32) */
     NB_CUDNN_DETERMINISTIC = 2,     /* refuse engines cuDNN notes as nondeterministic */
     NB_CUDNN_EXACT_INPUTS = 4,      /* refuse engines that down-convert inputs or reduce in lower precision */
+    NB_CUDNN_FLOAT_REDUCTION = 8,   /* prefer engines that reduce in float: the others only when none is left */
 };
 
 /* Builds the operation descriptors of a problem into keep and returns them in

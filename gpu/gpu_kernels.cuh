@@ -81,6 +81,31 @@ template <nb_dtype D> NBG_HD C_of<D> ld(T_of<D> x)
         return static_cast<C_of<D>>(x);
 }
 
+// One multiply, add or subtract, rounded on its own: never fused with its
+// neighbour into an fma, as the CPU's kernels (built with -ffp-contract=off)
+// compute them. For float and double.
+template <class C> __device__ __forceinline__ C mul_rn(C a, C b)
+{
+    if constexpr (std::is_same_v<C, double>)
+        return __dmul_rn(a, b);
+    else
+        return __fmul_rn(a, b);
+}
+template <class C> __device__ __forceinline__ C add_rn(C a, C b)
+{
+    if constexpr (std::is_same_v<C, double>)
+        return __dadd_rn(a, b);
+    else
+        return __fadd_rn(a, b);
+}
+template <class C> __device__ __forceinline__ C sub_rn(C a, C b)
+{
+    if constexpr (std::is_same_v<C, double>)
+        return __dsub_rn(a, b);
+    else
+        return __fsub_rn(a, b);
+}
+
 // Compute type (or any arithmetic value) -> storage. An integer goes to f16
 // and bf16 through double, as on the CPU (ops/cpu/cpu_copy.c): through float,
 // an i32 past 2^24 would round twice (16842753 to bf16: 16777216, not 16908288).

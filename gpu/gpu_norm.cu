@@ -111,11 +111,12 @@ __global__ void __launch_bounds__(kRowThreads)
         const C m = static_cast<C>(mu), dm = static_cast<C>(mu - static_cast<double>(m)), sc = static_cast<C>(rs);
         T_of<D> *o = out + r * L;
         for (int64_t j = lane; j < L; j += lanes) {
-            C v = ((static_cast<C>(ld<D>(xr[j])) - m) - dm) * sc;
+            // each step rounded, in the CPU's order (no fma)
+            C v = mul_rn(sub_rn(sub_rn(static_cast<C>(ld<D>(xr[j])), m), dm), sc);
             if (gamma)
-                v *= static_cast<C>(ld<D>(gamma[j]));
+                v = mul_rn(v, static_cast<C>(ld<D>(gamma[j])));
             if (beta)
-                v += static_cast<C>(ld<D>(beta[j]));
+                v = add_rn(v, static_cast<C>(ld<D>(beta[j])));
             o[j] = st<D>(v);
         }
     }
@@ -154,8 +155,10 @@ __global__ void __launch_bounds__(kRowThreads)
         for (int64_t j = lane; j < L; j += lanes) {
             C h = static_cast<C>(ld<D>(gr[j]));
             if (gamma)
-                h *= static_cast<C>(ld<D>(gamma[j]));
-            o[j] = st<D>(sc * ((h - a) - ((static_cast<C>(ld<D>(xr[j])) - m) - dm) * sc * q));
+                h = mul_rn(h, static_cast<C>(ld<D>(gamma[j])));
+            // each step rounded, in the CPU's order (no fma)
+            const C xq = mul_rn(mul_rn(sub_rn(sub_rn(static_cast<C>(ld<D>(xr[j])), m), dm), sc), q);
+            o[j] = st<D>(mul_rn(sc, sub_rn(sub_rn(h, a), xq)));
         }
     }
 }

@@ -152,7 +152,8 @@ __global__ void __launch_bounds__(kThreads) k_avg_pool(PoolGeo g, const T_of<D> 
         for (int64_t r = r0; r < r1; r++)
             for (int64_t s = s0; s < s1; s++)
                 sum += static_cast<A>(ld<D>(x[at(g, n, h0 + r, w0 + s, ch, g.H, g.W)]));
-        out[i] = st<D>(sum / static_cast<A>((r1 - r0) * (s1 - s0)));
+        // the CPU's rounding: the sum times the window's 1 / count
+        out[i] = st<D>(mul_rn(sum, A(1) / static_cast<A>((r1 - r0) * (s1 - s0))));
     }
 }
 
@@ -167,8 +168,8 @@ __global__ void __launch_bounds__(kThreads) k_avg_pool_grad(PoolGeo g, const T_o
             for (int64_t q = c.qlo; q <= c.qhi; q++) {
                 int64_t h0, r0, r1, w0, s0, s1;
                 window(g, p, q, h0, r0, r1, w0, s0, s1);
-                sum += static_cast<A>(ld<D>(dy[at(g, c.n, p, q, c.ch, g.P, g.Q)])) /
-                       static_cast<A>((r1 - r0) * (s1 - s0));
+                const A inv = A(1) / static_cast<A>((r1 - r0) * (s1 - s0)); // as the CPU rounds it
+                sum = add_rn(sum, mul_rn(static_cast<A>(ld<D>(dy[at(g, c.n, p, q, c.ch, g.P, g.Q)])), inv));
             }
         out[i] = st<D>(sum);
     }
@@ -384,10 +385,11 @@ __global__ void __launch_bounds__(kThreads)
     using Cc = C_of<D>;
     for (int64_t i = gtid(); i < total; i += gstride()) {
         const int64_t ch = inner == 1 ? i % C : (i / inner) % C; // NHWC: one division
-        Cc v = ld<D>(a[i]) * ld<D>(s[ch]) + ld<D>(u[ch]);
+        // (a s + b t) + u, each step rounded, as the CPU computes it
+        Cc v = mul_rn<Cc>(ld<D>(a[i]), ld<D>(s[ch]));
         if (b)
-            v += ld<D>(b[i]) * ld<D>(t[ch]);
-        out[i] = st<D>(v);
+            v = add_rn(v, mul_rn<Cc>(ld<D>(b[i]), ld<D>(t[ch])));
+        out[i] = st<D>(add_rn<Cc>(v, ld<D>(u[ch])));
     }
 }
 
