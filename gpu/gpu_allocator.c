@@ -369,6 +369,19 @@ static cudaError_t release_block(nb_gpu_allocator *a, block *b)
     return e;
 }
 
+/* Gives every block of the list at *head back (release_block); *first
+ * keeps the first failure. */
+static void release_list(nb_gpu_allocator *a, block **head, cudaError_t *first)
+{
+    while (*head) {
+        block *b = *head;
+        *head = b->next;
+        cudaError_t e = release_block(a, b);
+        if (*first == cudaSuccess)
+            *first = e;
+    }
+}
+
 /* Waits for the card and gives every cached block back. The card must be
  * current. On failure *call names the CUDA call that failed. */
 static cudaError_t flush_cache(nb_gpu_allocator *a, const char **call)
@@ -383,29 +396,10 @@ static cudaError_t flush_cache(nb_gpu_allocator *a, const char **call)
     cudaError_t first = cudaDeviceSynchronize();
     if (first == cudaSuccess)
         *call = "cudaFree";
-    for (size_t i = 0; i < N_SMALL; i++) {
-        while (a->small[i]) {
-            block *b = a->small[i];
-            a->small[i] = b->next;
-            cudaError_t e = release_block(a, b);
-            if (first == cudaSuccess)
-                first = e;
-        }
-    }
-    while (a->large) {
-        block *b = a->large;
-        a->large = b->next;
-        cudaError_t e = release_block(a, b);
-        if (first == cudaSuccess)
-            first = e;
-    }
-    while (a->retry) {
-        block *b = a->retry;
-        a->retry = b->next;
-        cudaError_t e = release_block(a, b);
-        if (first == cudaSuccess)
-            first = e;
-    }
+    for (size_t i = 0; i < N_SMALL; i++)
+        release_list(a, &a->small[i], &first);
+    release_list(a, &a->large, &first);
+    release_list(a, &a->retry, &first);
     a->cached = 0;
     return first;
 }
