@@ -7,7 +7,7 @@ Prints "version V", then "cpu.<case>.<fwd|step> MS" and, with CUDA,
 "cuda.<case>.<fwd|step> MS" (median milliseconds), or "PyTorch: not installed"."""
 import sys
 
-from torch_peer import arg, median_wall, need_torch
+from torch_peer import arg, median_synced_ms, need_torch
 
 torch = need_torch()
 import torch.nn.functional as F  # noqa: E402 - after need_torch has found torch
@@ -18,12 +18,7 @@ CASES = [("ce64x10", 64, 10), ("ce4096x1000", 4096, 1000), ("ce256x32000", 256, 
 
 
 def median_ms(fn, cuda):
-    def timed():
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-
-    return median_wall(timed, R, WARM, 1e6)
+    return median_synced_ms(fn, R, WARM, cuda)
 
 
 def bench_case(device, rows, classes):

@@ -8,7 +8,7 @@ Prints "version V", then "cpu.<case>.<fwd|step> MS" and, with CUDA,
 "cuda.<case>.<fwd|step> MS" (median milliseconds), or "PyTorch: not installed"."""
 import sys
 
-from torch_peer import arg, median_wall, need_torch
+from torch_peer import arg, median_synced_ms, need_torch
 
 torch = need_torch()
 import torch.nn.functional as F  # noqa: E402 - after need_torch has found torch
@@ -19,12 +19,7 @@ LN = [("ln64x512", 64, 512), ("ln4096x768", 4096, 768)]  # name, rows, dim
 
 
 def median_ms(fn, cuda):
-    def timed():
-        fn()
-        if cuda:
-            torch.cuda.synchronize()
-
-    return median_wall(timed, R, WARM, 1e6)
+    return median_synced_ms(fn, R, WARM, cuda)
 
 
 def bench_ln(device, rows, dim):

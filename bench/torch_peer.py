@@ -45,6 +45,20 @@ def median_wall(fn, reps, warm, ns_per_unit, per=1):
     return statistics.median(samples)
 
 
+def median_synced_ms(fn, reps, warm, cuda):
+    """median_wall of fn in milliseconds, each call followed by
+    torch.cuda.synchronize() when cuda (so a GPU call is timed to its end)."""
+
+    def timed():
+        fn()
+        if cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+    return median_wall(timed, reps, warm, 1e6)
+
+
 def median_events_ms(batch, reps, per, warm=3):
     """Median milliseconds per op of batch() (per ops), timed on cuda:0 with
     CUDA events around each call, after warm untimed calls."""
