@@ -75,11 +75,15 @@ typedef struct nb_gpu_fuse_geo {
 /* The kernel's argument, the same layout in the generated source. store has
  * bit k set where slot k is written to memory (the chain writes it and it is
  * not internal): the source does not depend on which results are dead, so
- * the kernel compiled while preparing serves the recording. */
+ * the kernel compiled while preparing serves the recording. k holds each
+ * step's scalar (a fill's value, a unary's alpha) as bits: the source does
+ * not depend on the values either, so chains that differ only in them share
+ * one compiled kernel. */
 typedef struct nb_gpu_fuse_args {
     char *p[NB_FUSE_MAX_SLOTS];
     long long st[NB_FUSE_MAX_SLOTS][NB_GPU_FUSE_MAX_DIMS];
     long long shape[NB_GPU_FUSE_MAX_DIMS];
+    unsigned long long k[NB_FUSE_MAX_CALLS];
     long long n;
     unsigned store;
 } nb_gpu_fuse_args;

@@ -61,7 +61,6 @@ static const char k_prelude_h[] =
      * ptxas never contracts into an fma with the next call's add (an empty asm
      * leaves nothing in the PTX). x + -0 is x but for a NaN's payload, so a
      * NaN passes as it came, as from the call's own kernel. */
-    "NBF double nbf_opaque(long long bits) { double d; asm volatile(\"mov.b64 %0, %1;\" : \"=d\"(d) : \"l\"(bits)); return d; }\n"
     "NBF float nbf_keep(float v) {\n"
     "  float w; asm volatile(\"add.rn.f32 %0, %1, 0f80000000;\" : \"=f\"(w) : \"f\"(v)); return v == v ? w : v;\n"
     "}\n"
@@ -70,6 +69,8 @@ static const char k_prelude_h[] =
     "}\n";
 
 /* ---- the iteration --------------------------------------------------------------------- */
+
+static uint64_t step_scalar(const nb_fuse_plan *p, const nb_fuse_step *st);
 
 void nb__gpu_fuse_geometry(const nb_fuse_plan *p, nb_gpu_fuse_geo *g, nb_gpu_fuse_args *a)
 {
@@ -85,6 +86,8 @@ void nb__gpu_fuse_geometry(const nb_fuse_plan *p, nb_gpu_fuse_geo *g, nb_gpu_fus
         if (written[i] && !p->slots[i].internal)
             a->store |= 1u << i;
     }
+    for (int i = 0; i < p->n_steps; i++)
+        a->k[i] = step_scalar(p, &p->steps[i]);
     /* size-1 dims dropped; a dim merged into the one before it where every
      * operand steps over it exactly */
     const nb_view *v0 = views[0];
@@ -234,43 +237,64 @@ static void put_load(text *t, nb_dtype d, int s)
     }
 }
 
-/* A floating value of compute type in exact bits: float or double. */
-static void put_real(text *t, nb_dtype d, double v)
-{
-    if (d == NB_F64) {
-        uint64_t bits;
-        memcpy(&bits, &v, sizeof bits);
-        put(t, "__longlong_as_double(0x%016llxLL)", (unsigned long long)bits);
-    } else {
-        float f = (float)v;
-        uint32_t bits;
-        memcpy(&bits, &f, sizeof bits);
-        put(t, "__uint_as_float(0x%08xU)", bits);
-    }
-}
+/* Step i's scalar, as the kernel reads it: the bits of a.k[i] (see
+ * step_scalar) as a double. */
+static void put_scalar_double(text *t, int i) { put(t, "__longlong_as_double((long long)a.k[%d])", i); }
 
-/* A fill's value as the kernels store it (lib/core/half.h, nb_cast_to_*).
- * A NaN is converted on the device, as the fill kernel does (its NaN's bits
- * are the device's), from a double the compiler cannot fold. */
-static void put_fill(text *t, nb_dtype d, double v)
+/* A fill's value, converted on the device from the double as the fill
+ * kernel's st<D> converts it (a NaN's bits are then the device's). */
+static void put_fill(text *t, nb_dtype d, int i)
 {
-    if (v != v && (d == NB_F32 || d == NB_F64 || d == NB_F16 || d == NB_BF16)) {
-        uint64_t bits;
-        memcpy(&bits, &v, sizeof bits);
-        static const char *const conv[] = {[NB_F32] = "(float)", [NB_F64] = "", [NB_F16] = "nbf_d2h",
-                                           [NB_BF16] = "nbf_d2b"};
-        put(t, "%s(nbf_opaque(0x%016llxLL))", conv[d], (unsigned long long)bits);
+    static const char *const conv[] = {[NB_F32] = "(float)", [NB_F64] = "", [NB_F16] = "nbf_d2h",
+                                       [NB_BF16] = "nbf_d2b", [NB_I32] = "nb_cast_to_i32",
+                                       [NB_I64] = "nb_cast_to_i64", [NB_U8] = "nb_cast_to_u8"};
+    if (d == NB_BOOL) {
+        put(t, "(unsigned char)(");
+        put_scalar_double(t, i);
+        put(t, " != 0.0 ? 1 : 0)");
         return;
     }
-    switch (d) {
-    case NB_F32: case NB_F64: put_real(t, d, v); break;
-    case NB_F16: put(t, "(unsigned short)0x%04x", nb__f16_from_double(v)); break;
-    case NB_BF16: put(t, "(unsigned short)0x%04x", nb__bf16_from_double(v)); break;
-    case NB_I32: put(t, "(int)%d", (int)nb_cast_to_i32(v)); break;
-    case NB_I64: put(t, "(long long)0x%016llxULL", (unsigned long long)nb_cast_to_i64(v)); break;
-    case NB_BOOL: put(t, "(unsigned char)%d", v != 0); break;
-    default: put(t, "(unsigned char)%d", nb_cast_to_u8(v)); break;
+    put(t, "%s(", conv[d]);
+    put_scalar_double(t, i);
+    put(t, ")");
+}
+
+/* Whether a unary step on integers applies its scalar in double: a scalar
+ * that is not a whole number, to add or multiply (UnaryF's alpha_frac). */
+static bool unary_frac(const nb_fuse_step *st, int64_t *whole)
+{
+    double a = st->alpha;
+    int64_t ia = !(a == a) ? 0 : a >= 9223372036854775807.0 ? INT64_MAX
+                               : a <= -9223372036854775808.0 ? INT64_MIN : (int64_t)a;
+    *whole = ia;
+    return (double)ia != a && (st->op == NB_UN_ADD_SCALAR || st->op == NB_UN_MUL_SCALAR);
+}
+
+/* Step st's scalar as the kernel's argument carries it (a.k), so that a
+ * chain that differs only in its values is the same source, compiled once:
+ * a fill's value and an integer's fractional scalar as a double's bits; an
+ * integer's scalar saturated to int64, as UnaryF's alpha; a floating
+ * unary's scalar in its compute type (float converted on the host, as
+ * unary_op converts it). */
+static uint64_t step_scalar(const nb_fuse_plan *p, const nb_fuse_step *st)
+{
+    uint64_t bits = 0;
+    nb_dtype d = p->slots[st->slot[0]].v.dtype;
+    if (st->kind == NB_FUSE_FILL || (st->kind == NB_FUSE_UNARY && d == NB_F64)) {
+        memcpy(&bits, &st->alpha, sizeof bits);
+    } else if (st->kind == NB_FUSE_UNARY && (d == NB_I32 || d == NB_I64)) {
+        int64_t whole;
+        if (unary_frac(st, &whole))
+            memcpy(&bits, &st->alpha, sizeof bits);
+        else
+            bits = (uint64_t)whole;
+    } else if (st->kind == NB_FUSE_UNARY) {
+        float f = (float)st->alpha;
+        uint32_t u;
+        memcpy(&u, &f, sizeof u);
+        bits = u;
     }
+    return bits;
 }
 
 /* Stores the compute-type expression that follows (closed by put_store_end)
@@ -328,13 +352,14 @@ static void put_copy(text *t, const nb_fuse_plan *p, const nb_fuse_step *st)
     put(t, ";\n");
 }
 
-static void put_step(text *t, const nb_fuse_plan *p, const nb_fuse_step *st)
+static void put_step(text *t, const nb_fuse_plan *p, int i)
 {
+    const nb_fuse_step *st = &p->steps[i];
     const nb_fuse_slot *out = &p->slots[st->slot[0]];
     nb_dtype d = out->v.dtype;
     if (st->kind == NB_FUSE_FILL) {
         put(t, "    s%d = ", st->slot[0]);
-        put_fill(t, d, st->alpha);
+        put_fill(t, d, i);
         put(t, ";\n");
         return;
     }
@@ -350,26 +375,24 @@ static void put_step(text *t, const nb_fuse_plan *p, const nb_fuse_step *st)
         const char *name = nb__unary_name((nb_unary_op)st->op);
         put_store_begin(t, d, st->slot[0]);
         if (d == NB_I32 || d == NB_I64) {
-            /* the scalar saturated to int64, then converted (UnaryF); not a
-             * whole number: applied in double */
-            double a = st->alpha;
-            int64_t ia = !(a == a) ? 0 : a >= 9223372036854775807.0 ? INT64_MAX
-                                       : a <= -9223372036854775808.0 ? INT64_MIN : (int64_t)a;
-            bool frac = (double)ia != a;
-            if (frac && (st->op == NB_UN_ADD_SCALAR || st->op == NB_UN_MUL_SCALAR)) {
+            int64_t whole;
+            if (unary_frac(st, &whole)) { /* not a whole number: applied in double */
                 put(t, "nb_un_%s_frac_%s(s%d, ", st->op == NB_UN_ADD_SCALAR ? "add" : "mul", compute_suffix(d),
                     st->slot[1]);
-                put_real(t, NB_F64, a);
+                put_scalar_double(t, i);
                 put(t, ")");
             } else {
-                put(t, "nb_un_%s_%s(s%d, (%s)(long long)0x%016llxULL)", name, compute_suffix(d), st->slot[1],
-                    storage_type(d), (unsigned long long)ia);
+                put(t, "nb_un_%s_%s(s%d, (%s)(long long)a.k[%d])", name, compute_suffix(d), st->slot[1],
+                    storage_type(d), i);
             }
         } else {
             put(t, "nb_un_%s_%s(", name, compute_suffix(d));
             put_load(t, d, st->slot[1]);
             put(t, ", ");
-            put_real(t, d == NB_F64 ? NB_F64 : NB_F32, st->alpha);
+            if (d == NB_F64)
+                put_scalar_double(t, i);
+            else
+                put(t, "__uint_as_float((unsigned)a.k[%d])", i);
             put(t, ")");
         }
         put_store_end(t);
@@ -396,8 +419,9 @@ char *nb__gpu_fuse_source(const nb_fuse_plan *p, const nb_gpu_fuse_geo *g)
 {
     text t = {0};
     put(&t, "#include \"nb_fuse_prelude.h\"\n#include \"formulas.h\"\n");
-    put(&t, "struct nbf_args { char *p[%d]; long long st[%d][%d]; long long shape[%d]; long long n; unsigned store; };\n",
-        NB_FUSE_MAX_SLOTS, NB_FUSE_MAX_SLOTS, NB_GPU_FUSE_MAX_DIMS, NB_GPU_FUSE_MAX_DIMS);
+    put(&t, "struct nbf_args { char *p[%d]; long long st[%d][%d]; long long shape[%d]; unsigned long long k[%d]; "
+            "long long n; unsigned store; };\n",
+        NB_FUSE_MAX_SLOTS, NB_FUSE_MAX_SLOTS, NB_GPU_FUSE_MAX_DIMS, NB_GPU_FUSE_MAX_DIMS, NB_FUSE_MAX_CALLS);
     put(&t, "extern \"C\" __global__ void __launch_bounds__(256) nb_fused(const nbf_args a)\n{\n");
     put(&t, "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < a.n;"
             " i += (long long)gridDim.x * blockDim.x) {\n");
@@ -424,7 +448,7 @@ char *nb__gpu_fuse_source(const nb_fuse_plan *p, const nb_gpu_fuse_geo *g)
             put(&t, "    %s s%d;\n", T, s);
     }
     for (int i = 0; i < p->n_steps; i++)
-        put_step(&t, p, &p->steps[i]);
+        put_step(&t, p, i);
     /* what the chain wrote, back to memory where the launch asks for it */
     bool written[NB_FUSE_MAX_SLOTS] = {false};
     for (int i = 0; i < p->n_steps; i++)

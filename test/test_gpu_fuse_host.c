@@ -48,7 +48,6 @@ static const char k_host_prelude[] =
     "static inline unsigned short nbf_f2b(float f) { return nb__bf16_from_float(f); }\n"
     "static inline unsigned short nbf_d2h(double d) { return nb__f16_from_double(d); }\n"
     "static inline unsigned short nbf_d2b(double d) { return nb__bf16_from_double(d); }\n"
-    "static inline double nbf_opaque(long long u) { return __longlong_as_double(u); }\n"
     "static inline float nbf_keep(float v) { return v; }\n"
     "static inline double nbf_keep(double v) { return v; }\n";
 
@@ -566,6 +565,66 @@ static void run_chain(nb_device *cpu, void *lib, chain *ch, int i)
     }
 }
 
+/* ---- the values are arguments, not source -------------------------------------------- */
+
+static bool never_dead(void *user, const nb_view *v, int64_t last)
+{
+    (void)user, (void)v, (void)last;
+    return false;
+}
+
+/* The source and argument of the chain t = fill(v); u = x * s (mul_scalar);
+ * out = t + u, in dtype dt over 4 elements. */
+static char *scalar_chain(nb_dtype dt, double v, double s, nb_gpu_fuse_args *a)
+{
+    static char mem[4][64];
+    nb_view views[4];
+    for (int i = 0; i < 4; i++)
+        views[i] = (nb_view){.data = mem[i], .dtype = dt, .ndim = 1, .numel = 4, .shape = {4},
+                             .strides = {(int64_t)nb_dtype_size(dt)}, .contiguous = true};
+    nb_fuse_call calls[3] = {
+        {.kind = NB_FUSE_FILL, .alpha = v, .out = &views[0], .index = 0},
+        {.kind = NB_FUSE_UNARY, .op = NB_UN_MUL_SCALAR, .alpha = s, .out = &views[1], .x = &views[2], .index = 1},
+        {.kind = NB_FUSE_BINARY, .op = NB_BIN_ADD, .out = &views[3], .x = &views[0], .y = &views[1], .index = 2},
+    };
+    nb_fuse_plan plan;
+    if (nb__fuse_plan(calls, 3, NB_FUSE_MAX_SLOTS, gpu_supported, never_dead, NULL, &plan) != 3)
+        return NULL;
+    nb_gpu_fuse_geo g;
+    nb__gpu_fuse_geometry(&plan, &g, a);
+    return nb__gpu_fuse_source(&plan, &g);
+}
+
+/* A chain that differs only in its fill value or scalar is the same source
+ * (one compile for every value: a step's hyperparameters do not fill the
+ * cache of kernels), its values in the argument; an integer's fractional
+ * scalar, applied in double, is another source. */
+static void test_values_not_in_source(void)
+{
+    static const nb_dtype dts[] = {NB_F32, NB_F64, NB_F16, NB_BF16, NB_I32, NB_I64};
+    for (size_t i = 0; i < sizeof dts / sizeof *dts; i++) {
+        nb_gpu_fuse_args a1, a2;
+        char *s1 = scalar_chain(dts[i], 2.0, 3.0, &a1);
+        char *s2 = scalar_chain(dts[i], NAN, -7.0, &a2);
+        CHECKF(s1 && s2, "%s: the chain was not planned", nb_dtype_name(dts[i]));
+        CHECKF(s1 && s2 && !strcmp(s1, s2), "%s: the values changed the source", nb_dtype_name(dts[i]));
+        CHECKF(memcmp(a1.k, a2.k, sizeof a1.k) != 0, "%s: the values are not in the argument",
+               nb_dtype_name(dts[i]));
+        CHECK(!s1 || !strstr(s1, "0x4000000000000000")); /* 2.0's bits */
+        if (dts[i] == NB_I32 || dts[i] == NB_I64) {
+            nb_gpu_fuse_args a3;
+            char *s3 = scalar_chain(dts[i], 2.0, 2.5, &a3);
+            CHECKF(s3 && s1 && strcmp(s1, s3) != 0, "%s: a fractional scalar is not applied in double",
+                   nb_dtype_name(dts[i]));
+            CHECK(a3.k[1] == 0x4004000000000000ull); /* 2.5's bits */
+            CHECK(a1.k[1] == 3 && a2.k[1] == (unsigned long long)-7);
+            free(s3);
+        }
+        free(s1);
+        free(s2);
+    }
+}
+
 static char g_dir[256];
 static chain g_chains[N_CHAINS];
 
@@ -614,6 +673,7 @@ int main(void)
         printf("test_gpu_fuse_host: cannot make a temporary folder under %s\n", tmp && tmp[0] ? tmp : "/tmp");
         return 1;
     }
+    RUN(test_values_not_in_source);
     RUN(random_chains);
     char cmd[512];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
