@@ -9,6 +9,10 @@
 
 static nb_gpu_phys g_phys[NB_GPU_MAX_PHYS];
 static int g_n_phys;
+/* The process sees one card: the CUDA runtime's current device is always 0,
+ * so making it current costs no call (written once, by discovery, before the
+ * registry is published). */
+static bool g_one_card;
 
 int nb__gpu_phys_count(void) { return g_n_phys; }
 
@@ -95,6 +99,7 @@ int nb__gpu_discover(nb_device *devices, int max, int logical_per_gpu)
     }
     if (logical_per_gpu < 1)
         logical_per_gpu = 1;
+    g_one_card = n == 1;
     int count = 0;
     for (int o = 0; o < n && g_n_phys < NB_GPU_MAX_PHYS && count < max; o++) {
         nb_gpu_phys *p = &g_phys[g_n_phys];
@@ -161,6 +166,8 @@ nb_status nb__gpu_launched(const nb_gpu_ctx *c, const char *kernel)
 
 nb_status nb__gpu_set_device(int ordinal, const char *dev_name)
 {
+    if (ordinal == 0 && g_one_card)
+        return NB_OK;
     int cur = -1;
     if (cudaGetDevice(&cur) == cudaSuccess && cur == ordinal)
         return NB_OK;

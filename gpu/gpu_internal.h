@@ -142,7 +142,8 @@ nb_status nb__gpu_cumsum(nb_gpu_ctx *c, const nb_view *out, const nb_view *x, in
 /* Makes dev's card current on the calling thread and creates the context on
  * first use. Writes the context to *out. NB_OK or NB_ERR_BACKEND (recorded). */
 nb_status nb__gpu_enter(nb_device *dev, const char *who, nb_gpu_ctx **out);
-/* Makes a card current on the calling thread (no context creation). */
+/* Makes a card current on the calling thread (no context creation; no CUDA
+ * call at all where the process sees one card, whose ordinal is 0). */
 nb_status nb__gpu_set_device(int ordinal, const char *dev_name);
 /* Records NB_ERR_BACKEND "<call> failed on <dev>: <CUDA error string>" (and
  * clears CUDA's non-sticky last error); returns NB_ERR_BACKEND. */
