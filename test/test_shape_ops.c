@@ -888,6 +888,24 @@ static void test_cast_saturates(void)
     CHECK(nb_tensor_get(d, 0) == 2147483647.0 && nb_tensor_get(d, 2) == 0);
 }
 
+/* A bool is read as x != 0: a byte other than 0 and 1, from memory taken in
+ * from elsewhere, converts as true to every dtype (as the GPU converts it). */
+static void test_cast_bool_bytes(void)
+{
+    const uint8_t bytes[4] = {0, 1, 2, 255};
+    nb_tensor *b = nb_from_buffer(NB_BOOL, NB_SHAPE(4), bytes);
+    const nb_dtype to[6] = {NB_F32, NB_F64, NB_I32, NB_I64, NB_U8, NB_F16};
+    for (int t = 0; t < 6; t++) {
+        nb_tensor *c = nb_cast(b, to[t]);
+        nb_tensor *w = to[t] == NB_F16 ? nb_cast(c, NB_F64) : c;
+        for (int i = 0; i < 4; i++)
+            CHECKF(w && nb_tensor_get(w, i) == (bytes[i] != 0), "bool byte %d to %s: %g", bytes[i],
+                   nb_dtype_name(to[t]), w ? nb_tensor_get(w, i) : -1.0);
+    }
+    nb_tensor *strided = nb_cast(nb_slice(b, NB_SHAPE(1), NB_SHAPE(3)), NB_I64);
+    CHECK(strided && nb_tensor_get(strided, 1) == 1 && nb_tensor_get(strided, 2) == 1);
+}
+
 /* A reshape whose element count overflows int64 is refused (it used to wrap
  * to the input's count and give a view that reads out of bounds). */
 static void test_reshape_overflow(void)
@@ -1030,6 +1048,7 @@ int main(void)
     RUN(test_devices);
     RUN(test_errors);
     RUN(test_cast_saturates);
+    RUN(test_cast_bool_bytes);
     RUN(test_reshape_overflow);
     RUN(test_shape_overflow);
     RUN(test_join_views);

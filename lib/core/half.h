@@ -3,8 +3,10 @@
  *
  * Encoding rounds to nearest, ties to even, straight from the double (never
  * through float, which would round twice), gives subnormals where the format
- * has them, turns what rounds past the largest finite value into an infinity
- * and keeps NaNs NaN (quiet, with their sign): what a GPU's conversion does. */
+ * has them and turns what rounds past the largest finite value into an
+ * infinity, as a GPU's conversion does. A NaN stays a quiet NaN with its
+ * sign; a GPU's conversion makes every NaN the positive 0x7fff instead, so
+ * only a NaN's bits differ between the two. */
 #ifndef NB_CORE_HALF_H
 #define NB_CORE_HALF_H
 

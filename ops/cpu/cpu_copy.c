@@ -121,22 +121,30 @@ nb_status nb__cpu_arange(nb_device *dev, const nb_view *out, double start, doubl
 
 /* ---- copy with conversion ------------------------------------------------------------- */
 
-/* The conversion of x (source kind f: floating, i: integer or bool) to each
- * output type. */
-#define CVT_f32(K, x) ((float)(x))
-#define CVT_f64(K, x) ((double)(x))
+/* The conversion of x (source kind f: floating, i: integer, b: bool) to
+ * each output type. A bool is read as x != 0, as the GPU's conversion reads
+ * it, so a byte other than 0 and 1 (memory taken in from elsewhere) converts
+ * as true on both. */
+#define CVT_N_f(x) (x)
+#define CVT_N_i(x) (x)
+#define CVT_N_b(x) ((x) != 0)
+#define CVT_f32(K, x) ((float)CVT_N_##K(x))
+#define CVT_f64(K, x) ((double)CVT_N_##K(x))
 /* Floating to integer: the rule of nb_cast_to_i32 and friends in
  * lib/core/formulas.h, which the GPU's conversions share. */
 #define CVT_i32(K, x) CVT_i32_##K(x)
 #define CVT_i32_f(x) nb_cast_to_i32((double)(x))
 #define CVT_i32_i(x) ((int32_t)(x))
+#define CVT_i32_b(x) ((int32_t)((x) != 0))
 #define CVT_i64(K, x) CVT_i64_##K(x)
 #define CVT_i64_f(x) nb_cast_to_i64((double)(x))
 #define CVT_i64_i(x) ((int64_t)(x))
+#define CVT_i64_b(x) ((int64_t)((x) != 0))
 #define CVT_b8(K, x) ((uint8_t)((x) != 0))
 #define CVT_u8(K, x) CVT_u8_##K(x)
 #define CVT_u8_f(x) nb_cast_to_u8((double)(x))
 #define CVT_u8_i(x) ((uint8_t)(x))
+#define CVT_u8_b(x) ((uint8_t)((x) != 0))
 
 #define CONV_ROW(TIN, TI, K, TOUT, TO)                                                        \
     static void conv_##TIN##_##TOUT(void *ctx, int64_t n, char *const *p, const int64_t *s,  \
@@ -170,7 +178,7 @@ CONV_FROM(f32, float, f)
 CONV_FROM(f64, double, f)
 CONV_FROM(i32, int32_t, i)
 CONV_FROM(i64, int64_t, i)
-CONV_FROM(b8, uint8_t, i)
+CONV_FROM(b8, uint8_t, b)
 CONV_FROM(u8, uint8_t, i)
 
 #define CONV_TABLE_ROW(TIN)                                                                  \
@@ -194,7 +202,8 @@ static inline double half_in(nb_dtype d, const char *p)
     case NB_F64: return *(const double *)p;
     case NB_I32: return *(const int32_t *)p;
     case NB_I64: return (double)*(const int64_t *)p;
-    default: return *(const uint8_t *)p; /* bool, u8 */
+    case NB_BOOL: return *(const uint8_t *)p != 0;
+    default: return *(const uint8_t *)p; /* u8 */
     }
 }
 
@@ -273,7 +282,7 @@ MOVE_ROW(move_4, uint32_t)
 MOVE_ROW(move_8, uint64_t)
 
 /* Whether converting in to out moves the bytes unchanged. */
-static bool is_move(nb_dtype out, nb_dtype in) { return in == out || (in == NB_BOOL && out == NB_U8); }
+static bool is_move(nb_dtype out, nb_dtype in) { return in == out; }
 
 nb_cpu_loop_fn nb__cpu_copy_loop(nb_dtype out, nb_dtype in, nb_cpu_copy_ctx *ctx)
 {

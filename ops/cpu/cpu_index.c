@@ -6,8 +6,7 @@
  * out untouched. Gather, scatter_add: params/out, indices and updates
  * contiguous (as backend.h says); one_hot's indices may have any strides. */
 #include "cpu_internal.h"
-
-#include <limits.h>
+#include "lib/core/formulas.h"
 
 static inline bool cpu_dtype_ok(nb_dtype d)
 {
@@ -244,11 +243,10 @@ static uint64_t value_bits(nb_dtype d, double v)
     switch (d) {
     case NB_F32: x.f = (float)v; break;
     case NB_F64: x.d = v; break;
-    case NB_I32: x.i = !(v == v) ? 0 : v >= INT_MAX ? INT_MAX : v <= INT_MIN ? INT_MIN : (int32_t)v; break;
-    case NB_I64: x.l = !(v == v) ? 0 : v >= 9223372036854775807.0 ? INT64_MAX
-                       : v <= -9223372036854775808.0 ? INT64_MIN : (int64_t)v; break;
+    case NB_I32: x.i = nb_cast_to_i32(v); break;
+    case NB_I64: x.l = nb_cast_to_i64(v); break;
     case NB_BOOL: x.b = v != 0; break;
-    default: x.b = !(v == v) ? 0 : v >= 255 ? 255 : v <= 0 ? 0 : (uint8_t)v; break;
+    default: x.b = nb_cast_to_u8(v); break; /* as fill and cast convert: through i32, wrapping */
     }
     return x.u;
 }
