@@ -19,14 +19,33 @@ template <nb_dtype D> struct FillF {
     NBG_HD T_of<D> operator()() const { return st<D>(value); }
 };
 
+// start + i * step, as the CPU's arange computes it (ops/cpu/cpu_copy.c): an
+// integer dtype with a whole start and step counts in wrapping uint64 (exact
+// past 2^53, wrapping as an i32 does), else through double, an integer's
+// value saturated to int64 and then converted.
+struct Arange {
+    double start, step;
+    int64_t istart, istep;
+    bool integral;
+};
+
 template <nb_dtype D, class Idx>
-__global__ void __launch_bounds__(kThreads) k_arange(Geo<1> g, char *out, Idx n, double start, double step)
+__global__ void __launch_bounds__(kThreads) k_arange(Geo<1> g, char *out, Idx n, Arange a)
 {
     for (Idx i = (Idx)gtid(); i < n; i += (Idx)gstride()) {
         int64_t off[1];
         geo_offsets<Idx, 1>(g, i, off);
-        // _rn: no FMA contraction, so the values are the CPU's (a mul, then an add)
-        *reinterpret_cast<T_of<D> *>(out + off[0]) = st<D>(__dadd_rn(start, __dmul_rn((double)i, step)));
+        T_of<D> *o = reinterpret_cast<T_of<D> *>(out + off[0]);
+        if constexpr (is_int_v<D>) {
+            if (a.integral) {
+                *o = static_cast<T_of<D>>((uint64_t)a.istart + (uint64_t)i * (uint64_t)a.istep);
+                continue;
+            }
+            // _rn: no FMA contraction, so the values are the CPU's (a mul, then an add)
+            *o = static_cast<T_of<D>>(nb_cast_to_i64(__dadd_rn(a.start, __dmul_rn((double)i, a.step))));
+        } else {
+            *o = st<D>(__dadd_rn(a.start, __dmul_rn((double)i, a.step)));
+        }
     }
 }
 
@@ -240,12 +259,14 @@ extern "C" nb_status nb__gpu_arange(nb_gpu_ctx *c, const nb_view *out, double st
         g.shape[0] = 1;
     }
     char *p = static_cast<char *>(out->data);
+    Arange a{start, step, nb_cast_to_i64(start), nb_cast_to_i64(step), false};
+    a.integral = (double)a.istart == start && (double)a.istep == step;
     return dispatch(out->dtype, [&](auto tag) -> nb_status {
         constexpr nb_dtype D = decltype(tag)::value;
         if (n <= (int64_t)INT32_MAX) // not UINT32_MAX: i += stride must not wrap
-            k_arange<D, uint32_t><<<grid_for(c, n), kThreads, 0, c->stream>>>(g, p, (uint32_t)n, start, step);
+            k_arange<D, uint32_t><<<grid_for(c, n), kThreads, 0, c->stream>>>(g, p, (uint32_t)n, a);
         else
-            k_arange<D, uint64_t><<<grid_for(c, n), kThreads, 0, c->stream>>>(g, p, (uint64_t)n, start, step);
+            k_arange<D, uint64_t><<<grid_for(c, n), kThreads, 0, c->stream>>>(g, p, (uint64_t)n, a);
         return nb__gpu_launched(c, "arange");
     });
 }

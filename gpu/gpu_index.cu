@@ -175,6 +175,12 @@ extern "C" nb_status nb__gpu_gather(nb_gpu_ctx *c, const char *op, const nb_view
         return by_index(c, op, indices, [](auto) { return NB_OK; });
     if (!params->contiguous || !indices->contiguous || !out->contiguous)
         return nb__fail(NB_ERR_INTERNAL, "%s: gather expects contiguous operands on %s", op, c->dev->name);
+    // the kernel copies rows of params' width into out: the CPU's checks
+    if (out->dtype != params->dtype || params->ndim < 1 ||
+        out->numel != n * (rows > 0 ? params->numel / rows : 0))
+        return nb__fail(NB_ERR_SHAPE, "%s: gather of %lld rows of params [%lld, ...] %s into %lld elements of %s on %s",
+                        op, (long long)n, (long long)rows, nb_dtype_name(params->dtype), (long long)out->numel,
+                        nb_dtype_name(out->dtype), c->dev->name);
     const int64_t row_bytes = (out->numel / n) * (int64_t)dtype_size(out->dtype);
     IndexCheck err{nullptr, (unsigned long long)(uintptr_t)op, rows};
     nb_status s = nb__gpu_index_error_record(c, &err.err);
@@ -212,8 +218,7 @@ extern "C" nb_status nb__gpu_gather(nb_gpu_ctx *c, const char *op, const nb_view
         }
         return nb__gpu_launched(c, op);
     });
-    if (!s)
-        nb__gpu_index_error_arm(c);
+    nb__gpu_index_error_arm(c); // after a failure too: a kernel that ran before it may have flagged an index
     return s;
 }
 
@@ -229,6 +234,9 @@ extern "C" nb_status nb__gpu_scatter_add(nb_gpu_ctx *c, const char *op, const nb
     if (updates->dtype != out->dtype)
         return nb__fail(NB_ERR_DTYPE, "%s: updates are %s but out is %s", op, nb_dtype_name(updates->dtype),
                         nb_dtype_name(out->dtype));
+    if (out->ndim < 1 || updates->numel != n * (rows > 0 ? out->numel / rows : 0))
+        return nb__fail(NB_ERR_SHAPE, "%s: %lld updates do not fill %lld rows of out [%lld, ...] on %s", op,
+                        (long long)updates->numel, (long long)n, (long long)rows, c->dev->name);
     const int64_t D_ = updates->numel / n;
     // Strided updates are made contiguous first, in scratch memory.
     Scratch dense(c, updates->contiguous ? 0 : (size_t)updates->numel * dtype_size(updates->dtype));
@@ -270,8 +278,7 @@ extern "C" nb_status nb__gpu_scatter_add(nb_gpu_ctx *c, const char *op, const nb
             });
         }
     });
-    if (!s)
-        nb__gpu_index_error_arm(c);
+    nb__gpu_index_error_arm(c); // after a failure too: a kernel that ran before it may have flagged an index
     return s;
 }
 
@@ -312,7 +319,6 @@ extern "C" nb_status nb__gpu_check_indices(nb_gpu_ctx *c, const char *op, const 
                                                                         chk);
         return nb__gpu_launched(c, op);
     });
-    if (!s)
-        nb__gpu_index_error_arm(c);
+    nb__gpu_index_error_arm(c); // after a failure too: a kernel that ran before it may have flagged an index
     return s;
 }

@@ -90,10 +90,10 @@ template <class Acc, nb_reduce_op OP> __host__ __device__ __forceinline__ Acc re
 {
     if constexpr (OP == NB_RED_PROD)
         return a * b;
-    else if constexpr (OP == NB_RED_MAX)
-        return (m_isnan(a) || a > b) ? a : b;
+    else if constexpr (OP == NB_RED_MAX) // the CPU's FMAX: a NaN wins, a tie keeps a (-0 and +0)
+        return (m_isnan(b) || b > a) ? b : a;
     else if constexpr (OP == NB_RED_MIN)
-        return (m_isnan(a) || a < b) ? a : b;
+        return (m_isnan(b) || b < a) ? b : a;
     else
         return a + b;
 }
@@ -120,11 +120,15 @@ template <nb_dtype D, class Acc> __device__ __forceinline__ Acc load_acc(const c
     return static_cast<Acc>(ld<D>(*reinterpret_cast<const T_of<D> *>(p)));
 }
 
-// mean_div: R for a mean (0 otherwise).
-template <nb_dtype D, class Acc> __device__ __forceinline__ T_of<D> finish(Acc acc, int64_t mean_div)
+// mean_div: R for a mean (0 otherwise). A NaN result is the default quiet
+// NaN, as the CPU stores it (not an input's payload or the hardware's).
+template <nb_dtype D, class Acc> __host__ __device__ __forceinline__ T_of<D> finish(Acc acc, int64_t mean_div)
 {
     if (mean_div > 0)
         acc = acc / static_cast<Acc>(mean_div);
+    if constexpr (cuda::std::is_floating_point_v<Acc>)
+        if (m_isnan(acc))
+            acc = cuda::std::numeric_limits<Acc>::quiet_NaN();
     return st<D>(acc);
 }
 
@@ -258,10 +262,7 @@ struct RowStart {
 };
 template <nb_dtype D, class Acc> struct Finish {
     int64_t mean_div;
-    __host__ __device__ __forceinline__ T_of<D> operator()(Acc acc) const
-    {
-        return st<D>(mean_div > 0 ? acc / static_cast<Acc>(mean_div) : acc);
-    }
+    __host__ __device__ __forceinline__ T_of<D> operator()(Acc acc) const { return finish<D>(acc, mean_div); }
 };
 
 // One block per row, each adding its row in a fixed order.
@@ -541,6 +542,13 @@ extern "C" nb_status nb__gpu_reduce(nb_gpu_ctx *c, nb_reduce_op op, const nb_vie
     if (out->ndim != x->ndim || out->dtype != x->dtype)
         return nb__fail(NB_ERR_INTERNAL, "%s: output and input disagree on rank or dtype on %s", name,
                         c->dev->name);
+    // the kernels write out densely, one element per kept position
+    if (!out->contiguous)
+        return nb__fail(NB_ERR_INTERNAL, "%s: the output must be contiguous on %s", name, c->dev->name);
+    for (int d = 0; d < x->ndim; d++)
+        if (out->shape[d] != 1 && out->shape[d] != x->shape[d])
+            return nb__fail(NB_ERR_SHAPE, "%s: output dim %d is %lld, input's %lld", name, d,
+                            (long long)out->shape[d], (long long)x->shape[d]);
     RGeo g;
     std::memset(&g, 0, sizeof g);
     for (int d = 0; d < x->ndim; d++) {
@@ -607,11 +615,18 @@ extern "C" nb_status nb__gpu_arg_reduce(nb_gpu_ctx *c, bool is_max, const nb_vie
         return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: axis %d is out of range for rank %d", name, axis, x->ndim);
     if (out->dtype != NB_I64)
         return nb__fail(NB_ERR_DTYPE, "%s: output must be i64, not %s", name, nb_dtype_name(out->dtype));
+    if (out->ndim != x->ndim || !out->contiguous)
+        return nb__fail(NB_ERR_INTERNAL, "%s: the output must be contiguous, of the input's rank, on %s", name,
+                        c->dev->name);
+    for (int d = 0; d < x->ndim; d++)
+        if (out->shape[d] != (d == axis ? 1 : x->shape[d]))
+            return nb__fail(NB_ERR_SHAPE, "%s: output dim %d is %lld, not %lld", name, d, (long long)out->shape[d],
+                            (long long)(d == axis ? 1 : x->shape[d]));
     const int64_t K = out->numel, L = x->shape[axis], step = x->strides[axis];
     if (K <= 0)
         return NB_OK;
     if (L == 0)
-        return nb__gpu_fill(c, out, 0.0);
+        return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: axis %d is empty", name, axis);
     RGeo g;
     std::memset(&g, 0, sizeof g);
     for (int d = 0; d < x->ndim; d++) {

@@ -14,9 +14,11 @@
 //   (DeviceScan's decoupled look-back may add floats in an order that varies
 //   from run to run; the chunked passes always add in the same order).
 // Reverse scans read the row from its end: position j of the scan is element
-// L-1-j. f16, bf16 and f32 accumulate in float (as PyTorch does), f64 in double,
-// i32 and i64 in int64 (an i32 result wraps like the CPU's). Scratch comes from
-// the caching allocator, never from cudaMalloc.
+// L-1-j. f16, bf16, f32 and f64 accumulate in double, each output rounded to
+// its dtype, as the CPU's f32 does (a float accumulator drifts by the rounding
+// of every step: [1e8, 1, -1e8] would end in 0, not 1); i32 and i64 in
+// wrapping uint64 (an i32 result wraps like the CPU's, and no signed overflow).
+// Scratch comes from the caching allocator, never from cudaMalloc.
 #include "gpu_kernels.cuh"
 
 #include <cub/block/block_reduce.cuh>
@@ -48,9 +50,13 @@ __host__ __device__ __forceinline__ void row_offsets(const SGeo &g, int64_t r, i
     }
 }
 
-// Storage dtype D in and out, accumulated in Acc.
+// What a scan of dtype D accumulates in: double for every floating dtype,
+// uint64 for the integers.
+template <nb_dtype D> using ScanAcc = std::conditional_t<is_float_v<D>, double, unsigned long long>;
+
+// Storage dtype D in and out, accumulated in ScanAcc<D>.
 template <nb_dtype D> struct ElemIO {
-    using Acc = typename DT<D>::Acc;
+    using Acc = ScanAcc<D>;
     static __device__ __forceinline__ Acc load(const char *p)
     {
         return static_cast<Acc>(ld<D>(*reinterpret_cast<const T_of<D> *>(p)));
@@ -187,7 +193,7 @@ template <nb_dtype D> struct RowLoad {
     const char *x;
     int64_t L, sx;
     bool reverse;
-    __device__ __forceinline__ typename DT<D>::Acc operator()(int64_t j) const
+    __device__ __forceinline__ ScanAcc<D> operator()(int64_t j) const
     {
         return ElemIO<D>::load(x + (reverse ? L - 1 - j : j) * sx);
     }
@@ -196,7 +202,7 @@ template <nb_dtype D> struct RowStore {
     char *out;
     int64_t L, so;
     bool reverse;
-    __device__ __forceinline__ void operator()(int64_t j, typename DT<D>::Acc v) const
+    __device__ __forceinline__ void operator()(int64_t j, ScanAcc<D> v) const
     {
         ElemIO<D>::store(out + (reverse ? L - 1 - j : j) * so, v);
     }
@@ -210,7 +216,7 @@ unsigned block_grid(const nb_gpu_ctx *c, int64_t segments)
 
 template <nb_dtype D> nb_status scan_typed(nb_gpu_ctx *c, const SGeo &g, const Line &ln)
 {
-    using Acc = typename DT<D>::Acc;
+    using Acc = ScanAcc<D>;
     const int64_t sm = c->phys->sm_count, es = (int64_t)sizeof(T_of<D>);
     const bool det = nb_deterministic();
 

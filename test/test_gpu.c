@@ -135,6 +135,85 @@ static void test_int_to_half(void)
     CHECK(b && nb_tensor_get(b, 0) == 16908288);
 }
 
+/* ---- the CPU's values where the kernels once differed ---------------------------------------- */
+
+/* nb_arange(dt, start, stop, 1) made on /gpu:0, or NULL. */
+static nb_tensor *arange_on_gpu(nb_dtype dt, double start, double stop)
+{
+    if (nb_device_push(GPU) != NB_OK)
+        return NULL;
+    nb_tensor *t = nb_arange(dt, start, stop, 1);
+    (void)nb_device_pop();
+    return t;
+}
+
+static void test_same_as_cpu(void)
+{
+    /* cumsum of f32 adds in double, as the CPU: in float 1e8 + 1 - 1e8 is 0 */
+    const float c1[3] = {1e8f, 1, -1e8f}, c2[3] = {16777216.0f, 1, 1};
+    for (int k = 0; k < 2; k++) {
+        nb_tensor *x = nb_from_buffer(NB_F32, NB_SHAPE(3), k ? c2 : c1);
+        for (int mode = 0; mode < 3; mode++) {
+            bool excl = mode == 1, rev = mode == 2;
+            CHECKF(same_bits(nb_cumsum(gpu(x), 0, excl, rev), nb_cumsum(x, 0, excl, rev)),
+                   "cumsum %d, mode %d differs from the CPU's", k, mode);
+        }
+    }
+    /* a long row (the block and chunked scans): the CPU's bits */
+    nb_tensor *u = nb_random_uniform(NB_F32, NB_SHAPE(200000), 0, 1, 5);
+    CHECK(same_bits(nb_cumsum(gpu(u), 0, false, false), nb_cumsum(u, 0, false, false)));
+    nb_tensor *u2 = nb_reshape(u, NB_SHAPE(8, 25000));
+    CHECK(same_bits(nb_cumsum(gpu(u2), 1, true, true), nb_cumsum(u2, 1, true, true)));
+
+    /* integer arange counts exactly past 2^53, and an i32 wraps as on the CPU */
+    const double big = 9007199254740992.0; /* 2^53 */
+    CHECK(same_bits(arange_on_gpu(NB_I64, big, big + 8), nb_arange(NB_I64, big, big + 8, 1)));
+    CHECK(same_bits(arange_on_gpu(NB_I32, 2147483646.0, 2147483650.0), nb_arange(NB_I32, 2147483646.0, 2147483650.0, 1)));
+
+    /* max and min keep the first of equal zeros, and a NaN result is the default NaN */
+    const float z[4] = {-0.0f, 0.0f, 0.0f, -0.0f};
+    nb_tensor *zx = nb_from_buffer(NB_F32, NB_SHAPE(2, 2), z);
+    CHECK(same_bits(nb_max(gpu(zx), NB_AXES(1), false), nb_max(zx, NB_AXES(1), false)));
+    CHECK(same_bits(nb_min(gpu(zx), NB_AXES(1), false), nb_min(zx, NB_AXES(1), false)));
+    CHECK(same_bits(nb_max(gpu(zx), NB_AXES(0), false), nb_max(zx, NB_AXES(0), false)));
+    uint32_t nan_bits = 0xff812345u;
+    float nan_payload, with_nan[3] = {1, 0, 2};
+    memcpy(&nan_payload, &nan_bits, 4);
+    with_nan[1] = nan_payload;
+    nb_tensor *nx = nb_from_buffer(NB_F32, NB_SHAPE(3), with_nan);
+    CHECK(same_bits(nb_max(gpu(nx), NB_AXES(0), false), nb_max(nx, NB_AXES(0), false)));
+    CHECK(same_bits(nb_sum(gpu(nx), NB_AXES(0), false), nb_sum(nx, NB_AXES(0), false)));
+
+    /* equal logits of a row get equal probabilities (one sum per row) */
+    nb_tensor *lg = rnd(NB_F32, NB_SHAPE(256, 1000), 77);
+    nb_tensor *first = nb_slice(lg, NB_SHAPE(0, 0), NB_SHAPE(-1, 1));
+    nb_tensor *rest = nb_slice(lg, NB_SHAPE(0, 2), NB_SHAPE(-1, -1));
+    nb_tensor *lt = nb_concat(3, (nb_tensor *[]){first, first, rest}, 1); /* columns 0 and 1 equal */
+    CHECK(lt && has_shape(lt, NB_SHAPE(256, 1000)));
+    for (int log = 0; log < 2 && lt; log++) {
+        nb_tensor *p = log ? nb_log_softmax(gpu(lt), -1) : nb_softmax(gpu(lt), -1);
+        nb_tensor *p0 = nb_slice(p, NB_SHAPE(0, 0), NB_SHAPE(-1, 1)), *p1 = nb_slice(p, NB_SHAPE(0, 1), NB_SHAPE(-1, 1));
+        CHECKF(same_bits(nb_contiguous(p0), nb_contiguous(p1)), "%s: equal logits, other values",
+               log ? "log_softmax" : "softmax");
+        CHECK_MATCH("softmax rows", p, log ? nb_log_softmax(lt, -1) : nb_softmax(lt, -1), 1e-6);
+    }
+
+    /* f64 normals: the CPU's within a few units in the last place, also where
+     * the cosine is near 0 (its argument taken in turns) */
+    CHECK_OK(nb_device_push(GPU));
+    nb_tensor *ng = nb_random_normal(NB_F64, NB_SHAPE(1 << 20), 0, 1, 99);
+    CHECK_OK(nb_device_pop());
+    nb_tensor *nc = nb_random_normal(NB_F64, NB_SHAPE(1 << 20), 0, 1, 99);
+    int64_t n1, n2, far = 0;
+    double *a = host_values(ng, &n1), *b = host_values(nc, &n2);
+    CHECK(a && b && n1 == n2 && n1 == 1 << 20);
+    for (int64_t i = 0; a && b && i < n1 && i < n2; i++)
+        far += !(fabs(a[i] - b[i]) <= 16 * 0x1p-52 * fabs(b[i]));
+    CHECKF(far <= 4, "%lld of 2^20 f64 normals differ from the CPU's by more than 16 ulp", (long long)far);
+    free(a);
+    free(b);
+}
+
 /* ---- logsumexp (built from the reductions, not a kernel of its own) ---------------------------- */
 
 static void test_logsumexp(void)
@@ -846,6 +925,7 @@ int main(void)
         return check_no_gpu("test_gpu");
     RUN(test_tf32);
     RUN(test_int_to_half);
+    RUN(test_same_as_cpu);
     RUN(test_logsumexp);
     RUN(test_gradients);
     RUN(test_random);
