@@ -300,13 +300,28 @@ nb_status launch(nb_gpu_ctx *c, const char *what, void (*kernel)(P...), unsigned
 
 // ---- the elementwise engine -------------------------------------------------------------
 
-template <int NA> struct Ptrs {
-    char *p[NA];
-};
-
 template <class T, int V> struct alignas(sizeof(T) * V) Vec {
     T v[V];
 };
+
+template <int NA> struct Ptrs {
+    char *p[NA];
+    unsigned one; // bit a: operand a is a single element every i reads (a broadcast scalar)
+};
+
+// Vector j of V elements of a dense operand at p, or its one element V times.
+template <class T, int V> __device__ __forceinline__ Vec<T, V> load_vec(const char *p, int64_t j, bool one)
+{
+    if (one) {
+        const T x = *reinterpret_cast<const T *>(p);
+        Vec<T, V> r;
+#pragma unroll
+        for (int k = 0; k < V; k++)
+            r.v[k] = x;
+        return r;
+    }
+    return reinterpret_cast<const Vec<T, V> *>(p)[j];
+}
 
 template <class Out, class... Ins, class F, size_t... I>
 __device__ __forceinline__ void ew_apply(const F &f, char *const *p, const int64_t *off, std::index_sequence<I...>)
@@ -315,10 +330,12 @@ __device__ __forceinline__ void ew_apply(const F &f, char *const *p, const int64
 }
 
 template <int V, class Out, class... Ins, class F, size_t... I>
-__device__ __forceinline__ void ew_apply_vec(const F &f, char *const *p, int64_t j, std::index_sequence<I...>)
+__device__ __forceinline__ void ew_apply_vec(const F &f, char *const *p, unsigned one, int64_t j,
+                                             std::index_sequence<I...>)
 {
-    // One aligned vector load per input, V results, one aligned vector store.
-    cuda::std::tuple<Vec<Ins, V>...> vs{reinterpret_cast<const Vec<Ins, V> *>(p[I + 1])[j]...};
+    // One aligned vector load per input (a broadcast scalar: one element), V
+    // results, one aligned vector store.
+    cuda::std::tuple<Vec<Ins, V>...> vs{load_vec<Ins, V>(p[I + 1], j, (one >> (I + 1)) & 1u)...};
     (void)vs; // unused when there are no inputs (fill)
     Vec<Out, V> r;
 #pragma unroll
@@ -327,7 +344,8 @@ __device__ __forceinline__ void ew_apply_vec(const F &f, char *const *p, int64_t
     reinterpret_cast<Vec<Out, V> *>(p[0])[j] = r;
 }
 
-// Every operand contiguous and aligned to V elements.
+// Every operand contiguous and aligned to V elements, or an input of one
+// element that every i reads (p.one).
 template <int V, class F, class Out, class... Ins>
 __global__ void __launch_bounds__(kThreads) k_ew_vec(F f, int64_t n, Ptrs<1 + sizeof...(Ins)> p)
 {
@@ -335,13 +353,13 @@ __global__ void __launch_bounds__(kThreads) k_ew_vec(F f, int64_t n, Ptrs<1 + si
     using Seq = std::index_sequence_for<Ins...>;
     int64_t nv = n / V;
     for (int64_t j = gtid(); j < nv; j += gstride())
-        ew_apply_vec<V, Out, Ins...>(f, p.p, j, Seq{});
+        ew_apply_vec<V, Out, Ins...>(f, p.p, p.one, j, Seq{});
     size_t sizes[NA] = {sizeof(Out), sizeof(Ins)...};
     for (int64_t i = nv * V + gtid(); i < n; i += gstride()) {
         int64_t off[NA];
 #pragma unroll
         for (int a = 0; a < NA; a++)
-            off[a] = i * (int64_t)sizes[a];
+            off[a] = (p.one >> a) & 1u ? 0 : i * (int64_t)sizes[a];
         ew_apply<Out, Ins...>(f, p.p, off, Seq{});
     }
 }
@@ -372,6 +390,7 @@ nb_status ew_launch(nb_gpu_ctx *c, const char *what, const F &f, const nb_view *
         return NB_OK;
     Geo<NA> g = geo_of<NA>(out);
     Ptrs<NA> p;
+    p.one = 0;
     p.p[0] = static_cast<char *>(out->data);
     for (int a = 1; a < NA; a++) {
         geo_operand(g, a, ins[a - 1]);
@@ -384,12 +403,19 @@ nb_status ew_launch(nb_gpu_ctx *c, const char *what, const F &f, const nb_view *
     // its vector loads, which only n >= V makes. A single element (every dim 1,
     // collapsed away: nd 0) is at offset 0 of each operand whatever the strides,
     // so it takes the vector kernel's scalar tail too, whose arguments are a
-    // tenth of the strided kernel's (less for the launch to copy).
+    // tenth of the strided kernel's (less for the launch to copy). An input
+    // broadcast from one element (x + a scalar tensor: stride 0 over the one
+    // dim) is read once per vector, not through the strided kernel's division.
     bool vec = g.nd == 0;
     if (g.nd == 1) {
         vec = true;
-        for (int a = 0; a < NA && vec; a++)
+        for (int a = 0; a < NA && vec; a++) {
+            if (a > 0 && g.st[a][0] == 0) {
+                p.one |= 1u << a;
+                continue;
+            }
             vec = g.st[a][0] == (int64_t)sizes[a] && (n < V || (uintptr_t)p.p[a] % (V * sizes[a]) == 0);
+        }
     }
     if (vec)
         return launch(c, what, k_ew_vec<V, F, Out, Ins...>, grid_for(c, (n + V - 1) / V), kThreads, f, n, p);
