@@ -105,6 +105,7 @@ typedef struct nb_gpu_ctx {
     void *stage[NB_GPU_STAGE_SLOTS];
     cudaEvent_t stage_event[NB_GPU_STAGE_SLOTS];
     bool stage_used[NB_GPU_STAGE_SLOTS];
+    size_t stage_fill[NB_GPU_STAGE_SLOTS]; /* bytes handed to DMAs since the slot was last waited for */
     cudaStream_t copy_stream; /* large uploads (NULL: none, they go on stream) */
     cudaEvent_t copy_done;    /* recorded on copy_stream after an upload; stream waits on it */
     cudaEvent_t copy_fence;   /* recorded on stream when copy_stream must wait for it */

@@ -1,11 +1,12 @@
 /* Copies between host and device and between devices, and synchronize.
  *
  * Host -> device goes through pinned staging buffers (4 MiB each, a pair for
- * each stream below): the host copies a chunk into a free slot and queues an asynchronous
- * DMA from it, so an upload never waits for the stream's earlier work (a
- * pageable cudaMemcpyAsync may), and the caller may free src on return since
- * every byte has been copied into pinned memory by then. The host waits (and
- * counts it) only when it needs a slot whose last DMA is still running.
+ * each stream below): the host copies a chunk into free bytes of a slot and
+ * queues an asynchronous DMA from them, so an upload never waits for the
+ * stream's earlier work (a pageable cudaMemcpyAsync may), and the caller may
+ * free src on return since every byte has been copied into pinned memory by
+ * then. Uploads fill a slot one after another; the host waits (and counts it)
+ * only when it turns to a slot whose last DMA is still running.
  * - Small uploads (under 1 MiB) are queued on the device's stream.
  * - Larger ones are queued on a per-device copy stream, its two slots used in
  *   turn (double buffering: the host fills one while the other's DMA runs), and
@@ -64,6 +65,7 @@ static void stage_init(nb_gpu_ctx *c)
             return;
         }
         c->stage_used[i] = false;
+        c->stage_fill[i] = 0;
     }
     c->stage_state = 1;
     /* The copy stream is optional: without it large uploads use the stream. */
@@ -81,31 +83,49 @@ static void stage_init(nb_gpu_ctx *c)
 }
 
 /* Queues the chunks of an upload through the staging slots on stream q.
- * Called with stage_lock held; on failure *call names the CUDA call. */
+ * Uploads fill a pair's current slot one after another (at 256-byte
+ * boundaries): the host writes only bytes no queued DMA reads, and the slot's
+ * event, recorded again after each DMA, follows every one of them, since all
+ * DMAs of a pair go to one stream. When a chunk does not fit, the pair turns
+ * to its other slot, waiting for that slot's last DMA first (and counting the
+ * wait) only when it has not finished. So a step's small uploads (a batch and
+ * its labels) share a slot with those of the steps before, and the host waits
+ * for none of them until 4 MiB have passed; a large upload's 4 MiB chunks
+ * still alternate between the two slots. Called with stage_lock held; on
+ * failure *call names the CUDA call. */
 static cudaError_t staged_copy(nb_gpu_ctx *c, int pair, cudaStream_t q, void *dst, const void *src,
                                size_t nbytes, const char **call)
 {
     cudaError_t e = cudaSuccess;
     for (size_t done = 0; done < nbytes && e == cudaSuccess;) {
-        int s = 2 * pair + c->stage_next[pair];
-        c->stage_next[pair] ^= 1;
-        if (c->stage_used[s]) {
-            /* The slot's last DMA has usually finished: wait (and count it) only
-             * when it has not. */
-            *call = "cudaEventQuery";
-            e = cudaEventQuery(c->stage_event[s]);
-            if (e == cudaErrorNotReady) {
-                (void)cudaGetLastError(); /* not an error: keep it from a later launch check */
-                nb__gpu_count_wait(c);
-                *call = "cudaEventSynchronize";
-                e = cudaEventSynchronize(c->stage_event[s]);
-            }
-            if (e != cudaSuccess)
-                break;
-        }
         size_t k = nbytes - done < NB_GPU_STAGE_BYTES ? nbytes - done : NB_GPU_STAGE_BYTES;
-        memcpy(c->stage[s], (const char *)src + done, k);
-        if ((e = cudaMemcpyAsync((char *)dst + done, c->stage[s], k, cudaMemcpyHostToDevice, q)) != cudaSuccess) {
+        int s = 2 * pair + c->stage_next[pair];
+        size_t at = (c->stage_fill[s] + 255) & ~(size_t)255;
+        if (c->stage_fill[s] == 0 || at > NB_GPU_STAGE_BYTES - k) {
+            if (c->stage_fill[s] > 0) { /* full: the other slot */
+                c->stage_next[pair] ^= 1;
+                s = 2 * pair + c->stage_next[pair];
+            }
+            if (c->stage_used[s]) {
+                /* The slot's last DMA has usually finished: wait (and count
+                 * it) only when it has not. */
+                *call = "cudaEventQuery";
+                e = cudaEventQuery(c->stage_event[s]);
+                if (e == cudaErrorNotReady) {
+                    (void)cudaGetLastError(); /* not an error: keep it from a later launch check */
+                    nb__gpu_count_wait(c);
+                    *call = "cudaEventSynchronize";
+                    e = cudaEventSynchronize(c->stage_event[s]);
+                }
+                if (e != cudaSuccess)
+                    break;
+            }
+            c->stage_fill[s] = 0;
+            at = 0;
+        }
+        char *slot = (char *)c->stage[s] + at;
+        memcpy(slot, (const char *)src + done, k);
+        if ((e = cudaMemcpyAsync((char *)dst + done, slot, k, cudaMemcpyHostToDevice, q)) != cudaSuccess) {
             *call = "cudaMemcpyAsync";
             break;
         }
@@ -114,9 +134,12 @@ static cudaError_t staged_copy(nb_gpu_ctx *c, int pair, cudaStream_t q, void *ds
             /* the slot may still be read by the DMA: wait before anyone reuses it */
             nb__gpu_count_wait(c);
             (void)cudaStreamSynchronize(q);
+            c->stage_used[s] = false;
+            c->stage_fill[s] = 0;
             break;
         }
         c->stage_used[s] = true;
+        c->stage_fill[s] = at + k;
         done += k;
     }
     return e;
