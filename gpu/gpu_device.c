@@ -128,6 +128,7 @@ int nb__gpu_discover(nb_device *devices, int max, int logical_per_gpu)
             pthread_mutex_init(&c->lock, NULL);
             pthread_mutex_init(&c->stage_lock, NULL);
             pthread_mutex_init(&c->cudnn_lock, NULL);
+            pthread_mutex_init(&c->index_lock, NULL);
             if (!p->first)
                 p->first = c;
             p->n_logical++;
@@ -249,24 +250,25 @@ nb_status nb__gpu_index_error_record(nb_gpu_ctx *c, nb_gpu_index_error **out)
         nb_status st = NB_OK;
         pthread_mutex_lock(&c->lock);
         if (!c->index_err) {
-            void *d = NULL, *h = NULL;
+            void *d = NULL, *h = NULL, *hd = NULL;
             cudaError_t e = cudaMalloc(&d, sizeof(nb_gpu_index_error));
             if (e != cudaSuccess) {
                 st = nb__gpu_cuda_fail(e, "cudaMalloc", c->dev->name);
-            } else if ((e = cudaHostAlloc(&h, sizeof(nb_gpu_index_error), cudaHostAllocDefault)) !=
+            } else if ((e = cudaHostAlloc(&h, sizeof(nb_gpu_index_error), cudaHostAllocMapped)) !=
                        cudaSuccess) {
                 st = nb__gpu_cuda_fail(e, "cudaHostAlloc", c->dev->name);
                 nb__gpu_count_card_wait(c->phys); /* cudaFree waits for the card */
                 (void)cudaFree(d);
-            } else if ((e = cudaMemsetAsync(d, 0, sizeof(nb_gpu_index_error), c->stream)) !=
-                       cudaSuccess) {
-                st = nb__gpu_cuda_fail(e, "cudaMemsetAsync", c->dev->name);
+            } else if ((e = cudaHostGetDevicePointer(&hd, h, 0)) != cudaSuccess ||
+                       (e = cudaMemsetAsync(d, 0, sizeof(nb_gpu_index_error), c->stream)) != cudaSuccess) {
+                st = nb__gpu_cuda_fail(e, hd ? "cudaMemsetAsync" : "cudaHostGetDevicePointer", c->dev->name);
                 nb__gpu_count_card_wait(c->phys);
                 (void)cudaFree(d);
                 (void)cudaFreeHost(h);
             } else {
                 memset(h, 0, sizeof(nb_gpu_index_error));
                 c->index_err_host = h;
+                c->index_err_mapped = hd;
                 __atomic_store_n(&c->index_err, (nb_gpu_index_error *)d, __ATOMIC_RELEASE);
             }
         }
@@ -286,31 +288,38 @@ void nb__gpu_index_error_arm(nb_gpu_ctx *c) { __atomic_store_n(&c->index_armed, 
 
 bool nb__gpu_index_error_fetch(nb_gpu_ctx *c)
 {
-    if (!__atomic_exchange_n(&c->index_armed, 0, __ATOMIC_ACQ_REL))
+    if (!__atomic_load_n(&c->index_armed, __ATOMIC_ACQUIRE))
         return false;
-    nb_gpu_index_error *h = c->index_err_host, *d = __atomic_load_n(&c->index_err, __ATOMIC_ACQUIRE);
-    if (!h || !d)
+    pthread_mutex_lock(&c->index_lock);
+    nb_gpu_index_error *d = __atomic_load_n(&c->index_err, __ATOMIC_ACQUIRE);
+    if (!__atomic_exchange_n(&c->index_armed, 0, __ATOMIC_ACQ_REL) || !d || !c->index_err_mapped) {
+        pthread_mutex_unlock(&c->index_lock);
         return false;
-    if (cudaMemcpyAsync(h, d, sizeof *h, cudaMemcpyDeviceToHost, c->stream) != cudaSuccess) {
+    }
+    if (nb__gpu_index_error_take(c->stream, d, c->index_err_mapped) != cudaSuccess) {
         (void)cudaGetLastError();
         __atomic_store_n(&c->index_armed, 1, __ATOMIC_RELEASE); /* try again at the next one */
+        pthread_mutex_unlock(&c->index_lock);
         return false;
     }
     return true;
 }
 
-nb_status nb__gpu_index_error_report(nb_gpu_ctx *c, bool fetched)
+nb_status nb__gpu_index_error_report(nb_gpu_ctx *c, bool fetched, bool waited)
 {
-    nb_gpu_index_error *h = c->index_err_host;
-    if (!fetched || !h || !h->set)
+    if (!fetched)
         return NB_OK;
-    const char *op = (const char *)(uintptr_t)h->op;
-    long long pos = h->position, val = h->value, rows = h->rows;
+    nb_gpu_index_error *h = c->index_err_host, r = *h;
     memset(h, 0, sizeof *h);
-    NB_GPU_CALL(c, cudaMemsetAsync, c->index_err, 0, sizeof *h, c->stream);
+    if (!waited) /* the record may not have arrived: look again at the next wait */
+        __atomic_store_n(&c->index_armed, 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&c->index_lock);
+    if (!waited || !r.set)
+        return NB_OK;
+    const char *op = (const char *)(uintptr_t)r.op;
     return nb__fail(NB_ERR_INVALID_ARGUMENT, "%s: index %lld at position %lld is outside [0, %lld) on %s "
                     "(found by the GPU kernel, reported at the next synchronisation)",
-                    op ? op : "gather", val, pos, rows, c->dev->name);
+                    op ? op : "gather", r.value, r.position, r.rows, c->dev->name);
 }
 
 int64_t nb_gpu_host_waits(const char *device)

@@ -45,6 +45,9 @@ struct Exec {
     nb_gpu_pool *pool;
     bool arms_index;
     int64_t nodes;
+    // recorded after the recording and after each replay: what may still use
+    // the pool is behind it (NULL when it could not be made: the stream then)
+    cudaEvent_t done;
 };
 
 nb_status begin(nb_device *dev, void **out)
@@ -136,6 +139,13 @@ nb_status end(nb_device *dev, void *rec, bool keep, void **out)
     x->pool = r->pool;
     x->arms_index = armed;
     x->nodes = (int64_t)nodes;
+    if (cudaEventCreateWithFlags(&x->done, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventRecord(x->done, c->stream) != cudaSuccess) { // behind the work queued before the recording
+        (void)cudaGetLastError();
+        if (x->done)
+            (void)cudaEventDestroy(x->done);
+        x->done = nullptr;
+    }
     free(r);
     *out = x;
     return NB_OK;
@@ -159,21 +169,39 @@ nb_status launch(nb_device *dev, void *exec, double *dev_params, int n, const do
     NB_GPU_CALL(c, cudaGraphLaunch, x->exec, c->stream);
     if (x->arms_index)
         nb__gpu_index_error_arm(c);
+    if (x->done && cudaEventRecord(x->done, c->stream) != cudaSuccess) { // destroy then waits for the stream
+        (void)cudaGetLastError();
+        (void)cudaEventDestroy(x->done);
+        x->done = nullptr;
+    }
     return NB_OK;
 }
 
 int64_t nodes(const void *exec) { return static_cast<const Exec *>(exec)->nodes; }
 
+// Waits for the graph's replays (its event: not the stream, which another
+// thread may be recording a step on, and a wait would break), then gives its
+// pool back and frees it. Records no error: a device that cannot be waited
+// for is broken, and its blocks go back all the same.
 void destroy(nb_device *dev, void *exec)
 {
     Exec *x = static_cast<Exec *>(exec);
     if (!x)
         return;
-    nb_gpu_ctx *c;
-    if (nb__gpu_enter(dev, "nb_graph_free", &c) == NB_OK) {
-        release_after_stream(c, x->pool, false);
-        (void)cudaGraphExecDestroy(x->exec);
+    nb_gpu_ctx *c = static_cast<nb_gpu_ctx *>(dev->ctx);
+    nb_error_saved saved;
+    nb__error_stash(&saved);
+    if (nb__gpu_set_device(c->ordinal, dev->name) == NB_OK) {
+        nb__gpu_count_wait(c);
+        if ((x->done ? cudaEventSynchronize(x->done) : cudaStreamSynchronize(c->stream)) != cudaSuccess)
+            (void)cudaGetLastError();
     }
+    nb__gpu_pool_release(x->pool, false);
+    (void)cudaGraphExecDestroy(x->exec);
+    if (x->done)
+        (void)cudaEventDestroy(x->done);
+    (void)cudaGetLastError();
+    nb__error_unstash(&saved);
     free(x);
 }
 

@@ -322,3 +322,21 @@ extern "C" nb_status nb__gpu_check_indices(nb_gpu_ctx *c, const char *op, const 
     nb__gpu_index_error_arm(c); // after a failure too: a kernel that ran before it may have flagged an index
     return s;
 }
+
+// ---- the index-error record, read by the host ------------------------------------------
+
+namespace {
+__global__ void k_index_error_take(nb_gpu_index_error *d, nb_gpu_index_error *h)
+{
+    *h = *d;
+    *d = nb_gpu_index_error{};
+}
+} // namespace
+
+// One kernel, so that no check queued by another thread can land between the
+// read and the clear.
+extern "C" cudaError_t nb__gpu_index_error_take(cudaStream_t s, nb_gpu_index_error *d, nb_gpu_index_error *h)
+{
+    k_index_error_take<<<1, 1, 0, s>>>(d, h);
+    return cudaGetLastError();
+}

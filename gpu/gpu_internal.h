@@ -93,8 +93,10 @@ typedef struct nb_gpu_ctx {
     void *cudnn;              /* cudnnHandle_t, made by gpu_cudnn.c on first use */
     void *cudnn_prop;         /* its device-property descriptor (NULL before cuDNN 9.8) */
     nb_gpu_index_error *index_err;      /* device memory, lazily */
-    nb_gpu_index_error *index_err_host; /* pinned mirror */
+    nb_gpu_index_error *index_err_host; /* pinned mirror, mapped */
+    nb_gpu_index_error *index_err_mapped; /* the mirror's address on the device */
     int index_armed;          /* an index check was queued since the last report (__atomic) */
+    pthread_mutex_t index_lock; /* held from a fetch to its report: one reader of the mirror */
     /* pinned staging for host -> device copies (gpu_transfer.c) */
     pthread_mutex_t stage_lock;
     /* cuDNN's handle: threads may not use it at once (a pipeline's stages, or
@@ -169,12 +171,19 @@ nb_status nb__gpu_index_error_record(nb_gpu_ctx *c, nb_gpu_index_error **out);
  * wait: the record is read at the next synchronising call). */
 void nb__gpu_index_error_arm(nb_gpu_ctx *c);
 /* Before a stream synchronisation: when a check was armed since the last one,
- * queues the copy of the record to its pinned mirror and returns true. */
+ * queues one kernel that moves the record into its pinned mirror and clears
+ * it (so a kernel queued later records afresh, and no later fetch sees the
+ * same index again), and returns true holding c->index_lock until the
+ * report: two threads that wait for one device read the mirror in turn. */
 bool nb__gpu_index_error_fetch(nb_gpu_ctx *c);
-/* After that synchronisation (fetched: what fetch returned): an index a kernel
- * found outside its range is NB_ERR_INVALID_ARGUMENT naming the op, the index,
- * its position and the range; the record is cleared (in stream order). */
-nb_status nb__gpu_index_error_report(nb_gpu_ctx *c, bool fetched);
+/* After that synchronisation (fetched: what fetch returned; waited: whether
+ * the wait succeeded, so that the mirror holds the record): an index a
+ * kernel found outside its range is NB_ERR_INVALID_ARGUMENT naming the op,
+ * the index, its position and the range. Releases what fetch took. */
+nb_status nb__gpu_index_error_report(nb_gpu_ctx *c, bool fetched, bool waited);
+/* Queues the kernel that moves *d into *h (device addresses) and zeroes *d
+ * (gpu_index.cu). */
+cudaError_t nb__gpu_index_error_take(cudaStream_t s, nb_gpu_index_error *d, nb_gpu_index_error *h);
 
 /* Calls a CUDA runtime function; on failure records and returns NB_ERR_BACKEND
  * naming the function and c's device. */

@@ -189,14 +189,42 @@ nb_status nb__gpu_copy_from_host(nb_device *dev, void *dst, const void *src, siz
             (void)cudaGetLastError();
             nb__gpu_count_wait(c);
             cudaError_t e3 = cudaStreamSynchronize(c->copy_stream);
-            if (e == cudaSuccess) {
-                e = e3 != cudaSuccess ? e3 : e2;
-                call = e3 != cudaSuccess ? "cudaStreamSynchronize" : "cudaEventRecord";
+            if (e == cudaSuccess && e3 != cudaSuccess) { /* else the upload is done, and ordered by the wait */
+                e = e3;
+                call = "cudaStreamSynchronize";
             }
         }
     }
     pthread_mutex_unlock(&c->stage_lock);
     return e == cudaSuccess ? NB_OK : nb__gpu_cuda_fail(e, call, dev->name);
+}
+
+/* NB_OK unless another thread is recording a step on c's stream
+ * (nb_graph_capture: the calling thread's own recording refuses waits
+ * before this): a wait, or a copy queued there, would break the recording,
+ * or become part of it. NB_ERR_UNSUPPORTED then, naming who. */
+static nb_status not_recording(nb_gpu_ctx *c, const char *who)
+{
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(c->stream, &cs) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NB_OK; /* the wait that follows reports what is wrong with the stream */
+    }
+    if (cs == cudaStreamCaptureStatusNone)
+        return NB_OK;
+    return nb__fail(NB_ERR_UNSUPPORTED, "%s: %s is recording a step (nb_graph_capture) on another thread; it can "
+                    "be waited for once the recording ends", who, c->dev->name);
+}
+
+/* Waits for c's stream (counted), and reports an index an earlier kernel
+ * found out of range (nb__gpu_index_error_fetch). */
+static nb_status wait_stream(nb_gpu_ctx *c)
+{
+    bool fetched = nb__gpu_index_error_fetch(c);
+    nb__gpu_count_wait(c);
+    cudaError_t e = cudaStreamSynchronize(c->stream);
+    nb_status st = nb__gpu_index_error_report(c, fetched, e == cudaSuccess);
+    return e != cudaSuccess ? nb__gpu_cuda_fail(e, "cudaStreamSynchronize", c->dev->name) : st;
 }
 
 nb_status nb__gpu_copy_to_host(nb_device *dev, void *dst, const void *src, size_t nbytes)
@@ -207,11 +235,10 @@ nb_status nb__gpu_copy_to_host(nb_device *dev, void *dst, const void *src, size_
     nb_status st = nb__gpu_enter(dev, "copy_to_host", &c);
     if (st)
         return st;
+    if ((st = not_recording(c, "copy_to_host")) != NB_OK)
+        return st;
     NB_GPU_CALL(c, cudaMemcpyAsync, dst, src, nbytes, cudaMemcpyDeviceToHost, c->stream);
-    bool fetched = nb__gpu_index_error_fetch(c);
-    nb__gpu_count_wait(c);
-    NB_GPU_CALL(c, cudaStreamSynchronize, c->stream);
-    return nb__gpu_index_error_report(c, fetched); /* a bad index met by an earlier kernel */
+    return wait_stream(c); /* and a bad index met by an earlier kernel */
 }
 
 /* Peer access between two cards, enabled once per ordered pair when the
@@ -292,8 +319,7 @@ nb_status nb__gpu_synchronize(nb_device *dev)
     nb_status st = nb__gpu_set_device(c->ordinal, dev->name);
     if (st)
         return st;
-    bool fetched = nb__gpu_index_error_fetch(c);
-    nb__gpu_count_wait(c);
-    NB_GPU_CALL(c, cudaStreamSynchronize, c->stream);
-    return nb__gpu_index_error_report(c, fetched);
+    if ((st = not_recording(c, "synchronize")) != NB_OK)
+        return st;
+    return wait_stream(c);
 }

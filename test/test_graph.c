@@ -479,17 +479,18 @@ static void ops_bitwise(void)
 
 typedef enum {
     RULE_ITEM, RULE_READ, RULE_FROM_BUFFER, RULE_SYNC, RULE_OTHER_DEVICE, RULE_COPY_OUT, RULE_VARIABLE,
-    RULE_MIRRORED, RULE_NESTED, RULE_COUNT
+    RULE_MIRRORED, RULE_NESTED, RULE_GRAPH_FREE, RULE_COUNT
 } rule;
 
 static const char *const rule_calls[RULE_COUNT] = {
     "nb_tensor_get", "nb_tensor_read", "nb_from_buffer", "nb_synchronize", "a tensor on /cpu:",
-    "copy_to_device", "nb_variable_new", "nb_mirrored_run", "called inside a captured step",
+    "copy_to_device", "nb_variable_new", "nb_mirrored_run", "called inside a captured step", "nb_graph_free",
 };
 
 typedef struct rule_case {
     rule r;
     nb_mirrored *strategy;
+    nb_graph *outer; /* a graph captured before: freeing it in a step is refused */
 } rule_case;
 
 static nb_status no_op_replica(nb_replica *r, int n_in, nb_tensor *const *in, int n_out, nb_tensor **out, void *user)
@@ -533,6 +534,7 @@ static nb_status rule_step(void *user, int n_in, nb_tensor *const *in, int n_out
         nb_graph_free(inner);
         return st;
     }
+    case RULE_GRAPH_FREE: nb_graph_free(c->outer); return nb_error();
     default: return NB_OK;
     }
 }
@@ -543,8 +545,10 @@ static void refusals(void)
     nb_device_push(g_device);
     CHECK(strategy != NULL);
     nb_tensor *x = nb_ones(NB_F64, NB_SHAPE(4));
+    nb_graph *outer = NULL;
+    CHECK_OK(nb_graph_capture(g_device, nested_step, NULL, 1, &x, 0, NULL, &outer));
     for (int r = 0; r < RULE_COUNT; r++) {
-        rule_case c = {(rule)r, strategy};
+        rule_case c = {(rule)r, strategy, outer};
         nb_graph *g = (nb_graph *)&c; /* must come back NULL */
         nb_tensor *out = NULL;
         nb_status st = nb_graph_capture(g_device, rule_step, &c, 1, &x, 1, &out, &g);
@@ -559,6 +563,8 @@ static void refusals(void)
     double v = 0;
     CHECK_OK(nb_tensor_read(nb_sum_all(x), &v, sizeof v));
     CHECK(v == 4);
+    CHECK_OK(nb_graph_replay(outer, &x, NULL));
+    nb_graph_free(outer); /* left alone by the refused call, freed here */
     nb_device_pop();
     nb_mirrored_free(strategy);
 }

@@ -73,7 +73,11 @@ bool nb_set_soft_placement(bool on);
 /* Log every op with its device through the log callback. Returns the old setting. */
 bool nb_set_log_device_placement(bool on);
 
-/* Waits until every device has finished the work queued so far. */
+/* Waits until every device has finished the work queued so far. Returns
+ * NB_OK, or the first device's failure (an out-of-range index a GPU kernel
+ * met, a device error, a wait inside a captured step, or on a device another
+ * thread is recording a step on: NB_ERR_UNSUPPORTED), with its message; the
+ * devices after a failing one are waited for all the same. */
 nb_status nb_synchronize(void);
 
 /* Copies t to the named device (a differentiable op; the gradient is copied

@@ -138,7 +138,8 @@ const char *nb_graph_device(const nb_graph *g);
 bool nb_graph_set_fusion(bool on);
 
 /* Waits for g's queued replays, then frees it, its inputs, outputs and private
- * memory. NULL is ignored. */
+ * memory. NULL is ignored. Inside a captured step it is refused (an error is
+ * recorded, as for every call the step may not make, and g is left alone). */
 void nb_graph_free(nb_graph *g);
 
 #ifdef __cplusplus

@@ -254,33 +254,42 @@ void nb__log_op(const char *op, const nb_device *dev)
         nb__log(NB_LOG_INFO, "op %s on %s", op, dev->name);
 }
 
+/* Waits for every device (card NULL) or every device on card's physical
+ * device: each one, even after another failed, so that none is left running
+ * behind an error. Returns the first failure, whose message stays the
+ * pending error. */
+static nb_status synchronize_each(const nb_device *card)
+{
+    nb_status first = NB_OK;
+    nb_error_saved saved;
+    for (int k = 0; k < NB_KIND_COUNT; k++)
+        for (int i = 0; i < g_n[k]; i++) {
+            nb_device *d = &g_devs[k][i];
+            if (card && (d->kind != card->kind || d->physical != card->physical))
+                continue;
+            nb_status st = d->backend->synchronize(d);
+            if (st && !first) {
+                first = st;
+                nb__error_stash(&saved);
+            }
+        }
+    if (first)
+        nb__error_unstash(&saved);
+    return first;
+}
+
 nb_status nb_synchronize(void)
 {
     if (nb__capture_check(NULL, "nb_synchronize", "waiting for the devices"))
         return nb_error();
     ensure_init();
-    for (int k = 0; k < NB_KIND_COUNT; k++)
-        for (int i = 0; i < g_n[k]; i++) {
-            nb_status st = g_devs[k][i].backend->synchronize(&g_devs[k][i]);
-            if (st)
-                return st;
-        }
-    return NB_OK;
+    return synchronize_each(NULL);
 }
 
 nb_status nb__device_synchronize_card(nb_device *dev)
 {
     ensure_init();
-    nb_status first = NB_OK;
-    for (int i = 0; i < g_n[dev->kind]; i++) {
-        nb_device *d = &g_devs[dev->kind][i];
-        if (d->physical != dev->physical)
-            continue;
-        nb_status st = d->backend->synchronize(d);
-        if (!first)
-            first = st;
-    }
-    return first;
+    return synchronize_each(dev);
 }
 
 bool nb_deterministic(void)

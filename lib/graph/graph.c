@@ -319,8 +319,10 @@ nb_status nb_graph_replay(nb_graph *g, nb_tensor *const *inputs, nb_tensor **out
     int n = g->n_params;
     bool same = g->params_sent && memcmp(g->next, g->params, sizeof(double) * (size_t)n) == 0;
     nb_status st = g->dev->backend->graph->launch(g->dev, g->exec, g->dev_params, same ? 0 : n, g->next);
-    if (st)
+    if (st) { /* some of the numbers may have reached the device: send them all next time */
+        g->params_sent = false;
         return st;
+    }
     if (!same) {
         memcpy(g->params, g->next, sizeof(double) * (size_t)n);
         g->params_sent = true;
@@ -354,6 +356,9 @@ const char *nb_graph_device(const nb_graph *g) { return g ? g->dev->name : NULL;
 void nb_graph_free(nb_graph *g)
 {
     if (!g)
+        return;
+    /* inside a captured step the wait for g's replays cannot be recorded: refused */
+    if (nb__capture_check(NULL, "nb_graph_free", "freeing a graph"))
         return;
     if (g->exec)
         g->dev->backend->graph->destroy(g->dev, g->exec); /* waits for the replays */
