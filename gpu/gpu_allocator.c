@@ -27,6 +27,7 @@
 #include "gpu_internal.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -153,7 +154,9 @@ static size_t slot_of(const void *p, size_t cap)
     return (size_t)(x >> 17) & (cap - 1);
 }
 
-static bool table_insert(nb_gpu_allocator *a, block *b)
+/* Grows the table, where needed, so that one more block fits: false when
+ * out of host memory (nothing changed). */
+static bool table_room(nb_gpu_allocator *a)
 {
     if ((a->table_n + 1) * 2 > a->table_cap) {
         size_t cap = a->table_cap ? a->table_cap * 2 : 1024;
@@ -173,12 +176,17 @@ static bool table_insert(nb_gpu_allocator *a, block *b)
         a->table = t;
         a->table_cap = cap;
     }
+    return true;
+}
+
+/* Adds b to the table, which table_room made room for. */
+static void table_insert(nb_gpu_allocator *a, block *b)
+{
     size_t mask = a->table_cap - 1, i = slot_of(b->ptr, a->table_cap);
     while (a->table[i])
         i = (i + 1) & mask;
     a->table[i] = b;
     a->table_n++;
-    return true;
 }
 
 static block *table_remove(nb_gpu_allocator *a, const void *p)
@@ -290,10 +298,10 @@ static bool usable_by(block *b, nb_gpu_ctx *c)
 }
 
 /* Unlinks the first block of the list at *head in [lo, hi] that c may use,
- * preferring one c freed itself. */
-static block *take_from(block **head, size_t lo, size_t hi, nb_gpu_ctx *c, bool sorted)
+ * preferring one c freed itself (own_only: only those, with no CUDA call). */
+static block *take_from(block **head, size_t lo, size_t hi, nb_gpu_ctx *c, bool sorted, bool own_only)
 {
-    for (int pass = 0; pass < 2; pass++) {
+    for (int pass = 0; pass < (own_only ? 1 : 2); pass++) {
         for (block **pp = head; *pp; pp = &(*pp)->next) {
             block *b = *pp;
             if (b->size < lo)
@@ -325,13 +333,16 @@ static size_t fit_limit(size_t size)
     return size + size / 4 / step * step;
 }
 
-static block *take_cached(nb_gpu_allocator *a, nb_gpu_ctx *c, size_t size)
+/* A cached block for c of class size, or NULL. own_only: one c freed last,
+ * which c's stream may use with no wait and no CUDA call (while c's stream
+ * records a step: its work before the recording comes first on that stream). */
+static block *take_cached(nb_gpu_allocator *a, nb_gpu_ctx *c, size_t size, bool own_only)
 {
     block *b;
     if (size <= SMALL_LIMIT)
-        b = take_from(&a->small[size / SMALL_QUANTUM - 1], size, size, c, false);
+        b = take_from(&a->small[size / SMALL_QUANTUM - 1], size, size, c, false, own_only);
     else
-        b = take_from(&a->large, size, fit_limit(size), c, true);
+        b = take_from(&a->large, size, fit_limit(size), c, true, own_only);
     if (b) {
         a->cached -= b->size;
         b->recycled = true;
@@ -445,15 +456,26 @@ void *nb__gpu_malloc(nb_gpu_ctx *c, size_t nbytes)
         return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "gpu alloc: out of memory on %s: %zu bytes is too large",
                              c->dev->name, nbytes);
     pthread_mutex_lock(&a->lock);
-    a->allocations++;
     nb_gpu_pool *pool = c->rec_pool;
-    block *b = pool ? pool_take(pool, size) : take_cached(a, c, size);
+    /* Room in the table first, so that a block once taken is always handed out. */
+    bool host_oom = !table_room(a);
+    /* A recording takes its pool's blocks, then cached blocks its own stream
+     * freed (they become the pool's: the graph keeps them). */
+    block *b = NULL;
+    if (!host_oom) {
+        if (!pool)
+            b = take_cached(a, c, size, false);
+        else if (!(b = pool_take(pool, size)) && (b = take_cached(a, c, size, true)) != NULL)
+            b->pool = pool;
+    }
     cudaError_t err = cudaSuccess;
     const char *call = "cudaMalloc";
-    bool host_oom = false;
+    bool flushed = false;
     if (b) {
         a->cache_hits++;
-    } else {
+    } else if (!host_oom && !(b = record_new(a))) { /* the record before the memory: no cudaFree to undo it */
+        host_oom = true;
+    } else if (!host_oom) {
         /* Every CUDA call below is for c's card; a cache hit made none, so the
          * caller need not have made it current (gpu_alloc does not). */
         int cur = -1;
@@ -471,6 +493,7 @@ void *nb__gpu_malloc(nb_gpu_ctx *c, size_t nbytes)
          * nor may another thread while one of the card's streams records. */
         if (!p && current && err == cudaErrorMemoryAllocation && a->cached > 0 && !pool && !a->recordings) {
             a->cache_flushes++;
+            flushed = true;
             cudaError_t fe = flush_cache(a, &call);
             if (fe != cudaSuccess) {
                 err = fe;
@@ -479,30 +502,18 @@ void *nb__gpu_malloc(nb_gpu_ctx *c, size_t nbytes)
             }
         }
         if (p) {
-            b = record_new(a);
-            if (!b) {
-                host_oom = true;
-                if (in_arena)
-                    arena_put(a, p, size);
-                else {
-                    nb__gpu_count_card_wait(a->phys); /* cudaFree waits for the card */
-                    (void)cudaFree(p);
-                    a->outside_arena -= size;
-                }
-            } else {
-                b->ptr = p;
-                b->size = size;
-                b->in_arena = in_arena;
-                b->pool = pool;
-            }
+            b->ptr = p;
+            b->size = size;
+            b->in_arena = in_arena;
+            b->pool = pool;
+        } else {
+            record_free(a, b);
+            b = NULL;
         }
     }
-    if (b && !table_insert(a, b)) {
-        cache_put(a, b);
-        b = NULL;
-        host_oom = true;
-    }
     if (b) {
+        table_insert(a, b);
+        a->allocations++;
         b->owner = c;
         b->requested = nbytes;
         a->in_use += b->size; /* a cached large block may exceed size */
@@ -511,8 +522,10 @@ void *nb__gpu_malloc(nb_gpu_ctx *c, size_t nbytes)
         pthread_mutex_unlock(&a->lock);
         return b->ptr;
     }
-    a->failures++;
-    size_t in_use = a->in_use, reserved = reserved_of(a), arena = a->arena_size;
+    bool oom = host_oom || err == cudaErrorMemoryAllocation;
+    if (oom)
+        a->failures++;
+    size_t in_use = a->in_use, reserved = reserved_of(a), arena = a->arena_size, cached = a->cached;
     bool capped = a->arena && !a->allow_growth;
     pthread_mutex_unlock(&a->lock);
 
@@ -531,12 +544,17 @@ void *nb__gpu_malloc(nb_gpu_ctx *c, size_t nbytes)
                              "gpu alloc: out of memory on %s allocating %zu bytes (%.2f MiB): the reserve "
                              "arena of %.2f MiB is full (%.2f MiB in use) and growth is off",
                              c->dev->name, nbytes, nbytes / MIB, arena / MIB, in_use / MIB);
+    char cache_note[96] = "after emptying its cache";
+    if (!flushed && cached > 0)
+        snprintf(cache_note, sizeof cache_note, "with %.2f MiB cached, not emptied while a step is recorded on the card",
+                 cached / MIB);
+    else if (!flushed)
+        snprintf(cache_note, sizeof cache_note, "with nothing cached");
     return nb__fail_null(NB_ERR_OUT_OF_MEMORY,
                          "gpu alloc: out of memory on %s allocating %zu bytes (%.2f MiB): %.2f MiB in use "
-                         "and %.2f MiB reserved by nabla after emptying its cache, %.2f MiB free of %.2f MiB "
-                         "on the card",
-                         c->dev->name, nbytes, nbytes / MIB, in_use / MIB, reserved / MIB, free_b / MIB,
-                         total_b / MIB);
+                         "and %.2f MiB reserved by nabla %s, %.2f MiB free of %.2f MiB on the card",
+                         c->dev->name, nbytes, nbytes / MIB, in_use / MIB, reserved / MIB, cache_note,
+                         free_b / MIB, total_b / MIB);
 }
 
 void nb__gpu_free(nb_gpu_ctx *c, void *ptr)
@@ -738,8 +756,10 @@ nb_status nb_gpu_get_memory_stats(const char *device, nb_gpu_memory_stats *out)
     out->failures = a->failures;
     pthread_mutex_unlock(&a->lock);
     nb_status st = nb__gpu_set_device(c->ordinal, dev->name);
-    if (st)
+    if (st) {
+        memset(out, 0, sizeof *out);
         return st;
+    }
     cudaError_t e = cudaMemGetInfo(&out->device_free, &out->device_total);
     if (e != cudaSuccess) {
         memset(out, 0, sizeof *out);
@@ -766,22 +786,23 @@ static nb_status empty_one(nb_gpu_phys *p)
     nb_gpu_allocator *a = p->alloc;
     const char *name = p->first ? p->first->dev->name : "/gpu:?";
     pthread_mutex_lock(&a->lock);
-    nb_status st = NB_OK;
+    const bool empty = a->cached == 0;
+    pthread_mutex_unlock(&a->lock);
+    if (empty)
+        return NB_OK;
+    /* before the lock: a failure calls the error handler, which may ask the allocator */
+    nb_status st = nb__gpu_set_device(p->ordinal, name);
+    if (st)
+        return st;
+    pthread_mutex_lock(&a->lock);
     if (a->cached > 0 && a->recordings) {
         pthread_mutex_unlock(&a->lock);
         return nb__fail(NB_ERR_UNSUPPORTED, "nb_gpu_empty_cache: a step is being recorded on %s's card", name);
     }
-    if (a->cached > 0) {
-        const char *call = "";
-        st = nb__gpu_set_device(p->ordinal, name);
-        cudaError_t e = st ? cudaSuccess : flush_cache(a, &call);
-        if (e != cudaSuccess) {
-            pthread_mutex_unlock(&a->lock);
-            return nb__gpu_cuda_fail(e, call, name);
-        }
-    }
+    const char *call = "";
+    cudaError_t e = a->cached > 0 ? flush_cache(a, &call) : cudaSuccess;
     pthread_mutex_unlock(&a->lock);
-    return st;
+    return e != cudaSuccess ? nb__gpu_cuda_fail(e, call, name) : NB_OK;
 }
 
 nb_status nb_gpu_empty_cache(const char *device)
@@ -839,6 +860,18 @@ nb_status nb_gpu_set_reserve(const char *device, size_t bytes, bool allow_growth
                             dev->name, live);
         }
     }
+    /* The old arena goes first, so that its memory can make the new one. */
+    cudaError_t freed = cudaSuccess;
+    if (a->arena) {
+        nb__gpu_count_card_wait(a->phys); /* cudaFree waits for the card */
+        freed = cudaFree(a->arena);
+        if (freed != cudaSuccess)
+            (void)cudaGetLastError();
+        a->arena = NULL;
+        a->arena_size = 0;
+        a->n_ranges = 0;
+        a->allow_growth = true;
+    }
     void *fresh = NULL;
     if (size) {
         e = cudaMalloc(&fresh, size);
@@ -855,19 +888,14 @@ nb_status nb_gpu_set_reserve(const char *device, size_t bytes, bool allow_growth
             (void)cudaGetLastError();
             pthread_mutex_unlock(&a->lock);
             if (e == cudaErrorMemoryAllocation)
-                return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of memory on %s reserving %zu bytes (%.2f MiB)",
-                                who, dev->name, size, size / MIB);
+                return nb__fail(NB_ERR_OUT_OF_MEMORY,
+                                "%s: out of memory on %s reserving %zu bytes (%.2f MiB); there is no reserve now, "
+                                "memory is taken as needed", who, dev->name, size, size / MIB);
             return nb__gpu_cuda_fail(e, call, dev->name);
         }
         a->device_mallocs++;
     }
-    if (a->arena) {
-        /* The new mode stands even if this fails; the failure is reported below. */
-        nb__gpu_count_card_wait(a->phys); /* cudaFree waits for the card */
-        e = cudaFree(a->arena);
-        if (e != cudaSuccess)
-            (void)cudaGetLastError();
-    }
+    e = freed;
     a->arena = fresh;
     a->arena_size = size;
     a->n_ranges = 0;

@@ -67,8 +67,9 @@ nb_status nb_gpu_empty_cache(const char *device);
  * bytes > 0: reserve an arena of bytes now (one cudaMalloc) and carve blocks
  *   from it; when it is full, grow with cudaMalloc if allow_growth, else fail
  *   with NB_ERR_OUT_OF_MEMORY (the arena is then a hard cap).
- * Returns NB_OK; NB_ERR_OUT_OF_MEMORY when the arena cannot be had (the mode is
- * left as it was); NB_ERR_INVALID_ARGUMENT when a current arena still holds
+ * Returns NB_OK; NB_ERR_OUT_OF_MEMORY when the arena cannot be had (a current
+ * arena was given back first, to make room for the new one: memory is then
+ * taken on demand); NB_ERR_INVALID_ARGUMENT when a current arena still holds
  * live blocks (free them first); NB_ERR_DEVICE for a name that is not a GPU;
  * NB_ERR_UNSUPPORTED while a stream of the card is being recorded. */
 nb_status nb_gpu_set_reserve(const char *device, size_t bytes, bool allow_growth);
