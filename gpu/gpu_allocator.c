@@ -82,6 +82,7 @@ struct nb_gpu_allocator {
     size_t arena_blocks; /* blocks carved out and not yet given back */
     /* statistics */
     size_t in_use, requested, peak_in_use, cached;
+    size_t graph_held;    /* bytes of free blocks in recorded graphs' pools */
     size_t outside_arena; /* bytes of cudaMalloc'd blocks, live or cached */
     size_t peak_reserved;
     uint64_t allocations, cache_hits, device_mallocs, cache_flushes, failures;
@@ -465,7 +466,9 @@ void *nb__gpu_malloc(nb_gpu_ctx *c, size_t nbytes)
     if (!host_oom) {
         if (!pool)
             b = take_cached(a, c, size, false);
-        else if (!(b = pool_take(pool, size)) && (b = take_cached(a, c, size, true)) != NULL)
+        else if ((b = pool_take(pool, size)) != NULL)
+            a->graph_held -= b->size;
+        else if ((b = take_cached(a, c, size, true)) != NULL)
             b->pool = pool;
     }
     cudaError_t err = cudaSuccess;
@@ -579,6 +582,7 @@ void nb__gpu_free(nb_gpu_ctx *c, void *ptr)
         block **list = b->pool ? &keep->free : &keep->held;
         b->next = *list;
         *list = b;
+        a->graph_held += b->size;
         pthread_mutex_unlock(&a->lock);
         return;
     }
@@ -672,6 +676,7 @@ nb_status nb__gpu_pool_start(nb_gpu_ctx *c, nb_gpu_pool **out)
         block *b = a->retry;
         a->retry = b->next;
         a->cached -= b->size;
+        a->graph_held += b->size;
         b->pool = p;
         b->next = p->free;
         p->free = b;
@@ -703,6 +708,7 @@ void nb__gpu_pool_release(nb_gpu_pool *p, bool abandoned)
         block *b = list ? p->held : p->free;
         while (b) {
             block *next = b->next;
+            a->graph_held -= b->size;
             b->pool = NULL;
             b->owner = p->ctx;
             b->event_pending = false; /* the caller waited for the stream */
@@ -745,6 +751,7 @@ nb_status nb_gpu_get_memory_stats(const char *device, nb_gpu_memory_stats *out)
     out->requested = a->requested;
     out->peak_in_use = a->peak_in_use;
     out->cached = a->cached;
+    out->graph_held = a->graph_held;
     out->reserved = reserved_of(a);
     out->peak_reserved = a->peak_reserved;
     out->arena = a->arena_size;

@@ -28,8 +28,10 @@ typedef struct nb_gpu_memory_stats {
     size_t requested;       /* bytes those blocks were asked for (before rounding) */
     size_t peak_in_use;     /* largest in_use since start or nb_gpu_reset_peak_memory */
     size_t cached;          /* bytes in free blocks kept for reuse */
-    size_t reserved;        /* bytes taken from CUDA: in_use + cached + the free
-                               part of the reserve arena */
+    size_t graph_held;      /* bytes in free blocks kept by recorded steps
+                               (nabla/graph.h) for their replays, until freed */
+    size_t reserved;        /* bytes taken from CUDA: in_use + cached + graph_held
+                               + the free part of the reserve arena */
     size_t peak_reserved;   /* largest reserved since start or the last reset */
     size_t arena;           /* size of the reserve arena, 0 when growing on demand */
     bool growth_allowed;    /* false: the arena is a hard cap (see nb_gpu_set_reserve) */
