@@ -6,6 +6,8 @@
  * hang, and the trainer works afterwards; bad arguments are clear errors. */
 #include "check.h"
 
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -275,6 +277,79 @@ static void test_observer(void)
     nb_async_free(a);
 }
 
+/* ---- settings changed while a call trains ----------------------------------------------------- */
+
+/* nb_async_train on a thread of its own, while the caller changes the bound
+ * and the observer again and again: the call keeps what it started with (no
+ * bound of 0 halfway, no update seen by the other observer), nothing races
+ * (the ThreadSanitizer build runs this), and the next call takes the last
+ * settings. */
+typedef struct setter_run {
+    nb_async *a;
+    nb_optimizer *opt;
+    nb_variable *v;
+    nb_tensor *x;
+    nb_status st;
+    int done;
+} setter_run;
+
+static void *train_thread(void *arg)
+{
+    setter_run *r = arg;
+    r->st = nb_async_train(r->a, r->opt, NB_VARS(r->v), counting_step, NULL, NB_TENSORS(r->x), 1);
+    __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void count_update(const nb_async_update *u, void *user)
+{
+    (void)u;
+    __atomic_add_fetch((int64_t *)user, 1, __ATOMIC_RELAXED);
+}
+
+static void test_settings_during_training(void)
+{
+    nb_async *a = nb_async_new(NDEV, NULL, NULL);
+    setter_run r = {.a = a, .opt = nb_sgd_new(1.0), .x = nb_zeros(NB_F64, NB_SHAPE(999, 1))};
+    r.v = nb_async_variable_new(a, "counter", nb_zeros(NB_F64, NB_SHAPE(64)));
+    int64_t first = 0, second = 0;
+    CHECK_OK(nb_async_set_staleness_bound(a, -1));
+    CHECK_OK(nb_async_set_observer(a, count_update, &first));
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, train_thread, &r) == 0);
+    /* the call has taken its settings once its first update is seen */
+    while (!__atomic_load_n(&first, __ATOMIC_RELAXED) && !__atomic_load_n(&r.done, __ATOMIC_ACQUIRE))
+        sched_yield();
+    int changes = 0;
+    while (!__atomic_load_n(&r.done, __ATOMIC_ACQUIRE)) {
+        CHECK_OK(nb_async_set_staleness_bound(a, changes % 3 - 1)); /* -1, 0, 1 */
+        CHECK_OK(nb_async_set_observer(a, changes % 2 ? count_update : NULL, &second));
+        changes++;
+    }
+    pthread_join(t, NULL);
+    CHECK_OK(r.st);
+    CHECK(changes > 0);
+    /* the call kept bound -1 and its observer: 999 updates of +1, all seen by the first */
+    if (!(first == 999 && second == 0))
+        fprintf(stderr, "during the call: the first observer saw %lld updates (999 wanted), the second %lld\n",
+                (long long)first, (long long)second);
+    CHECK(__atomic_load_n(&first, __ATOMIC_RELAXED) == 999 && __atomic_load_n(&second, __ATOMIC_RELAXED) == 0);
+    double h[64];
+    read_f64(r.v, h, 64);
+    CHECK(h[0] == 999 && h[63] == 999);
+    /* the next call takes the last settings: bound 0, rounds of 4 averaged */
+    CHECK_OK(nb_async_set_staleness_bound(a, 0));
+    CHECK_OK(nb_async_set_observer(a, count_update, &second));
+    CHECK_OK(nb_async_train(a, r.opt, NB_VARS(r.v), counting_step, NULL, NB_TENSORS(r.x), 1));
+    if (!(second == 250 && first == 999))
+        fprintf(stderr, "next call: %lld updates seen (250 wanted), the first observer %lld (999)\n",
+                (long long)second, (long long)first);
+    CHECK(second == 250 && first == 999);
+    nb_optimizer_free(r.opt);
+    nb_variable_free(r.v);
+    nb_async_free(a);
+}
+
 /* ---- reads ------------------------------------------------------------------------------------- */
 
 /* Inside a worker nb_read gives that worker's copy (on its device); outside,
@@ -493,6 +568,7 @@ int main(void)
     RUN_T(test_no_lost_updates);
     RUN_T(test_synchronous_equals_mirrored);
     RUN_T(test_observer);
+    RUN_T(test_settings_during_training);
     RUN_T(test_reads);
     RUN_T(test_failing_worker);
     RUN_T(test_bad_results);
