@@ -3,9 +3,10 @@
 //
 // An index outside [0, rows) makes gather write zeros for that row and
 // scatter_add skip it, so nothing is written out of bounds; either kernel
-// records the first such index (with the op's name and the range) in the
-// device's index-error record and the op returns at once, without waiting for
-// the stream. The next synchronising call (a read, nb_synchronize) reads the
+// records such an index (with the op's name and the range: the first thread
+// to find one wins, so among several bad indices which one is named may vary,
+// where the CPU names the first in order) in the device's index-error record
+// and the op returns at once, without waiting for the stream. The next synchronising call (a read, nb_synchronize) reads the
 // record and fails with the op's NB_ERR_INVALID_ARGUMENT (gpu_device.c).
 //
 // scatter_add adds with atomicAdd, whose order varies from run to run for
