@@ -310,8 +310,9 @@ nb_status nb__gpu_index_error_report(nb_gpu_ctx *c, bool fetched, bool waited)
     if (!fetched)
         return NB_OK;
     nb_gpu_index_error *h = c->index_err_host, r = *h;
-    memset(h, 0, sizeof *h);
-    if (!waited) /* the record may not have arrived: look again at the next wait */
+    if (waited)
+        memset(h, 0, sizeof *h);
+    else /* the take may not have run yet: the mirror is kept, and read at the next wait */
         __atomic_store_n(&c->index_armed, 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&c->index_lock);
     if (!waited || !r.set)

@@ -156,7 +156,7 @@ nb_status launch(nb_device *dev, void *exec, double *dev_params, int n, const do
     Exec *x = static_cast<Exec *>(exec);
     nb_gpu_ctx *c;
     nb_status st = nb__gpu_enter(dev, "nb_graph_replay", &c);
-    if (st)
+    if (st || (st = nb__gpu_not_recording(c, "nb_graph_replay")) != NB_OK)
         return st;
     for (int at = 0; at < n; at += kStoreChunk) {
         const int k = n - at < kStoreChunk ? n - at : kStoreChunk;
@@ -182,7 +182,9 @@ int64_t nodes(const void *exec) { return static_cast<const Exec *>(exec)->nodes;
 // Waits for the graph's replays (its event: not the stream, which another
 // thread may be recording a step on, and a wait would break), then gives its
 // pool back and frees it. Records no error: a device that cannot be waited
-// for is broken, and its blocks go back all the same.
+// for is broken, and its blocks go back all the same, but for a wait that a
+// recording refused (the event was recorded into another thread's capture),
+// whose blocks are kept rather than handed out while a replay may run.
 void destroy(nb_device *dev, void *exec)
 {
     Exec *x = static_cast<Exec *>(exec);
@@ -191,16 +193,22 @@ void destroy(nb_device *dev, void *exec)
     nb_gpu_ctx *c = static_cast<nb_gpu_ctx *>(dev->ctx);
     nb_error_saved saved;
     nb__error_stash(&saved);
+    cudaError_t e = cudaSuccess;
     if (nb__gpu_set_device(c->ordinal, dev->name) == NB_OK) {
         nb__gpu_count_wait(c);
-        if ((x->done ? cudaEventSynchronize(x->done) : cudaStreamSynchronize(c->stream)) != cudaSuccess)
-            (void)cudaGetLastError();
+        e = x->done ? cudaEventSynchronize(x->done) : cudaStreamSynchronize(c->stream);
+        (void)cudaGetLastError();
     }
-    nb__gpu_pool_release(x->pool, false);
+    if (e == cudaErrorCapturedEvent || e == cudaErrorStreamCaptureUnsupported || e == cudaErrorStreamCaptureImplicit)
+        nb__log(NB_LOG_WARNING, "nb_graph_free: %s is being recorded on another thread; the graph's memory is kept "
+                                "(its last replay could not be waited for)", dev->name);
+    else
+        nb__gpu_pool_release(x->pool, false);
     (void)cudaGraphExecDestroy(x->exec);
     if (x->done)
         (void)cudaEventDestroy(x->done);
     (void)cudaGetLastError();
+    nb_error_clear(); /* what failed here: the pending error is the caller's again */
     nb__error_unstash(&saved);
     free(x);
 }
@@ -214,6 +222,7 @@ void prepare(nb_device *dev, bool on)
     nb__error_stash(&saved);
     if (nb__gpu_enter(dev, "nb_graph_capture", &c) == NB_OK)
         nb__gpu_fuse_prepare(c, on);
+    nb_error_clear();
     nb__error_unstash(&saved);
 }
 

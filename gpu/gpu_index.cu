@@ -177,8 +177,10 @@ extern "C" nb_status nb__gpu_gather(nb_gpu_ctx *c, const char *op, const nb_view
     if (!params->contiguous || !indices->contiguous || !out->contiguous)
         return nb__fail(NB_ERR_INTERNAL, "%s: gather expects contiguous operands on %s", op, c->dev->name);
     // the kernel copies rows of params' width into out: the CPU's checks
-    if (out->dtype != params->dtype || params->ndim < 1 ||
-        out->numel != n * (rows > 0 ? params->numel / rows : 0))
+    if (out->dtype != params->dtype)
+        return nb__fail(NB_ERR_DTYPE, "%s: output dtype %s differs from params dtype %s on %s", op,
+                        nb_dtype_name(out->dtype), nb_dtype_name(params->dtype), c->dev->name);
+    if (params->ndim < 1 || out->numel != n * (rows > 0 ? params->numel / rows : 0))
         return nb__fail(NB_ERR_SHAPE, "%s: gather of %lld rows of params [%lld, ...] %s into %lld elements of %s on %s",
                         op, (long long)n, (long long)rows, nb_dtype_name(params->dtype), (long long)out->numel,
                         nb_dtype_name(out->dtype), c->dev->name);
@@ -329,13 +331,15 @@ extern "C" nb_status nb__gpu_check_indices(nb_gpu_ctx *c, const char *op, const 
 namespace {
 __global__ void k_index_error_take(nb_gpu_index_error *d, nb_gpu_index_error *h)
 {
-    *h = *d;
+    if (d->set && !h->set) // a record a failed wait left in the mirror is kept
+        *h = *d;
     *d = nb_gpu_index_error{};
 }
 } // namespace
 
 // One kernel, so that no check queued by another thread can land between the
-// read and the clear.
+// read and the clear. It moves the record only into an empty mirror: one a
+// failed wait left there is reported at the next.
 extern "C" cudaError_t nb__gpu_index_error_take(cudaStream_t s, nb_gpu_index_error *d, nb_gpu_index_error *h)
 {
     k_index_error_take<<<1, 1, 0, s>>>(d, h);

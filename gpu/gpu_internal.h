@@ -181,6 +181,13 @@ bool nb__gpu_index_error_fetch(nb_gpu_ctx *c);
  * kernel found outside its range is NB_ERR_INVALID_ARGUMENT naming the op,
  * the index, its position and the range. Releases what fetch took. */
 nb_status nb__gpu_index_error_report(nb_gpu_ctx *c, bool fetched, bool waited);
+/* NB_OK unless another thread is recording a step on c's stream
+ * (nb_graph_capture; the calling thread's own recording refuses these calls
+ * before): a wait, or a copy or replay queued there, would break the
+ * recording or become part of it. NB_ERR_UNSUPPORTED then, naming who and
+ * the device. (A recording that begins between this check and the call is
+ * not caught: the threads that share a device must not do both at once.) */
+nb_status nb__gpu_not_recording(nb_gpu_ctx *c, const char *who);
 /* Queues the kernel that moves *d into *h (device addresses) and zeroes *d
  * (gpu_index.cu). */
 cudaError_t nb__gpu_index_error_take(cudaStream_t s, nb_gpu_index_error *d, nb_gpu_index_error *h);

@@ -90,7 +90,8 @@ template <class Acc, nb_reduce_op OP> __host__ __device__ __forceinline__ Acc re
 {
     if constexpr (OP == NB_RED_PROD)
         return a * b;
-    else if constexpr (OP == NB_RED_MAX) // the CPU's FMAX: a NaN wins, a tie keeps a (-0 and +0)
+    else if constexpr (OP == NB_RED_MAX) // the CPU's FMAX: a NaN wins, a tie keeps a (which of -0 and +0
+                                         // a long row ends with depends on each device's order of combining)
         return (m_isnan(b) || b > a) ? b : a;
     else if constexpr (OP == NB_RED_MIN)
         return (m_isnan(b) || b < a) ? b : a;

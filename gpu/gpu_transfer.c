@@ -151,7 +151,7 @@ nb_status nb__gpu_copy_from_host(nb_device *dev, void *dst, const void *src, siz
         return NB_OK;
     nb_gpu_ctx *c;
     nb_status st = nb__gpu_enter(dev, "copy_from_host", &c);
-    if (st)
+    if (st || (st = nb__gpu_not_recording(c, "copy_from_host")) != NB_OK)
         return st;
     pthread_mutex_lock(&c->stage_lock);
     if (c->stage_state == 0)
@@ -199,11 +199,7 @@ nb_status nb__gpu_copy_from_host(nb_device *dev, void *dst, const void *src, siz
     return e == cudaSuccess ? NB_OK : nb__gpu_cuda_fail(e, call, dev->name);
 }
 
-/* NB_OK unless another thread is recording a step on c's stream
- * (nb_graph_capture: the calling thread's own recording refuses waits
- * before this): a wait, or a copy queued there, would break the recording,
- * or become part of it. NB_ERR_UNSUPPORTED then, naming who. */
-static nb_status not_recording(nb_gpu_ctx *c, const char *who)
+nb_status nb__gpu_not_recording(nb_gpu_ctx *c, const char *who)
 {
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(c->stream, &cs) != cudaSuccess) {
@@ -235,7 +231,7 @@ nb_status nb__gpu_copy_to_host(nb_device *dev, void *dst, const void *src, size_
     nb_status st = nb__gpu_enter(dev, "copy_to_host", &c);
     if (st)
         return st;
-    if ((st = not_recording(c, "copy_to_host")) != NB_OK)
+    if ((st = nb__gpu_not_recording(c, "copy_to_host")) != NB_OK)
         return st;
     NB_GPU_CALL(c, cudaMemcpyAsync, dst, src, nbytes, cudaMemcpyDeviceToHost, c->stream);
     return wait_stream(c); /* and a bad index met by an earlier kernel */
@@ -319,7 +315,7 @@ nb_status nb__gpu_synchronize(nb_device *dev)
     nb_status st = nb__gpu_set_device(c->ordinal, dev->name);
     if (st)
         return st;
-    if ((st = not_recording(c, "synchronize")) != NB_OK)
+    if ((st = nb__gpu_not_recording(c, "synchronize")) != NB_OK)
         return st;
     return wait_stream(c);
 }

@@ -159,11 +159,28 @@ static void test_same_as_cpu(void)
                    "cumsum %d, mode %d differs from the CPU's", k, mode);
         }
     }
-    /* a long row (the block and chunked scans): the CPU's bits */
+    /* a long row (the block and chunked scans): the CPU's values. Both add in
+     * double, in another order, so a sum that lands within a double's rounding
+     * of a float's halfway point may round the other way: a few elements may
+     * differ by one unit (in float, 145,375 of these 200,000 differed) */
     nb_tensor *u = nb_random_uniform(NB_F32, NB_SHAPE(200000), 0, 1, 5);
-    CHECK(same_bits(nb_cumsum(gpu(u), 0, false, false), nb_cumsum(u, 0, false, false)));
     nb_tensor *u2 = nb_reshape(u, NB_SHAPE(8, 25000));
-    CHECK(same_bits(nb_cumsum(gpu(u2), 1, true, true), nb_cumsum(u2, 1, true, true)));
+    for (int k = 0; k < 2; k++) {
+        nb_tensor *x = k ? u2 : u;
+        int axis = k, n_off = 0;
+        nb_tensor *on_gpu = nb_cumsum(gpu(x), axis, k, k), *on_cpu = nb_cumsum(x, axis, k, k);
+        float *a = malloc(200000 * sizeof *a), *b = malloc(200000 * sizeof *b);
+        bool read = a && b && nb_tensor_read(on_gpu, a, 200000 * sizeof *a) == NB_OK &&
+                    nb_tensor_read(on_cpu, b, 200000 * sizeof *b) == NB_OK;
+        CHECK(read);
+        for (int i = 0; read && i < 200000; i++)
+            if (a[i] != b[i])
+                n_off += fabsf(a[i] - b[i]) <= fabsf(nextafterf(b[i], INFINITY) - b[i]) ? 1 : 1000000;
+        CHECKF(n_off <= 3, "long cumsum %d: %d elements differ from the CPU's (a million for each by more than "
+               "one unit)", k, n_off);
+        free(a);
+        free(b);
+    }
 
     /* integer arange counts exactly past 2^53, and an i32 wraps as on the CPU */
     const double big = 9007199254740992.0; /* 2^53 */
@@ -198,8 +215,11 @@ static void test_same_as_cpu(void)
         CHECK_MATCH("softmax rows", p, log ? nb_log_softmax(lt, -1) : nb_softmax(lt, -1), 1e-6);
     }
 
-    /* f64 normals: the CPU's within a few units in the last place, also where
-     * the cosine is near 0 (its argument taken in turns) */
+    /* f64 normals: the CPU's to 8 units of 2^-52 (relative above 1: the CPU's
+     * own cosine is that close in absolute terms), also where the cosine is
+     * near 0, its argument taken in turns. Emulated on the host, 0 of 4
+     * million draws were further off; with the argument rounded first (the
+     * old kernel), 363, about 95 for 2^20 draws */
     CHECK_OK(nb_device_push(GPU));
     nb_tensor *ng = nb_random_normal(NB_F64, NB_SHAPE(1 << 20), 0, 1, 99);
     CHECK_OK(nb_device_pop());
@@ -208,8 +228,8 @@ static void test_same_as_cpu(void)
     double *a = host_values(ng, &n1), *b = host_values(nc, &n2);
     CHECK(a && b && n1 == n2 && n1 == 1 << 20);
     for (int64_t i = 0; a && b && i < n1 && i < n2; i++)
-        far += !(fabs(a[i] - b[i]) <= 16 * 0x1p-52 * fabs(b[i]));
-    CHECKF(far <= 4, "%lld of 2^20 f64 normals differ from the CPU's by more than 16 ulp", (long long)far);
+        far += !(fabs(a[i] - b[i]) <= 8 * 0x1p-52 * fmax(1.0, fabs(b[i])));
+    CHECKF(far <= 10, "%lld of 2^20 f64 normals differ from the CPU's by more than 8 units", (long long)far);
     free(a);
     free(b);
 }
