@@ -323,22 +323,25 @@ cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode *m)
 /* ---------------- fake nabla ---------------- */
 static char g_err[512];
 static int g_err_code;
+static void record_error(nb_status code, const char *fmt, va_list ap)
+{
+    vsnprintf(g_err, sizeof g_err, fmt, ap);
+    g_err_code = code;
+}
 nb_status nb__fail(nb_status code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(g_err, sizeof g_err, fmt, ap);
+    record_error(code, fmt, ap);
     va_end(ap);
-    g_err_code = code;
     return code;
 }
 void *nb__fail_null(nb_status code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(g_err, sizeof g_err, fmt, ap);
+    record_error(code, fmt, ap);
     va_end(ap);
-    g_err_code = code;
     return NULL;
 }
 static int g_warnings;
