@@ -8,9 +8,10 @@
  * softplus, sin, cos, log, x^1.7, the exact GELU, softmax and log_softmax over rows of 1024,
  * and new random tensors of the same shape (normal, uniform, and normal
  * truncated at 2 sd: torch.randn, torch.rand, torch.nn.init.trunc_normal_);
- * then exp, sigmoid, tanh and sin of M MiB of f64 in [-8, 8).
+ * then exp, sigmoid, tanh, sin, log (of values in (0, 16)) and softplus of M
+ * MiB of f64 in [-8, 8).
  * exp, log, log1p, tanh, erfc, sin, cos and pow (nb_expf and the rest,
- * lib/core/formulas.h), the double exp, expm1, tanh, sin and cos, the ops
+ * lib/core/formulas.h), the double exp, expm1, tanh, sin, cos, log and log1p, the ops
  * made of them and the random generator run in vectorised loops, compiled
  * for the CPU's widest vectors (NB_CPU_SIMD caps them: "baseline", "avx2",
  * "avx512").
@@ -21,9 +22,9 @@
 typedef struct op_case {
     const char *name, *peer;
     nb_tensor *(*fn)(const nb_tensor *x);
-    int input; /* IN_ALL: x; IN_POSITIVE: the values in (0, 16); IN_F64: x in f64 */
+    int input; /* IN_ALL: x; IN_POSITIVE: the values in (0, 16); IN_F64(_POSITIVE): those in f64 */
 } op_case;
-enum { IN_ALL, IN_POSITIVE, IN_F64 };
+enum { IN_ALL, IN_POSITIVE, IN_F64, IN_F64_POSITIVE };
 
 static nb_tensor *softmax_rows(const nb_tensor *x) { return nb_softmax(x, -1); }
 static nb_tensor *log_softmax_rows(const nb_tensor *x) { return nb_log_softmax(x, -1); }
@@ -75,15 +76,21 @@ int main(int argc, char **argv)
         {"sigmoid, f64", "sigmoid_f64", nb_sigmoid, IN_F64},
         {"tanh, f64", "tanh_f64", nb_tanh, IN_F64},
         {"sin, f64", "sin_f64", nb_sin, IN_F64},
+        {"log, f64 (of values in (0, 16))", "log_f64", nb_log, IN_F64_POSITIVE},
+        {"softplus, f64", "softplus_f64", nb_softplus, IN_F64},
     };
     const int n_cases = (int)(sizeof cases / sizeof cases[0]);
     nb_scope *s = nb_scope_begin();
     nb_tensor *x = nb_random_uniform(NB_F32, NB_SHAPE(rows, cols), -8, 8, 1);
     nb_tensor *xp = nb_random_uniform(NB_F32, NB_SHAPE(rows, cols), 0x1p-20, 16, 2);
     nb_tensor *xd = nb_random_uniform(NB_F64, NB_SHAPE(rows / 2, cols), -8, 8, 3); /* the same bytes */
+    nb_tensor *xdp = nb_random_uniform(NB_F64, NB_SHAPE(rows / 2, cols), 0x1p-20, 16, 4);
     double ms[sizeof cases / sizeof cases[0]];
     for (int i = 0; i < n_cases; i++) {
-        nb_tensor *in = cases[i].input == IN_POSITIVE ? xp : cases[i].input == IN_F64 ? xd : x;
+        nb_tensor *in = cases[i].input == IN_POSITIVE       ? xp
+                        : cases[i].input == IN_F64          ? xd
+                        : cases[i].input == IN_F64_POSITIVE ? xdp
+                                                            : x;
         ms[i] = bench_median_ms(once, &(timed){cases[i].fn, in}, 2, reps);
     }
     bench_peer p;

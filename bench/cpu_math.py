@@ -1,7 +1,8 @@
 """PyTorch side of bench/cpu_math.c: exp, sigmoid, silu, tanh, softplus, sin, cos, log,
 x^1.7, the exact GELU, and softmax and log_softmax over the last dim, on an f32 CPU tensor of uniform
 values in [-8, 8) (log and pow: in (0, 16)), eager; then new random tensors of its shape (normal,
-uniform, and normal truncated at 2 sd); then exp, sigmoid, tanh and sin of as many bytes of f64. Arguments: rows, columns, timed repetitions. Prints
+uniform, and normal truncated at 2 sd); then exp, sigmoid, tanh, sin, log (of values in (0, 16)) and
+softplus of as many bytes of f64. Arguments: rows, columns, timed repetitions. Prints
 "name milliseconds" lines."""
 from torch_peer import arg, median_wall, need_torch
 
@@ -13,6 +14,7 @@ torch.set_grad_enabled(False)
 x = torch.rand(ROWS, COLS) * 16 - 8
 xp = torch.rand(ROWS, COLS) * 16 + 2**-20
 xd = torch.rand(ROWS // 2, COLS, dtype=torch.float64) * 16 - 8
+xdp = torch.rand(ROWS // 2, COLS, dtype=torch.float64) * 16 + 2**-20
 F = torch.nn.functional
 
 print("version", torch.__version__)
@@ -36,3 +38,5 @@ print("exp_f64", median_wall(lambda: torch.exp(xd), R, 2, 1e6))
 print("sigmoid_f64", median_wall(lambda: torch.sigmoid(xd), R, 2, 1e6))
 print("tanh_f64", median_wall(lambda: torch.tanh(xd), R, 2, 1e6))
 print("sin_f64", median_wall(lambda: torch.sin(xd), R, 2, 1e6))
+print("log_f64", median_wall(lambda: torch.log(xdp), R, 2, 1e6))
+print("softplus_f64", median_wall(lambda: F.softplus(xd), R, 2, 1e6))

@@ -7,10 +7,10 @@
  *     printed and bounded);
  *   - pow over every 10007th float against 17 exponents, random pairs and
  *     every pair of special values, the same way;
- *   - the double exp, expm1, tanh, sin and cos against long double's on
- *     random values over their branches, random bit patterns and edges:
- *     within 0.52, 1.01, 1.5, 0.81 and 0.81 ulp (exp within 0.76 among the
- *     subnormals), the edges exact;
+ *   - the double exp, expm1, tanh, sin, cos, log and log1p against long
+ *     double's on random values over their branches, random bit patterns and
+ *     edges: within 0.52, 1.01, 1.5, 0.81, 0.81, 0.502 and 0.502 ulp (exp within
+ *     0.76 among the subnormals), the edges exact;
  *   - every f32 and f64 unary op at each vector level this CPU runs
  *     (baseline, AVX2, AVX-512), contiguous and strided, gives the bits of
  *     its formula called one element at a time, on random values and edges;
@@ -73,6 +73,8 @@ typedef struct math_fn_d {
     double (*ours)(double);
     long double (*ref)(long double);
     double bound, bound_sub; /* ulps, and where the result is subnormal */
+    const double (*ranges)[2]; /* its own, or NULL: the shared ones */
+    int n_ranges;
 } math_fn_d;
 
 static double our_exp_d(double x) { return nb__exp_d(x); }
@@ -80,13 +82,28 @@ static double our_expm1_d(double x) { return nb__expm1_d(x); }
 static double our_tanh_d(double x) { return nb__tanh_d(x); }
 static double our_sin_d(double x) { return nb__sin_d(x); }
 static double our_cos_d(double x) { return nb__cos_d(x); }
+static double our_log_d(double x) { return nb__log_d(x); }
+static double our_log1p_d(double x) { return nb__log1p_d(x); }
+
+/* log's: the subnormals, around 1 (where the result cancels) and the scales;
+ * log1p's: down to -1, small, around the change of binade, where 1 + x
+ * rounds, and near 2^53, where u - 1 stops being exact. */
+static const double log_ranges[][2] = {{0x1p-1074, 0x1p-1060}, {0x1p-1074, 0x1p-1022}, {0x1p-1022, 0x1p-1000},
+                                       {0.5, 2.0},            {0.7, 1.45},            {1 - 1e-6, 1 + 1e-6},
+                                       {0, 10},               {1e5, 1e9},             {1e300, 1.7e308}};
+static const double log1p_ranges[][2] = {{-1, -0.5},   {-0.5, 0.5},         {-0.3, 0.42},    {-1e-3, 1e-3},
+                                         {-1e-10, 1e-10}, {0.9, 1.1},       {0, 10},         {1e5, 1e20},
+                                         {9.0e15, 9.1e15}, {-0x1p-50, 0x1p-50}, {1e300, 1.7e308}};
+#define RANGES(r) r, (int)(sizeof r / sizeof r[0])
 
 static const math_fn_d fns_d[] = {
-    {"exp", our_exp_d, expl, 0.52, 0.76},
-    {"expm1", our_expm1_d, expm1l, 1.01, 1.01},
-    {"tanh", our_tanh_d, tanhl, 1.5, 1.5},
-    {"sin", our_sin_d, sinl, 0.81, 0.81},
-    {"cos", our_cos_d, cosl, 0.81, 0.81},
+    {"exp", our_exp_d, expl, 0.52, 0.76, NULL, 0},
+    {"expm1", our_expm1_d, expm1l, 1.01, 1.01, NULL, 0},
+    {"tanh", our_tanh_d, tanhl, 1.5, 1.5, NULL, 0},
+    {"sin", our_sin_d, sinl, 0.81, 0.81, NULL, 0},
+    {"cos", our_cos_d, cosl, 0.81, 0.81, NULL, 0},
+    {"log", our_log_d, logl, 0.502, 0.502, RANGES(log_ranges)},
+    {"log1p", our_log1p_d, log1pl, 0.502, 0.502, RANGES(log1p_ranges)},
 };
 
 /* The error of y in units of the last place of the double nearest ref
@@ -108,18 +125,22 @@ static double ulps_d(double y, long double ref)
  * and on its edges (exact there), within its bound; the worst is printed. */
 static void test_double_functions(void)
 {
-    const double ranges[][2] = {{-746, 710},    {-40, 40},     {-3, 3},           {-0.6, 0.6},
+    const double shared[][2] = {{-746, 710},    {-40, 40},     {-3, 3},           {-0.6, 0.6},
                                 {-0.36, 0.36},  {-1e-3, 1e-3}, {-745.2, -708},    {700, 709.79},
                                 {-1e-300, 1e-300}, {-1e5, 1e5}, {-0x1p20, 0x1p20}, {-1e9, 1e9}};
-    const int n_ranges = (int)(sizeof ranges / sizeof ranges[0]);
     const int per = NB_ASAN ? 20000 : 200000;
     const double edges[] = {0.0, -0.0, INFINITY, -INFINITY, NAN, 1.0, -1.0, 0.35, -0.35, 0.55, -0.55,
                             0x1p-54, -0x1p-54, 0x1p-1074, 709.782712893384, 709.7827128933841, 710.0, 710.5,
                             -745.1332191019411, -745.1332191019412, -746.0, -746.5, 40.0, -40.0, 19.0, 20.0,
                             1e300, -1e300, 0x1p20, -0x1p20, 0x1.0000000000001p20, 0x1p-27, 1.5707963267948966,
-                            3.141592653589793, 0x1.921fb54442d18p+20};
+                            3.141592653589793, 0x1.921fb54442d18p+20, 0x1p-1022, 0x1.fffffffffffffp-1023,
+                            0x1.fffffffffffffp+1023, 0x1p53, 0x1p53 - 1, 0.5, -0.5, 2.0, 0x1p-53,
+                            0x1.6a09e667f3bcdp-1, 0x1.6a09e667f3bccp-1, 0x1.6a09e667f3bcdp+0,
+                            -0x1.fffffffffffffp-1, 0x1.0000000000001p+0, 0x1.fffffffffffffp-1};
     for (size_t f = 0; f < sizeof fns_d / sizeof fns_d[0]; f++) {
         const math_fn_d *fn = &fns_d[f];
+        const double(*ranges)[2] = fn->ranges ? fn->ranges : shared;
+        const int n_ranges = fn->ranges ? fn->n_ranges : (int)(sizeof shared / sizeof shared[0]);
         double worst = 0, worst_x = 0;
         for (int i = 0; i < n_ranges * per + per + (int)(sizeof edges / sizeof edges[0]); i++) {
             double x;

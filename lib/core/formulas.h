@@ -83,13 +83,13 @@ static inline double nb_ref_wrapped_product(double x, double y, int int_bits)
  * unvectorised). sin and cos are the exception: past 2^20 their argument is
  * reduced with a table of 2/pi's bits, so a loop runs their branch-free near
  * form and redoes the far few (nb__sinf_near).
- * For doubles, exp, expm1, tanh, sin and cos are nabla's own too
- * (nb__exp_d and the others, below: within 0.52, 1.01, 1.5, 0.81 and 0.81
- * ulp, vectorising the same way, exp with a table of 2^(j/64) that a vector
- * loop gathers from, sin and cos redoing x past 2^20 with libm's); the rest
- * are libm's. NB_MATH_F32(fn) and NB_MATH_F64(fn) name the ones the f32 and f64
- * formulas call: nabla's on the CPU, CUDA's on the GPU (its formulas compile
- * with __CUDACC__). */
+ * For doubles, exp, expm1, tanh, sin, cos, log and log1p are nabla's own too
+ * (nb__exp_d and the others, below: within 0.52, 1.01, 1.5, 0.81, 0.81,
+ * 0.502 and 0.502 ulp, vectorising the same way, exp and log with tables
+ * that a vector loop gathers from, sin and cos redoing x past 2^20 with
+ * libm's); erf, erfc and pow are libm's. NB_MATH_F32(fn) and NB_MATH_F64(fn)
+ * name the ones the f32 and f64 formulas call: nabla's on the CPU, CUDA's on
+ * the GPU (its formulas compile with __CUDACC__). */
 #ifdef __CUDACC__
 #define NB_MATH_F32(fn) fn##f
 #define NB_MATH_F64(fn) fn
@@ -108,6 +108,16 @@ NB_FN uint64_t nb__double_bits(double d)
     uint64_t u;
     __builtin_memcpy(&u, &d, sizeof u);
     return u;
+}
+
+/* cond ? a : b through the bits: GCC threads a ?: that makes a constant, or
+ * whose condition is used again, into branches, and a loop whose table
+ * reads it has put in one branch (or folded in the other) does not
+ * vectorise. */
+NB_FN double nb__pick(int cond, double a, double b)
+{
+    const uint64_t mask = (uint64_t)0 - (uint64_t)(cond != 0);
+    return nb__bits_double((nb__double_bits(a) & mask) | (nb__double_bits(b) & ~mask));
 }
 
 /* 2^z = scale (1 + *p) for z in [-1000, 1000]: scale = 2^k with k = round(z)
@@ -415,7 +425,7 @@ NB_FN_RARE float nb__sinf_turned(float x, uint64_t quarter)
 NB_FN_RARE float nb_sinf(float x) { return nb__sinf_turned(x, 0); }
 NB_FN_RARE float nb_cosf(float x) { return nb__sinf_turned(x, 1); }
 
-/* ---- double: exp, expm1 and tanh of nabla's own (the CPU's f64 formulas) ---- */
+/* ---- double: exp, expm1, tanh, sin, cos, log and log1p of nabla's own (the CPU's f64 formulas) ---- */
 
 /* 2^(j / 64) for j = 0..63 in two parts: the double nearest, and the rest. */
 static const double nb__exp2_64ths[64][2] = {
@@ -494,7 +504,7 @@ NB_FN double nb__exp_d(double x)
     const double hi = nb__exp_d_parts(x, &lo, &p, &s1, &s2);
     double y = nb__exp_d_join(hi, lo, p, s1, s2);
     y = x > 710.0 ? (double)INFINITY : y;
-    return x < -746.0 ? 0.0 : y;
+    return nb__pick(x < -746.0, 0.0, y); /* a constant from ?: would be threaded into what uses it */
 }
 
 /* e^x - 1: below |x| = 0.35 its series to x^15 (the next term is below 2^-60
@@ -614,9 +624,151 @@ NB_FN double nb__sin_d_near(double x, uint64_t quarter)
 NB_FN_RARE double nb__sin_d(double x) { return __builtin_fabs(x) <= 0x1p20 ? nb__sin_d_near(x, 0) : sin(x); }
 NB_FN_RARE double nb__cos_d(double x) { return __builtin_fabs(x) <= 0x1p20 ? nb__sin_d_near(x, 1) : cos(x); }
 
+/* For log: the 128 intervals of m in [0x1.5fp-1, 0x1.5fp+0) that 2^45 of
+ * its bit patterns make, each with c, the inverse of its middle to 11
+ * significant bits (1 for the interval around 1, [1 - 2^-9, 1 + 2^-8)), and
+ * -log c in two parts: the first a multiple of 2^-42, the rest. */
+static const double nb__log_c[128][3] = {
+    {0x1.7440000000000p+0, -0x1.7f5fa09d58000p-2, 0x1.6d73cd356a371p-44}, {0x1.7240000000000p+0, -0x1.79db6681b0000p-2, 0x1.4d319161a11f8p-44},
+    {0x1.7040000000000p+0, -0x1.744f8633f2000p-2, 0x1.91e9d1816c06cp-46}, {0x1.6e00000000000p+0, -0x1.6e08eaa2ba000p-2, -0x1.e38c139318d71p-46},
+    {0x1.6c00000000000p+0, -0x1.686c81e9b1000p-2, -0x1.2bb110af84054p-44}, {0x1.6a00000000000p+0, -0x1.62c82f2b9c000p-2, -0x1.e54bdbd7c8a98p-44},
+    {0x1.6800000000000p+0, -0x1.5d1bdbf581000p-2, 0x1.8d6bdc9c7c238p-44}, {0x1.6600000000000p+0, -0x1.5767717456000p-2, 0x1.64ead9524d7cap-44},
+    {0x1.6440000000000p+0, -0x1.5262deeb99000p-2, 0x1.e1b9f70894a01p-44}, {0x1.6240000000000p+0, -0x1.4c9f09e153000p-2, 0x1.e1dde70e02de0p-45},
+    {0x1.6040000000000p+0, -0x1.46d2d9c280000p-2, -0x1.59b275f67f75ap-44}, {0x1.5e80000000000p+0, -0x1.41b941cce1000p-2, 0x1.0469013e43fc9p-44},
+    {0x1.5c80000000000p+0, -0x1.3bdd24eb15000p-2, 0x1.257b4970e6ed9p-44}, {0x1.5ac0000000000p+0, -0x1.36b5776bc1000p-2, -0x1.169785a9c223fp-46},
+    {0x1.5900000000000p+0, -0x1.31871c9544000p-2, -0x1.84fab94cecfd9p-46}, {0x1.5700000000000p+0, -0x1.2b9303ab8a000p-2, 0x1.6db12d6bfb0a5p-45},
+    {0x1.5540000000000p+0, -0x1.26561f1338000p-2, -0x1.8b48866faa45fp-44}, {0x1.5380000000000p+0, -0x1.2112559861000p-2, -0x1.82e78ba2950c4p-44},
+    {0x1.51c0000000000p+0, -0x1.1bc794fd1d000p-2, 0x1.ccf0c747ba7bep-44}, {0x1.5000000000000p+0, -0x1.1675cababa000p-2, -0x1.8380e731f55c4p-44},
+    {0x1.4e40000000000p+0, -0x1.111ce4003f000p-2, 0x1.b3237096b4b6bp-46}, {0x1.4cc0000000000p+0, -0x1.0c81d4860b000p-2, 0x1.e5bcf401d1731p-44},
+    {0x1.4b00000000000p+0, -0x1.071b85fcd6000p-2, 0x1.bcb8ba3e01a11p-44}, {0x1.4940000000000p+0, -0x1.01ade3913a000p-2, 0x1.08930ccdc1521p-46},
+    {0x1.47c0000000000p+0, -0x1.fa01c3bb58000p-3, 0x1.a1f71fae1d786p-46}, {0x1.4600000000000p+0, -0x1.ef0adcbdc6000p-3, 0x1.b26b79c86af24p-45},
+    {0x1.4480000000000p+0, -0x1.e598ed5a88000p-3, 0x1.d134bcf1e98a1p-47}, {0x1.42c0000000000p+0, -0x1.da85d620ce000p-3, -0x1.40194c16cc7ecp-45},
+    {0x1.4140000000000p+0, -0x1.d0fb7f2256000p-3, 0x1.af52b20633b29p-47}, {0x1.3fc0000000000p+0, -0x1.c765b9e4d6000p-3, -0x1.1ab6b36976f6cp-44},
+    {0x1.3e40000000000p+0, -0x1.bdc46ae344000p-3, -0x1.625b4023d6505p-44}, {0x1.3c80000000000p+0, -0x1.b2797ee464000p-3, 0x1.be88a906d00a9p-44},
+    {0x1.3b00000000000p+0, -0x1.a8becfc882000p-3, -0x1.e3185cf21b9cfp-44}, {0x1.3980000000000p+0, -0x1.9ef83d276a000p-3, 0x1.730b7b3f9ce00p-45},
+    {0x1.3800000000000p+0, -0x1.9525a9cf46000p-3, 0x1.297137d9f158fp-44}, {0x1.3680000000000p+0, -0x1.8b46f82236000p-3, -0x1.2d9f2102dd7c9p-46},
+    {0x1.3540000000000p+0, -0x1.83040c91bc000p-3, -0x1.e5b71c6e66f32p-44}, {0x1.33c0000000000p+0, -0x1.790ed4ee26000p-3, -0x1.99bbd4e7746f6p-46},
+    {0x1.3240000000000p+0, -0x1.6f0d28ae56000p-3, -0x1.69737c93373dap-44}, {0x1.30c0000000000p+0, -0x1.64fee88260000p-3, 0x1.da40d759dded6p-46},
+    {0x1.2f80000000000p+0, -0x1.5c94007598000p-3, 0x1.a8d948cd23322p-44}, {0x1.2e00000000000p+0, -0x1.526e5e3a1c000p-3, 0x1.790ba37fc5238p-44},
+    {0x1.2c80000000000p+0, -0x1.483bccce6e000p-3, -0x1.eea52723f6369p-46}, {0x1.2b40000000000p+0, -0x1.3fb25a5952000p-3, -0x1.195be6b358ff7p-44},
+    {0x1.2a00000000000p+0, -0x1.371fc201e8000p-3, -0x1.ee8779b2d8abcp-44}, {0x1.2880000000000p+0, -0x1.2cca0f5f60000p-3, 0x1.b5ef191aff120p-44},
+    {0x1.2740000000000p+0, -0x1.2423113ba6000p-3, 0x1.e3a0078ee9d9cp-44}, {0x1.2600000000000p+0, -0x1.1b72ad52f6000p-3, -0x1.e80a41811a396p-45},
+    {0x1.2480000000000p+0, -0x1.10f8e42254000p-3, 0x1.93b3843396307p-45}, {0x1.2340000000000p+0, -0x1.08338affa2000p-3, -0x1.0533cac823e27p-44},
+    {0x1.2200000000000p+0, -0x1.fec9131dc0000p-4, 0x1.54555d1ae6607p-44}, {0x1.20c0000000000p+0, -0x1.ed1794e838000p-4, 0x1.fd143749d0484p-46},
+    {0x1.1f80000000000p+0, -0x1.db5270187c000p-4, -0x1.9277856ae181fp-44}, {0x1.1e40000000000p+0, -0x1.c97978d790000p-4, 0x1.6e010977d1884p-44},
+    {0x1.1d00000000000p+0, -0x1.b78c82bb10000p-4, 0x1.25ef7bc3987e7p-44}, {0x1.1bc0000000000p+0, -0x1.a58b60c2b4000p-4, 0x1.cdc735c5c9f2ap-44},
+    {0x1.1a80000000000p+0, -0x1.9375e55594000p-4, -0x1.eddc37380c364p-44}, {0x1.1940000000000p+0, -0x1.814be23f8c000p-4, -0x1.b2381da82fdfdp-51},
+    {0x1.1800000000000p+0, -0x1.6f0d28ae58000p-4, 0x1.4b4641b664613p-44}, {0x1.1700000000000p+0, -0x1.60658a9374000p-4, -0x1.0c3b1dee9c4f8p-44},
+    {0x1.15c0000000000p+0, -0x1.4e01108a34000p-4, -0x1.ae5cfdf2c5ae5p-44}, {0x1.1480000000000p+0, -0x1.3b87598b1c000p-4, 0x1.2241594aca313p-45},
+    {0x1.1340000000000p+0, -0x1.28f83450ec000p-4, -0x1.a8d75aa119769p-44}, {0x1.1240000000000p+0, -0x1.1a0fba1bf8000p-4, -0x1.4a3fcc319d6dcp-45},
+    {0x1.1100000000000p+0, -0x1.0759835990000p-4, 0x1.b8ecfe4b59987p-44}, {0x1.1000000000000p+0, -0x1.f0a30c0118000p-5, 0x1.d599e83368e91p-45},
+    {0x1.0ec0000000000p+0, -0x1.cae72fb960000p-5, 0x1.efabf2025b1bep-44}, {0x1.0dc0000000000p+0, -0x1.ac97221710000p-5, -0x1.f8d3ef013222cp-45},
+    {0x1.0c80000000000p+0, -0x1.868a830840000p-5, 0x1.2623a134ac693p-46}, {0x1.0b80000000000p+0, -0x1.67f94f0948000p-5, -0x1.ecc1f3e7e4ed7p-44},
+    {0x1.0a80000000000p+0, -0x1.494acc34d8000p-5, -0x1.11c78a56fd247p-45}, {0x1.0940000000000p+0, -0x1.22c71bcea8000p-5, -0x1.d2818f87f888fp-48},
+    {0x1.0840000000000p+0, -0x1.03d5d85e70000p-5, -0x1.f778960ed29cfp-44}, {0x1.0740000000000p+0, -0x1.c98d18d010000p-6, 0x1.bf6150589df0fp-45},
+    {0x1.0640000000000p+0, -0x1.8b31facaa0000p-6, 0x1.3fc78a96e4964p-44}, {0x1.0500000000000p+0, -0x1.3cea443470000p-6, 0x1.6a2c432d6a40bp-44},
+    {0x1.0400000000000p+0, -0x1.fc0a8b0fc0000p-7, -0x1.f1e7cf6d3a69cp-50}, {0x1.0300000000000p+0, -0x1.7dc475f820000p-7, 0x1.eb1245b5da1f5p-44},
+    {0x1.0200000000000p+0, -0x1.fe02a6b100000p-8, -0x1.9e23f0dda40e4p-46}, {0x1.0100000000000p+0, -0x1.ff00aa2b00000p-9, -0x1.0bc04a086b56ap-45},
+    {0x1.0000000000000p+0, 0x0.0p+0, 0x0.0p+0}, {0x1.fc00000000000p-1, 0x1.0101575880000p-7, 0x1.bce251998b506p-44},
+    {0x1.f800000000000p-1, 0x1.0205658930000p-6, 0x1.611d27c8e8417p-44}, {0x1.f440000000000p-1, 0x1.7c61b1cf60000p-6, -0x1.08fc8f849a447p-45},
+    {0x1.f080000000000p-1, 0x1.f7a9b16780000p-6, 0x1.42ad9271be7d7p-45}, {0x1.ecc0000000000p-1, 0x1.39f07ba0e8000p-5, 0x1.eb129d642e577p-44},
+    {0x1.e900000000000p-1, 0x1.788595a358000p-5, -0x1.08b0d083b3a4cp-46}, {0x1.e580000000000p-1, 0x1.b35dd9b588000p-5, 0x1.d5674d6cf558ep-44},
+    {0x1.e200000000000p-1, 0x1.eea31c0068000p-5, 0x1.c3dd83606d891p-44}, {0x1.de40000000000p-1, 0x1.174f76ab08000p-4, 0x1.1710317ee2e48p-44},
+    {0x1.db00000000000p-1, 0x1.333d7f8184000p-4, -0x1.692b6a81b8848p-49}, {0x1.d780000000000p-1, 0x1.5188742260000p-4, 0x1.30a1d96258b3ep-44},
+    {0x1.d400000000000p-1, 0x1.700d30aeac000p-4, 0x1.c1e8da99ded32p-49}, {0x1.d0c0000000000p-1, 0x1.8c985e9ba0000p-4, -0x1.37c377e430036p-44},
+    {0x1.cd80000000000p-1, 0x1.a956d3ecac000p-4, 0x1.e63794c02c4afp-44}, {0x1.ca40000000000p-1, 0x1.c6494a2e40000p-4, 0x1.8a5e8ab20c4e6p-44},
+    {0x1.c700000000000p-1, 0x1.e3707ee304000p-4, 0x1.0f684e6766abdp-45}, {0x1.c400000000000p-1, 0x1.fe89139dbc000p-4, 0x1.56594d82f7a82p-44},
+    {0x1.c100000000000p-1, 0x1.0ce7ecdccc000p-3, 0x1.4652dabff5447p-46}, {0x1.bdc0000000000p-1, 0x1.1bc8af2144000p-3, -0x1.2994d823555d4p-44},
+    {0x1.bac0000000000p-1, 0x1.299d30c606000p-3, 0x1.d4d0079dc08d9p-44}, {0x1.b7c0000000000p-1, 0x1.3789c4c042000p-3, -0x1.992c2eecb3868p-44},
+    {0x1.b500000000000p-1, 0x1.4462b9dc9c000p-3, -0x1.84858a711b062p-44}, {0x1.b200000000000p-1, 0x1.527e5e4a1c000p-3, -0x1.4e60b8d4b411dp-44},
+    {0x1.af40000000000p-1, 0x1.5f830a1a5c000p-3, 0x1.5226898ffc1bcp-44}, {0x1.ac40000000000p-1, 0x1.6dcf0165f8000p-3, 0x1.b95669a33e4c6p-46},
+    {0x1.a980000000000p-1, 0x1.7b00916516000p-3, -0x1.ae75fcb067e57p-44}, {0x1.a6c0000000000p-1, 0x1.884807ce56000p-3, 0x1.c77cef4a8712cp-46},
+    {0x1.a400000000000p-1, 0x1.95a5adcf70000p-3, 0x1.7f22858a0ff6fp-47}, {0x1.a180000000000p-1, 0x1.a1dfc40f1c000p-3, -0x1.01e0f004f3781p-44},
+    {0x1.9ec0000000000p-1, 0x1.af6895610e000p-3, -0x1.148288bf7a937p-45}, {0x1.9c40000000000p-1, 0x1.bbca696b08000p-3, -0x1.7fdd0ae06cee0p-47},
+    {0x1.9980000000000p-1, 0x1.c97f8079d4000p-3, 0x1.3b161a8c6e6c5p-45}, {0x1.9700000000000p-1, 0x1.d60a17f904000p-3, -0x1.5d6e06fc20d39p-44},
+    {0x1.9480000000000p-1, 0x1.e2a877a6b2000p-3, 0x1.823817787081ap-44}, {0x1.9200000000000p-1, 0x1.ef5ade4dd0000p-3, -0x1.a211565bb8e11p-51},
+    {0x1.8f80000000000p-1, 0x1.fc218be620000p-3, 0x1.4bba46f1cf6a0p-44}, {0x1.8d40000000000p-1, 0x1.03d95a1d67000p-2, 0x1.a17880f236109p-44},
+    {0x1.8ac0000000000p-1, 0x1.0a504e97bb000p-2, 0x1.03094e6690c44p-44}, {0x1.8880000000000p-1, 0x1.102ac0a35d000p-2, -0x1.f1fbddfdfd686p-45},
+    {0x1.8600000000000p-1, 0x1.16b5ccbad0000p-2, -0x1.23299042d74bfp-44}, {0x1.83c0000000000p-1, 0x1.1ca28c64bb000p-2, -0x1.ac4f842f5566bp-46},
+    {0x1.8180000000000p-1, 0x1.22981fbef8000p-2, -0x1.a1421609580dap-44}, {0x1.7f40000000000p-1, 0x1.2896a13e08000p-2, 0x1.a8ed027e16952p-44},
+    {0x1.7d00000000000p-1, 0x1.2e9e2bce12000p-2, 0x1.4300c128d1dc2p-45}, {0x1.7ac0000000000p-1, 0x1.34aedad5b1000p-2, 0x1.a2aacf2be1fddp-44},
+    {0x1.78c0000000000p-1, 0x1.3a1ac802f3000p-2, 0x1.98ecf399abd8dp-44}, {0x1.7680000000000p-1, 0x1.403d086cea000p-2, 0x1.e6ef574487308p-44}
+};
+
+/* log(1 + r) - r for |r| < 0.0041: its series from r^2 to r^8 (the next
+ * term is below 2^-71). */
+NB_FN double nb__log1p_tail(double r)
+{
+    const double r2 = r * r;
+    const double p23 = -0.5 + 1.0 / 3 * r, p45 = -0.25 + 0.2 * r, p67 = -1.0 / 6 + 1.0 / 7 * r;
+    return r2 * ((p23 + p45 * r2) + (p67 - 0.125 * r2) * (r2 * r2));
+}
+
+/* log w - shift ln 2 + low for a positive normal finite w, a whole shift
+ * and a small low: w = 2^e m, m in [0x1.5fp-1, 0x1.5fp+0) from w's bits, and
+ * log w = e ln 2 - log c + log(1 + r) for r = m c - 1 (|r| < 0.0041) with
+ * c nb__log_c's for m's interval. r comes exactly, as r_hi + r_lo, from m's
+ * first 42 significant bits and the rest (each product with c's 11 bits is
+ * exact), then as r + r_err (TwoSum: the two may cancel); log(1 + r) is r
+ * plus nb__log1p_tail(r). e ln 2 comes as ln 2's first part of 33 bits times
+ * e, exact, plus the rest; that part plus -log c's first is exact too, and it
+ * plus r is summed exactly (TwoSum), so where they cancel (m in the intervals
+ * beside 1's) only the small terms' roundings show. Where take_x is set, r is
+ * x (exact), for log1p of an x within 2^-10 of 0 (w = 1 + x is then in 1's
+ * interval, where c is 1 and e 0): a select of r (nb__pick), not of the
+ * result, so that the table is read for every element and a loop
+ * vectorises. Other w give nonsense (without undefined behaviour) for the
+ * callers to replace. */
+NB_FN double nb__log_d_normal(double w, double shift, double low, int take_x, double x)
+{
+    const uint64_t u = nb__double_bits(w) + (0x3ff0000000000000ULL - 0x3fe5f00000000000ULL);
+    const double e = nb__bits_double(0x4330000000000000ULL | (u >> 52)) - (0x1p52 + 1023.0) - shift;
+    const uint64_t mb = (u & 0x000fffffffffffffULL) + 0x3fe5f00000000000ULL;
+    const double m = nb__bits_double(mb), m_hi = nb__bits_double(mb & ~(uint64_t)0x7ff), m_lo = m - m_hi;
+    const uint64_t j = (u >> 45) & 127;
+    const double c = nb__log_c[j][0];
+    const double r_hi = nb__pick(take_x, x, m_hi * c - 1.0), r_lo = nb__pick(take_x, 0.0, m_lo * c), r = r_hi + r_lo;
+    const double rb = r - r_hi, r_err = (r_hi - (r - rb)) + (r_lo - rb); /* TwoSum: r_hi and r_lo may cancel */
+    const double p = nb__log1p_tail(r);
+    const double ln2_hi = 0x1.62e42feep-1, ln2_lo = 0x1.a39ef35793c76p-33;
+    const double a = e * ln2_hi + nb__log_c[j][1], hi = a + r, bb = hi - a, err = (a - (hi - bb)) + (r - bb); /* TwoSum */
+    return hi + (err + ((((nb__log_c[j][2] + e * ln2_lo) + low) + p) + r_err));
+}
+
+/* log x: within 0.502 ulp (test_cpu_math measures it against long double);
+ * a subnormal x is scaled by 2^54 first; -inf at +-0, NaN below 0, inf at
+ * inf, and a NaN stays NaN. */
+NB_FN double nb__log_d(double x)
+{
+    const int sub = x < 0x1p-1022;
+    const double w = sub ? x * 0x1p54 : x;
+    double y = nb__log_d_normal(w, sub ? 54.0 : 0.0, 0.0, 0, 0.0);
+    y = x == (double)INFINITY ? x : y;
+    y = x == 0 ? -(double)INFINITY : y;
+    y = x < 0 ? (double)NAN : y;
+    return x != x ? x : y;
+}
+
+/* log(1 + x) as log u + c / u for u = 1 + x rounded and c what the rounding
+ * lost (TwoSum), so that no digit of a small x is lost; below |x| = 2^-10,
+ * x plus nb__log1p_tail(x) (there c / u's own square would matter: r is x
+ * itself); x itself below 2^-54 (and -0 kept). Within 0.502 ulp. -inf at -1,
+ * NaN below, inf at inf, a NaN stays NaN. */
+NB_FN double nb__log1p_d(double x)
+{
+    const double u = 1.0 + x;
+    const double w = nb__pick(u > 0x1p-1022, u, 1.0);
+    const double bb = u - 1.0, c = (1.0 - (u - bb)) + (x - bb); /* TwoSum */
+    const int small = __builtin_fabs(x) < 0x1p-10;
+    double y = nb__log_d_normal(w, 0.0, nb__pick(small, 0.0, c / w), small, x);
+    y = nb__pick(__builtin_fabs(x) < 0x1p-54, x, y);
+    y = x == (double)INFINITY ? x : y;
+    y = x == -1.0 ? -(double)INFINITY : y;
+    y = x < -1.0 ? (double)NAN : y;
+    return x != x ? x : y;
+}
+
 /* The rest of the double formulas' functions are libm's. */
-NB_FN double nb__log_d(double x) { return log(x); }
-NB_FN double nb__log1p_d(double x) { return log1p(x); }
 NB_FN double nb__erf_d(double x) { return erf(x); }
 NB_FN double nb__erfc_d(double x) { return erfc(x); }
 NB_FN double nb__pow_d(double x, double y) { return pow(x, y); }
