@@ -11,18 +11,19 @@
 typedef struct pool {
     pthread_mutex_t lock;
     pthread_cond_t work_cv, done_cv;
-    int n_threads;          /* workers, not counting the caller */
-    uint64_t generation;    /* bumped for each job */
+    int n_threads;                 /* workers, not counting the caller */
+    atomic_uint_fast64_t generation; /* bumped for each job (read unlocked while a worker spins) */
     nb_range_fn fn;
     void *ctx;
     int64_t n, chunk;
     atomic_int_fast64_t next; /* next chunk start */
-    int busy;               /* workers still on the current job */
+    int open;                 /* the current job still takes workers */
+    int active;               /* workers in the current job's chunks */
     pthread_mutex_t job_lock; /* one job at a time */
 } pool;
 
 static pool g_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, PTHREAD_COND_INITIALIZER,
-                      0, 0, NULL, NULL, 0, 0, 0, 0, PTHREAD_MUTEX_INITIALIZER};
+                      0, 0, NULL, NULL, 0, 0, 0, 0, 0, PTHREAD_MUTEX_INITIALIZER};
 static pthread_once_t g_pool_once = PTHREAD_ONCE_INIT;
 
 static void run_chunks(pool *p)
@@ -36,20 +37,46 @@ static void run_chunks(pool *p)
     }
 }
 
+/* How long a worker looks for the next job before it sleeps (about 0.1 ms
+ * on an Intel Xeon): a sleeping thread takes tens of microseconds to wake,
+ * as long as a kernel the pool splits may take, and ops come one after
+ * another. */
+#define NB_POOL_SPINS 4096
+
+static inline void spin_pause(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* A worker joins a job only while it is open: one that wakes after the
+ * caller has run out of chunks leaves it alone, so the caller never waits
+ * for a thread that is slow to wake. */
 static void *worker(void *arg)
 {
     pool *p = arg;
     uint64_t seen = 0;
-    pthread_mutex_lock(&p->lock);
     for (;;) {
-        while (p->generation == seen)
+        for (int i = 0; i < NB_POOL_SPINS && atomic_load(&p->generation) == seen; i++)
+            spin_pause();
+        pthread_mutex_lock(&p->lock);
+        while (atomic_load(&p->generation) == seen)
             pthread_cond_wait(&p->work_cv, &p->lock);
-        seen = p->generation;
+        seen = atomic_load(&p->generation);
+        if (!p->open) {
+            pthread_mutex_unlock(&p->lock);
+            continue;
+        }
+        p->active++;
         pthread_mutex_unlock(&p->lock);
         run_chunks(p);
         pthread_mutex_lock(&p->lock);
-        if (--p->busy == 0)
+        if (--p->active == 0)
             pthread_cond_signal(&p->done_cv);
+        pthread_mutex_unlock(&p->lock);
     }
     return NULL;
 }
@@ -131,7 +158,9 @@ void nb__parallel_for(int64_t n, int64_t grain, nb_range_fn fn, void *ctx)
         fn(ctx, 0, n);
         return;
     }
-    int64_t parts = (int64_t)p->n_threads + 1;
+    /* Four chunks a thread, so that the caller takes more of them while a
+     * worker is still waking. */
+    int64_t parts = ((int64_t)p->n_threads + 1) * 4;
     int64_t chunk = (n + parts - 1) / parts;
     if (chunk < grain)
         chunk = grain;
@@ -141,13 +170,15 @@ void nb__parallel_for(int64_t n, int64_t grain, nb_range_fn fn, void *ctx)
     p->n = n;
     p->chunk = chunk;
     atomic_store(&p->next, 0);
-    p->busy = p->n_threads;
-    p->generation++;
+    p->open = 1;
+    p->active = 0;
+    atomic_fetch_add(&p->generation, 1);
     pthread_cond_broadcast(&p->work_cv);
     pthread_mutex_unlock(&p->lock);
     run_chunks(p);
     pthread_mutex_lock(&p->lock);
-    while (p->busy > 0)
+    p->open = 0; /* no chunk is left to claim: only those running are waited for */
+    while (p->active > 0)
         pthread_cond_wait(&p->done_cv, &p->lock);
     pthread_mutex_unlock(&p->lock);
     pthread_mutex_unlock(&p->job_lock);
