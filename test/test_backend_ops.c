@@ -3111,7 +3111,35 @@ static void run_bn_kernel(bool grad)
     }
 }
 
-static void kernel_channel_moments(void) { run_bn_kernel(false); }
+/* NHWC moments split their rows into chunks whose partial sums combine in
+ * order: on the CPU the same bits on the pool and on one thread (where a CPU
+ * replica's kernels run). */
+static void moments_thread_independent(void)
+{
+    if (strcmp(cur->name, CPU) != 0)
+        return;
+    static const nb_dtype dts[2] = {NB_F32, NB_F64};
+    for (int k = 0; k < 2; k++) {
+        const nb_dtype dt = dts[k];
+        case_begin("batch_norm_train %s [64, 8, 8, 32] NHWC, on one thread and on the pool", nb_dtype_name(dt));
+        nb_tensor *x = nb_random_normal(dt, NB_SHAPE(64, 8, 8, 32), 0.5, 2, 11);
+        nb_tensor *g = nb_ones(dt, NB_SHAPE(32)), *b = nb_zeros(dt, NB_SHAPE(32));
+        nb_tensor *pool = nb_batch_norm_train(x, g, b, 1e-3, NB_NHWC, NULL, NULL);
+        nb__thread_set_serial(true);
+        nb_tensor *one = nb_batch_norm_train(x, g, b, 1e-3, NB_NHWC, NULL, NULL);
+        nb__thread_set_serial(false);
+        double *a = values_of(pool), *e = values_of(one);
+        CHECKF(a && e && memcmp(a, e, sizeof(double) * 64 * 8 * 8 * 32) == 0, "the pool and one thread differ");
+        free(a), free(e);
+        case_end();
+    }
+}
+
+static void kernel_channel_moments(void)
+{
+    run_bn_kernel(false);
+    moments_thread_independent();
+}
 static void kernel_channel_affine(void) { run_bn_kernel(true); }
 
 /* ================================ row kernels (layer_norm) ================================== */

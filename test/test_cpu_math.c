@@ -9,7 +9,7 @@
  *     every pair of special values, the same way;
  *   - the double exp, expm1, tanh, sin, cos, log and log1p against long
  *     double's on random values over their branches, random bit patterns and
- *     edges: within 0.52, 1.01, 1.5, 0.81, 0.81, 0.502 and 0.502 ulp (exp within
+ *     edges: within 0.52, 1.01, 1.5, 0.81, 0.81, 0.501 and 0.501 ulp (exp within
  *     0.76 among the subnormals), the edges exact;
  *   - every f32 and f64 unary op at each vector level this CPU runs
  *     (baseline, AVX2, AVX-512), contiguous and strided, gives the bits of
@@ -85,15 +85,18 @@ static double our_cos_d(double x) { return nb__cos_d(x); }
 static double our_log_d(double x) { return nb__log_d(x); }
 static double our_log1p_d(double x) { return nb__log1p_d(x); }
 
-/* log's: the subnormals, around 1 (where the result cancels) and the scales;
- * log1p's: down to -1, small, around the change of binade, where 1 + x
- * rounds, and near 2^53, where u - 1 stops being exact. */
+/* log's: the subnormals, around 1 (where the result cancels), the intervals
+ * beside 1's (where -log c and r cancel, and r^2/2's rounding would show)
+ * and the scales; log1p's: down to -1, small, around the change of binade,
+ * where 1 + x rounds, the intervals beside 1's, and near 2^53. */
 static const double log_ranges[][2] = {{0x1p-1074, 0x1p-1060}, {0x1p-1074, 0x1p-1022}, {0x1p-1022, 0x1p-1000},
                                        {0.5, 2.0},            {0.7, 1.45},            {1 - 1e-6, 1 + 1e-6},
-                                       {0, 10},               {1e5, 1e9},             {1e300, 1.7e308}};
+                                       {0, 10},               {1e5, 1e9},             {1e300, 1.7e308},
+                                       {1 + 0x1p-8, 1 + 0x1p-7}, {1 - 0x1p-8, 1 - 0x1p-9}};
 static const double log1p_ranges[][2] = {{-1, -0.5},   {-0.5, 0.5},         {-0.3, 0.42},    {-1e-3, 1e-3},
                                          {-1e-10, 1e-10}, {0.9, 1.1},       {0, 10},         {1e5, 1e20},
-                                         {9.0e15, 9.1e15}, {-0x1p-50, 0x1p-50}, {1e300, 1.7e308}};
+                                         {9.0e15, 9.1e15}, {-0x1p-50, 0x1p-50}, {1e300, 1.7e308},
+                                         {0x1p-8, 0x1p-7}, {-0x1p-8, -0x1p-10}};
 #define RANGES(r) r, (int)(sizeof r / sizeof r[0])
 
 static const math_fn_d fns_d[] = {
@@ -102,8 +105,8 @@ static const math_fn_d fns_d[] = {
     {"tanh", our_tanh_d, tanhl, 1.5, 1.5, NULL, 0},
     {"sin", our_sin_d, sinl, 0.81, 0.81, NULL, 0},
     {"cos", our_cos_d, cosl, 0.81, 0.81, NULL, 0},
-    {"log", our_log_d, logl, 0.502, 0.502, RANGES(log_ranges)},
-    {"log1p", our_log1p_d, log1pl, 0.502, 0.502, RANGES(log1p_ranges)},
+    {"log", our_log_d, logl, 0.501, 0.501, RANGES(log_ranges)},
+    {"log1p", our_log1p_d, log1pl, 0.501, 0.501, RANGES(log1p_ranges)},
 };
 
 /* The error of y in units of the last place of the double nearest ref

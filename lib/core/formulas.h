@@ -85,7 +85,7 @@ static inline double nb_ref_wrapped_product(double x, double y, int int_bits)
  * form and redoes the far few (nb__sinf_near).
  * For doubles, exp, expm1, tanh, sin, cos, log and log1p are nabla's own too
  * (nb__exp_d and the others, below: within 0.52, 1.01, 1.5, 0.81, 0.81,
- * 0.502 and 0.502 ulp, vectorising the same way, exp and log with tables
+ * 0.501 and 0.501 ulp, vectorising the same way, exp and log with tables
  * that a vector loop gathers from, sin and cos redoing x past 2^20 with
  * libm's); erf, erfc and pow are libm's. NB_MATH_F32(fn) and NB_MATH_F64(fn)
  * name the ones the f32 and f64 formulas call: nabla's on the CPU, CUDA's on
@@ -695,25 +695,18 @@ static const double nb__log_c[128][3] = {
     {0x1.78c0000000000p-1, 0x1.3a1ac802f3000p-2, 0x1.98ecf399abd8dp-44}, {0x1.7680000000000p-1, 0x1.403d086cea000p-2, 0x1.e6ef574487308p-44}
 };
 
-/* log(1 + r) - r for |r| < 0.0041: its series from r^2 to r^8 (the next
- * term is below 2^-71). */
-NB_FN double nb__log1p_tail(double r)
-{
-    const double r2 = r * r;
-    const double p23 = -0.5 + 1.0 / 3 * r, p45 = -0.25 + 0.2 * r, p67 = -1.0 / 6 + 1.0 / 7 * r;
-    return r2 * ((p23 + p45 * r2) + (p67 - 0.125 * r2) * (r2 * r2));
-}
-
 /* log w - shift ln 2 + low for a positive normal finite w, a whole shift
  * and a small low: w = 2^e m, m in [0x1.5fp-1, 0x1.5fp+0) from w's bits, and
  * log w = e ln 2 - log c + log(1 + r) for r = m c - 1 (|r| < 0.0041) with
  * c nb__log_c's for m's interval. r comes exactly, as r_hi + r_lo, from m's
  * first 42 significant bits and the rest (each product with c's 11 bits is
- * exact), then as r + r_err (TwoSum: the two may cancel); log(1 + r) is r
- * plus nb__log1p_tail(r). e ln 2 comes as ln 2's first part of 33 bits times
- * e, exact, plus the rest; that part plus -log c's first is exact too, and it
- * plus r is summed exactly (TwoSum), so where they cancel (m in the intervals
- * beside 1's) only the small terms' roundings show. Where take_x is set, r is
+ * exact), then as r + r_err (TwoSum: the two may cancel); log(1 + r) is
+ * r - r^2/2 + its series from r^3 to r^8 (the next term is below 2^-71),
+ * r^2/2 made exactly from r's halves. e ln 2 comes as ln 2's first part of
+ * 33 bits times e, exact, plus the rest; that part plus -log c's first is
+ * exact too, and it, r and -r^2/2 are summed exactly (TwoSums), so where
+ * they cancel (m in the intervals beside 1's, where the result is near
+ * 2^-9 and r^2/2 near 2^-17) only the small terms' roundings show. Where take_x is set, r is
  * x (exact), for log1p of an x within 2^-10 of 0 (w = 1 + x is then in 1's
  * interval, where c is 1 and e 0): a select of r (nb__pick), not of the
  * result, so that the table is read for every element and a loop
@@ -729,13 +722,19 @@ NB_FN double nb__log_d_normal(double w, double shift, double low, int take_x, do
     const double c = nb__log_c[j][0];
     const double r_hi = nb__pick(take_x, x, m_hi * c - 1.0), r_lo = nb__pick(take_x, 0.0, m_lo * c), r = r_hi + r_lo;
     const double rb = r - r_hi, r_err = (r_hi - (r - rb)) + (r_lo - rb); /* TwoSum: r_hi and r_lo may cancel */
-    const double p = nb__log1p_tail(r);
+    /* -r^2/2 exactly, from r's first 26 significant bits and the rest */
+    const double rh = nb__bits_double(nb__double_bits(r) & ~(uint64_t)0x7ffffff), rl = r - rh, h = -0.5 * (rh * rh);
     const double ln2_hi = 0x1.62e42feep-1, ln2_lo = 0x1.a39ef35793c76p-33;
-    const double a = e * ln2_hi + nb__log_c[j][1], hi = a + r, bb = hi - a, err = (a - (hi - bb)) + (r - bb); /* TwoSum */
-    return hi + (err + ((((nb__log_c[j][2] + e * ln2_lo) + low) + p) + r_err));
+    const double a = e * ln2_hi + nb__log_c[j][1], s1 = a + r, b1 = s1 - a, err1 = (a - (s1 - b1)) + (r - b1);
+    const double hi = s1 + h, b2 = hi - s1, err2 = (s1 - (hi - b2)) + (h - b2); /* TwoSums */
+    const double r2 = r * r;
+    const double tail = r2 * ((1.0 / 3 * r + (-0.25 + 0.2 * r) * r2) + ((-1.0 / 6 + 1.0 / 7 * r) - 0.125 * r2) * (r2 * r2));
+    const double rest = tail - (rh * rl + 0.5 * (rl * rl)); /* log(1 + r) - r + rh^2/2 */
+    return hi + ((err1 + err2) + ((((nb__log_c[j][2] + e * ln2_lo) + low) + rest) + r_err));
 }
 
-/* log x: within 0.502 ulp (test_cpu_math measures it against long double);
+/* log x: within 0.5001 ulp (against quad precision; test_cpu_math checks
+ * 0.501 against long double);
  * a subnormal x is scaled by 2^54 first; -inf at +-0, NaN below 0, inf at
  * inf, and a NaN stays NaN. */
 NB_FN double nb__log_d(double x)
@@ -751,9 +750,9 @@ NB_FN double nb__log_d(double x)
 
 /* log(1 + x) as log u + c / u for u = 1 + x rounded and c what the rounding
  * lost (TwoSum), so that no digit of a small x is lost; below |x| = 2^-10,
- * x plus nb__log1p_tail(x) (there c / u's own square would matter: r is x
- * itself); x itself below 2^-54 (and -0 kept). Within 0.502 ulp. -inf at -1,
- * NaN below, inf at inf, a NaN stays NaN. */
+ * with r = x itself (there c / u's own square would matter); x itself below
+ * 2^-54 (and -0 kept). Within 0.5001 ulp, as log. -inf at -1, NaN below,
+ * inf at inf, a NaN stays NaN. */
 NB_FN double nb__log1p_d(double x)
 {
     const double u = 1.0 + x;

@@ -433,6 +433,9 @@ NB_CPU_AVX2_ENTRY(moments_planes, double)
 NB_CPU_AVX2_ENTRY(affine, float)
 NB_CPU_AVX2_ENTRY(affine, double)
 
+/* Row chunks NHWC channel moments split into at most. */
+#define NB_MOMENT_CHUNKS 16
+
 nb_status nb__cpu_channel_moments(nb_device *dev, const int64_t shape[3], const nb_view *sum, const nb_view *moment,
                                   const nb_view *a, const nb_view *b, const nb_view *center)
 {
@@ -460,9 +463,13 @@ nb_status nb__cpu_channel_moments(nb_device *dev, const int64_t shape[3], const 
         nb__cpu_free(dev, tmp, 2 * (size_t)C * es + 1);
         return NB_OK;
     }
-    /* NHWC: chunks of rows with partial sums, combined in chunk order */
-    int64_t threads = nb__thread_serial() ? 1 : nb__thread_count();
-    int64_t chunks = total < 2 * NB_CPU_GRAIN ? 1 : threads * 4;
+    /* NHWC: chunks of rows with partial sums, combined in chunk order; how
+     * many depends on the shape alone (each of about NB_CPU_GRAIN elements or
+     * more, at most NB_MOMENT_CHUNKS), never on the threads, since the bits
+     * depend on it */
+    int64_t chunks = total < 2 * NB_CPU_GRAIN ? 1 : total / NB_CPU_GRAIN;
+    if (chunks > NB_MOMENT_CHUNKS)
+        chunks = NB_MOMENT_CHUNKS;
     if (chunks > outer)
         chunks = outer ? outer : 1;
     c.chunk = (outer + chunks - 1) / chunks;
