@@ -730,7 +730,8 @@ NB_FN double nb__log_d_normal(double w, double shift, double low, int take_x, do
     const double r2 = r * r;
     const double tail = r2 * ((1.0 / 3 * r + (-0.25 + 0.2 * r) * r2) + ((-1.0 / 6 + 1.0 / 7 * r) - 0.125 * r2) * (r2 * r2));
     const double rest = tail - (rh * rl + 0.5 * (rl * rl)); /* log(1 + r) - r + rh^2/2 */
-    return hi + ((err1 + err2) + ((((nb__log_c[j][2] + e * ln2_lo) + low) + rest) + r_err));
+    /* r_err enters as log(1 + r + r_err) - log(1 + r), r_err / (1 + r) to first order */
+    return hi + ((err1 + err2) + ((((nb__log_c[j][2] + e * ln2_lo) + low) + rest) + (r_err - r * r_err)));
 }
 
 /* log x: within 0.5001 ulp (against quad precision; test_cpu_math checks
