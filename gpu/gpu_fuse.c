@@ -230,8 +230,7 @@ static nb_status launch_fused(nb_gpu_ctx *c, const nb_fuse_plan *p, bool dry)
         nb_error_saved saved;
         nb__error_stash(&saved);
         compile_once(c, src); /* a chain that cannot compile runs unfused, silently */
-        nb_error_clear();
-        nb__error_unstash(&saved);
+        nb__error_restore(&saved);
         free(src);
         return NB_OK;
     }

@@ -208,8 +208,7 @@ void destroy(nb_device *dev, void *exec)
     if (x->done)
         (void)cudaEventDestroy(x->done);
     (void)cudaGetLastError();
-    nb_error_clear(); /* what failed here: the pending error is the caller's again */
-    nb__error_unstash(&saved);
+    nb__error_restore(&saved); /* what failed here: the pending error is the caller's again */
     free(x);
 }
 
@@ -222,8 +221,7 @@ void prepare(nb_device *dev, bool on)
     nb__error_stash(&saved);
     if (nb__gpu_enter(dev, "nb_graph_capture", &c) == NB_OK)
         nb__gpu_fuse_prepare(c, on);
-    nb_error_clear();
-    nb__error_unstash(&saved);
+    nb__error_restore(&saved);
 }
 
 } // namespace

@@ -1,5 +1,6 @@
 /* Tensors, views, creation, reading back, scopes, errors and devices. */
 #include "check.h"
+#include "lib/core/core.h"
 #include <pthread.h>
 #include <stdint.h>
 
@@ -315,6 +316,33 @@ static void test_huge_shapes(void)
 
 /* A failure below an op (the allocator running out, a dtype the device cannot
  * hold) is reported under the op's name, not the allocator's or a kernel's. */
+/* nb__error_stash / unstash / restore: unstash keeps an error raised in
+ * between unless one was saved (the first wins); restore drops it. */
+static void test_error_stash(void)
+{
+    nb_error_saved saved;
+    nb__error_stash(&saved); /* nothing pending */
+    nb__fail(NB_ERR_SHAPE, "inner: shapes");
+    nb__error_unstash(&saved);
+    CHECK(nb_error() == NB_ERR_SHAPE && strcmp(nb_error_message(), "inner: shapes") == 0);
+    nb__error_stash(&saved); /* the shape error pending */
+    CHECK(nb_error() == NB_OK);
+    nb__fail(NB_ERR_DTYPE, "inner: dtypes");
+    nb__error_unstash(&saved);
+    CHECK(nb_error() == NB_ERR_SHAPE && strcmp(nb_error_message(), "inner: shapes") == 0);
+    nb_error_clear();
+    nb__error_stash(&saved);
+    nb__fail(NB_ERR_DTYPE, "inner: dtypes");
+    nb__error_restore(&saved);
+    CHECK(nb_error() == NB_OK && strcmp(nb_error_message(), "") == 0);
+    nb__fail(NB_ERR_SHAPE, "outer: shapes");
+    nb__error_stash(&saved);
+    nb__fail(NB_ERR_DTYPE, "inner: dtypes");
+    nb__error_restore(&saved);
+    CHECK(nb_error() == NB_ERR_SHAPE && strcmp(nb_error_message(), "outer: shapes") == 0);
+    nb_error_clear();
+}
+
 static void test_errors_name_the_op(void)
 {
     /* 2^62 bytes: a size int64 can count that no allocator gives */
@@ -363,6 +391,7 @@ int main(void)
     test_caller_ownership();
     RUN(test_views);
     RUN(test_errors);
+    RUN(test_error_stash);
     RUN(test_devices);
     RUN(test_reentrant_handler);
     RUN(test_huge_shapes);

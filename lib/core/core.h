@@ -224,6 +224,10 @@ typedef struct nb_error_saved {
 } nb_error_saved;
 void nb__error_stash(nb_error_saved *out);
 void nb__error_unstash(const nb_error_saved *in);
+/* Puts back exactly what nb__error_stash saved, dropping any error raised
+ * since: for a step whose failure is not the caller's (a cleanup, an
+ * optional compile). */
+void nb__error_restore(const nb_error_saved *in);
 
 /* ---- devices --------------------------------------------------------------- */
 

@@ -35,6 +35,12 @@ void nb__error_unstash(const nb_error_saved *in)
     memcpy(tl_message, in->message, sizeof tl_message);
 }
 
+void nb__error_restore(const nb_error_saved *in)
+{
+    nb_error_clear();
+    nb__error_unstash(in);
+}
+
 nb_status nb_error_clear(void)
 {
     nb_status code = tl_code;
