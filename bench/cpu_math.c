@@ -8,10 +8,10 @@
  * softplus, sin, cos, log, x^1.7, the exact GELU, softmax and log_softmax over rows of 1024,
  * and new random tensors of the same shape (normal, uniform, and normal
  * truncated at 2 sd: torch.randn, torch.rand, torch.nn.init.trunc_normal_);
- * then exp, sigmoid, tanh, sin, log (of values in (0, 16)) and softplus of M
- * MiB of f64 in [-8, 8).
+ * then exp, sigmoid, tanh, sin, log and x^1.7 (of values in (0, 16)) and
+ * softplus of M MiB of f64 in [-8, 8).
  * exp, log, log1p, tanh, erfc, sin, cos and pow (nb_expf and the rest,
- * lib/core/formulas.h), the double exp, expm1, tanh, sin, cos, log and log1p, the ops
+ * lib/core/formulas.h), the double exp, expm1, tanh, sin, cos, log, log1p and pow, the ops
  * made of them and the random generator run in vectorised loops, compiled
  * for the CPU's widest vectors (NB_CPU_SIMD caps them: "baseline", "avx2",
  * "avx512").
@@ -78,6 +78,7 @@ int main(int argc, char **argv)
         {"sin, f64", "sin_f64", nb_sin, IN_F64},
         {"log, f64 (of values in (0, 16))", "log_f64", nb_log, IN_F64_POSITIVE},
         {"softplus, f64", "softplus_f64", nb_softplus, IN_F64},
+        {"x^1.7, f64 (of values in (0, 16))", "pow_f64", pow_1_7, IN_F64_POSITIVE},
     };
     const int n_cases = (int)(sizeof cases / sizeof cases[0]);
     nb_scope *s = nb_scope_begin();

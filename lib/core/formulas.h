@@ -83,13 +83,14 @@ static inline double nb_ref_wrapped_product(double x, double y, int int_bits)
  * unvectorised). sin and cos are the exception: past 2^20 their argument is
  * reduced with a table of 2/pi's bits, so a loop runs their branch-free near
  * form and redoes the far few (nb__sinf_near).
- * For doubles, exp, expm1, tanh, sin, cos, log and log1p are nabla's own too
- * (nb__exp_d and the others, below: within 0.52, 1.01, 1.5, 0.81, 0.81,
- * 0.501 and 0.501 ulp, vectorising the same way, exp and log with tables
- * that a vector loop gathers from, sin and cos redoing x past 2^20 with
- * libm's); erf, erfc and pow are libm's. NB_MATH_F32(fn) and NB_MATH_F64(fn)
- * name the ones the f32 and f64 formulas call: nabla's on the CPU, CUDA's on
- * the GPU (its formulas compile with __CUDACC__). */
+ * For doubles, exp, expm1, tanh, sin, cos, log, log1p and pow are nabla's
+ * own too (nb__exp_d and the others, below: within 0.52, 1.01, 1.5, 0.81,
+ * 0.81, 0.501, 0.501 and 0.52 ulp, vectorising the same way, exp and log
+ * with tables that a vector loop gathers from, pow from their parts, sin and
+ * cos redoing x past 2^20 with libm's); erf and erfc are libm's.
+ * NB_MATH_F32(fn) and NB_MATH_F64(fn) name the ones the f32 and f64
+ * formulas call: nabla's on the CPU, CUDA's on the GPU (its formulas compile
+ * with __CUDACC__). */
 #ifdef __CUDACC__
 #define NB_MATH_F32(fn) fn##f
 #define NB_MATH_F64(fn) fn
@@ -300,9 +301,11 @@ NB_FN float nb_powf(float x, float y)
 {
     const float ax = __builtin_fabsf(x), ay = __builtin_fabsf(y);
     const double yd = (double)y, t = yd + 0x1.8p52;
-    const bool small_y = ay < 0x1p24f;
-    const bool y_whole = !small_y | (t - 0x1.8p52 == yd);
-    const bool y_odd = small_y & y_whole & ((nb__double_bits(t) & 1) != 0);
+    /* 64-bit flags, as in nb__pow_d: a bool made of the 64-bit parity
+     * keeps a loop of two varying x and y from vectorising */
+    const uint64_t small_y = ay < 0x1p24f;
+    const uint64_t y_whole = (small_y ^ 1) | (uint64_t)(t - 0x1.8p52 == yd);
+    const uint64_t y_odd = small_y & y_whole & nb__double_bits(t) & 1;
     /* (0, inf and NaN give nonsense here, replaced below) */
     double z = yd * (nb__log_fine((double)ax) * 1.4426950408889634);
     z = z > 200.0 ? 200.0 : z;
@@ -310,9 +313,9 @@ NB_FN float nb_powf(float x, float y)
     double p;
     const double scale = nb__exp2_parts(z, &p);
     float r = (float)((1.0 + p) * scale);
-    const bool neg = (x < 0) & y_odd;
+    const uint64_t neg = (uint64_t)(x < 0) & y_odd;
     r = neg ? -r : r;
-    r = ((x < 0) & !y_whole) ? (float)NAN : r;
+    r = ((uint64_t)(x < 0) & (y_whole ^ 1)) ? (float)NAN : r;
     /* x = +-0: inf for y < 0, 0 for y > 0, x's sign where y is odd */
     float edge = y < 0 ? (float)INFINITY : 0.0f;
     r = ax == 0 ? (y_odd ? __builtin_copysignf(edge, x) : edge) : r;
@@ -324,7 +327,8 @@ NB_FN float nb_powf(float x, float y)
     edge = (ax < 1.0f) == (y < 0) ? (float)INFINITY : 0.0f;
     edge = ax == 1.0f ? 1.0f : edge;
     r = ay == (float)INFINITY ? edge : r;
-    r = ((x != x) | (y != y)) ? x + y : r;
+    r = y != y ? y : r;
+    r = x != x ? x : r; /* as nb__pow_d */
     r = x == 1.0f ? 1.0f : r; /* even for a NaN y */
     return y == 0 ? 1.0f : r; /* even for a NaN x */
 }
@@ -696,8 +700,9 @@ static const double nb__log_c[128][3] = {
 };
 
 /* log w - shift ln 2 + low for a positive normal finite w, a whole shift
- * and a small low: w = 2^e m, m in [0x1.5fp-1, 0x1.5fp+0) from w's bits, and
- * log w = e ln 2 - log c + log(1 + r) for r = m c - 1 (|r| < 0.0041) with
+ * and a small low, as the returned part plus *lo's (to about 2^-66 of the
+ * result; log and log1p round their sum, pow keeps both): w = 2^e m, m in
+ * [0x1.5fp-1, 0x1.5fp+0) from w's bits, and log w = e ln 2 - log c + log(1 + r) for r = m c - 1 (|r| < 0.0041) with
  * c nb__log_c's for m's interval. r comes exactly, as r_hi + r_lo, from m's
  * first 42 significant bits and the rest (each product with c's 11 bits is
  * exact), then as r + r_err (TwoSum: the two may cancel); log(1 + r) is
@@ -712,7 +717,7 @@ static const double nb__log_c[128][3] = {
  * result, so that the table is read for every element and a loop
  * vectorises. Other w give nonsense (without undefined behaviour) for the
  * callers to replace. */
-NB_FN double nb__log_d_normal(double w, double shift, double low, int take_x, double x)
+NB_FN double nb__log_d_parts(double w, double shift, double low, int take_x, double x, double *lo)
 {
     const uint64_t u = nb__double_bits(w) + (0x3ff0000000000000ULL - 0x3fe5f00000000000ULL);
     const double e = nb__bits_double(0x4330000000000000ULL | (u >> 52)) - (0x1p52 + 1023.0) - shift;
@@ -731,7 +736,16 @@ NB_FN double nb__log_d_normal(double w, double shift, double low, int take_x, do
     const double tail = r2 * ((1.0 / 3 * r + (-0.25 + 0.2 * r) * r2) + ((-1.0 / 6 + 1.0 / 7 * r) - 0.125 * r2) * (r2 * r2));
     const double rest = tail - (rh * rl + 0.5 * (rl * rl)); /* log(1 + r) - r + rh^2/2 */
     /* r_err enters as log(1 + r + r_err) - log(1 + r), r_err / (1 + r) to first order */
-    return hi + ((err1 + err2) + ((((nb__log_c[j][2] + e * ln2_lo) + low) + rest) + (r_err - r * r_err)));
+    *lo = (err1 + err2) + ((((nb__log_c[j][2] + e * ln2_lo) + low) + rest) + (r_err - r * r_err));
+    return hi;
+}
+
+/* nb__log_d_parts' sum, rounded once. */
+NB_FN double nb__log_d_normal(double w, double shift, double low, int take_x, double x)
+{
+    double lo;
+    const double hi = nb__log_d_parts(w, shift, low, take_x, x, &lo);
+    return hi + lo;
 }
 
 /* log x: within 0.5001 ulp (against quad precision; test_cpu_math checks
@@ -768,10 +782,67 @@ NB_FN double nb__log1p_d(double x)
     return x != x ? x : y;
 }
 
-/* The rest of the double formulas' functions are libm's. */
+/* x^y = e^(y log|x|), signed, for the finite, nonzero x and y the specials
+ * below leave: log|x| as two parts (nb__log_d_parts, a subnormal |x| scaled
+ * by 2^54 first), normalised (Fast2Sum), times y exactly (Dekker's product:
+ * no fma, which the baseline has not), and e^(z_hi + z_lo) as nb__exp_d's
+ * e^z_hi with z_lo folded into its e^r - 1 (e^(r + z_lo) - 1 = p + z_lo
+ * (1 + p) to 2^-88). Within 0.52 ulp (test_cpu_math measures it against
+ * long double), as exp. y is whole and odd by the bits of |y| + 2^52 below
+ * 2^52, of |y| itself up to 2^53. The split takes y clamped to 2^900, where
+ * it cannot overflow: past that y log|x| is past exp's range, which the
+ * selects on z_hi decide, unless |x| is 1, whose log is 0 (z_lo then is 0
+ * too). The specials are C's (Annex F): 1 for y = 0 or x = 1 (even against
+ * a NaN), NaN for x < 0 and y not whole, the zeros and infinities of x and y
+ * by their signs, y's parity and |x| against 1. */
+NB_FN double nb__pow_d(double x, double y)
+{
+    const double ax = __builtin_fabs(x), ay = __builtin_fabs(y);
+    /* the flags are 64-bit, as the doubles' lanes: an int made of a 64-bit
+     * compare keeps a loop of two varying x and y from vectorising */
+    const uint64_t lt52 = ay < 0x1p52;
+    const double t = ay + 0x1p52; /* below 2^52, ay rounded to a whole number in t's low bits */
+    const uint64_t y_whole = (lt52 ^ 1) | (uint64_t)(t - 0x1p52 == ay);
+    const uint64_t parity = nb__double_bits(nb__pick(lt52, t, ay)) & 1;
+    const uint64_t y_odd = y_whole & (uint64_t)(ay < 0x1p53) & parity;
+    const int sub = ax < 0x1p-1022;
+    double lo;
+    const double hi = nb__log_d_parts(nb__pick(sub, ax * 0x1p54, ax), nb__pick(sub, 54.0, 0.0), 0.0, 0, 0.0, &lo);
+    const double lh = hi + lo, ll = lo - (lh - hi); /* Fast2Sum */
+    /* y lh exactly as z_hi + its error (Veltkamp's splits), then y ll */
+    const double zh = y * lh;
+    const double yc = nb__pick(ay > 0x1p900, __builtin_copysign(0x1p900, y), y); /* the split's own y */
+    const double cy = yc * 134217729.0, yh = cy - (cy - yc), yl = yc - yh;
+    const double cl = lh * 134217729.0, lhh = cl - (cl - lh), lhl = lh - lhh;
+    const double zl = (((yh * lhh - zh) + yh * lhl) + yl * lhh) + yl * lhl + y * ll;
+    double elo, p, s1, s2;
+    const double ehi = nb__exp_d_parts(zh, &elo, &p, &s1, &s2);
+    double r = nb__exp_d_join(ehi, elo, p + (zl + zl * p), s1, s2);
+    r = nb__pick(zh > 710.0, (double)INFINITY, r);
+    r = nb__pick(zh < -746.0, 0.0, r);
+    const uint64_t neg = (uint64_t)(x < 0) & y_odd;
+    r = nb__pick(neg, -r, r);
+    r = nb__pick((uint64_t)(x < 0) & (y_whole ^ 1), (double)NAN, r);
+    /* x = +-0: inf for y < 0, 0 for y > 0, x's sign where y is odd */
+    double edge = nb__pick(y < 0, (double)INFINITY, 0.0);
+    r = nb__pick(ax == 0, nb__pick(y_odd, __builtin_copysign(edge, x), edge), r);
+    /* x = +-inf: the other way round */
+    edge = nb__pick(y < 0, 0.0, (double)INFINITY);
+    r = nb__pick(ax == (double)INFINITY, nb__pick(neg, -edge, edge), r);
+    /* y = +-inf: inf where |x| < 1 and y < 0 or |x| > 1 and y > 0, 0 where
+     * the other, 1 where |x| = 1 */
+    edge = nb__pick((ax < 1.0) == (y < 0), (double)INFINITY, 0.0);
+    edge = nb__pick(ax == 1.0, 1.0, edge);
+    r = nb__pick(ay == (double)INFINITY, edge, r);
+    r = nb__pick(y != y, y, r);
+    r = nb__pick(x != x, x, r); /* a NaN x, else y, as it is: not x + y, whose NaN follows the operand order */
+    r = nb__pick(x == 1.0, 1.0, r); /* even for a NaN y */
+    return nb__pick(y == 0, 1.0, r); /* even for a NaN x */
+}
+
+/* erf and erfc of a double are libm's. */
 NB_FN double nb__erf_d(double x) { return erf(x); }
 NB_FN double nb__erfc_d(double x) { return erfc(x); }
-NB_FN double nb__pow_d(double x, double y) { return pow(x, y); }
 #endif
 
 #define NB_T float

@@ -7,9 +7,15 @@
 #include "lib/core/formulas.h"
 
 /* One loop function per (op, dtype) with fast paths for same-shape contiguous
- * operands and for a scalar-broadcast one. */
-#define BIN_ROW(NAME, T, TO, EXPR)                                                           \
-    static void NAME(void *ctx, int64_t n, char *const *p, const int64_t *s, int64_t flat)  \
+ * operands and for a scalar-broadcast one: BIN_BODY makes its body, BIN_ROW
+ * the function, compiled for the build's baseline, BIN_ROW_SIMD the function
+ * that runs the body as compiled for the CPU's vector level (NB_CPU_SIMD_LOOP:
+ * pow's exp and log vectorise to its width, with the same bits at every
+ * level). */
+#define BIN_BODY(NAME, T, TO, EXPR)                                                          \
+    __attribute__((always_inline)) static inline void NAME##_body(void *ctx, int64_t n,     \
+                                                                  char *const *p,            \
+                                                                  const int64_t *s, int64_t flat) \
     {                                                                                        \
         (void)ctx;                                                                           \
         (void)flat;                                                                          \
@@ -44,14 +50,28 @@
             }                                                                                \
         }                                                                                    \
     }
+#define BIN_ROW(NAME, T, TO, EXPR)                                                           \
+    BIN_BODY(NAME, T, TO, EXPR)                                                              \
+    static void NAME(void *ctx, int64_t n, char *const *p, const int64_t *s, int64_t flat)  \
+    {                                                                                        \
+        NAME##_body(ctx, n, p, s, flat);                                                     \
+    }
+#define BIN_ROW_SIMD(NAME, T, TO, EXPR) BIN_BODY(NAME, T, TO, EXPR) NB_CPU_SIMD_LOOP(NAME)
+/* The float rows by the op's cost in ops.def: a heavy formula (pow) gains
+ * from wide vectors; a light one (add, max, a comparison) is bound by memory,
+ * and its loops stay as they were, so that which of two NaNs an add keeps
+ * (the operand order a copy's code picks) is the same in an eager op and in
+ * a fused or recorded one, whatever the level. */
+#define BIN_ROW_LIGHT BIN_ROW
+#define BIN_ROW_HEAVY BIN_ROW_SIMD
 
 /* f32 and f64: every op. i32 and i64: every op the list allows on integers
  * (NUMERIC or ANY). bool and u8: the comparisons (ANY, CMP). */
 #define OUT_ARITH(T) T
 #define OUT_CMP(T) uint8_t
 #define NB_BINARY(ID, name, dtypes, cost, kind, api)                                         \
-    BIN_ROW(bin_##name##_f32, float, OUT_##kind(float), nb_bin_##name##_f32(x, y))           \
-    BIN_ROW(bin_##name##_f64, double, OUT_##kind(double), nb_bin_##name##_f64(x, y))
+    BIN_ROW_##cost(bin_##name##_f32, float, OUT_##kind(float), nb_bin_##name##_f32(x, y))    \
+    BIN_ROW_##cost(bin_##name##_f64, double, OUT_##kind(double), nb_bin_##name##_f64(x, y))
 #include "lib/core/ops.def"
 
 #define INT_ROWS(name, kind)                                                                 \

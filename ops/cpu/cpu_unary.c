@@ -51,7 +51,7 @@ UN_ROW(un_identity_f64, double, c->alpha, x)
 /* x^a for the a that nb__cpu_unary_loop gives no loop of its own: the formula
  * without its tests of a, which would keep the loop from vectorising. */
 UN_ROW(un_pow_general_f32, float, c->alpha, NB_MATH_F32(pow)(x, alpha))
-UN_ROW(un_pow_general_f64, double, c->alpha, pow(x, alpha))
+UN_ROW(un_pow_general_f64, double, c->alpha, NB_MATH_F64(pow)(x, alpha))
 
 /* The ops the list allows on integers, on i32 and i64. */
 #define INT_ROWS_FLOAT(name)
