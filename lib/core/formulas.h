@@ -700,14 +700,16 @@ static const double nb__log_c[128][3] = {
 };
 
 /* log w - shift ln 2 + low for a positive normal finite w, a whole shift
- * and a small low, as the returned part plus *lo's (to about 2^-66 of the
- * result; log and log1p round their sum, pow keeps both): w = 2^e m, m in
- * [0x1.5fp-1, 0x1.5fp+0) from w's bits, and log w = e ln 2 - log c + log(1 + r) for r = m c - 1 (|r| < 0.0041) with
- * c nb__log_c's for m's interval. r comes exactly, as r_hi + r_lo, from m's
- * first 42 significant bits and the rest (each product with c's 11 bits is
- * exact), then as r + r_err (TwoSum: the two may cancel); log(1 + r) is
- * r - r^2/2 + its series from r^3 to r^8 (the next term is below 2^-71),
- * r^2/2 made exactly from r's halves. e ln 2 comes as ln 2's first part of
+ * and a small low, as the returned part plus *lo's (to about 2^-68 of the
+ * result; log and log1p round their sum, pow keeps both and multiplies
+ * them by up to 746): w = 2^e m, m in [0x1.5fp-1, 0x1.5fp+0) from w's bits,
+ * and log w = e ln 2 - log c + log(1 + r) for r = m c - 1 (|r| < 0.0041)
+ * with c nb__log_c's for m's interval. r comes exactly, as r_hi + r_lo,
+ * from m's first 42 significant bits and the rest (each product with c's 11
+ * bits is exact), then as r + r_err (TwoSum: the two may cancel);
+ * log(1 + r) is r - r^2/2 + its series from r^3 to r^10 (the next term is
+ * below 2^-90; r^9's, 2^-75, would be 2^-67 of a result near 2^-8, where c
+ * is 1), r^2/2 made exactly from r's halves. e ln 2 comes as ln 2's first part of
  * 33 bits times e, exact, plus the rest; that part plus -log c's first is
  * exact too, and it, r and -r^2/2 are summed exactly (TwoSums), so where
  * they cancel (m in the intervals beside 1's, where the result is near
@@ -733,7 +735,9 @@ NB_FN double nb__log_d_parts(double w, double shift, double low, int take_x, dou
     const double a = e * ln2_hi + nb__log_c[j][1], s1 = a + r, b1 = s1 - a, err1 = (a - (s1 - b1)) + (r - b1);
     const double hi = s1 + h, b2 = hi - s1, err2 = (s1 - (hi - b2)) + (h - b2); /* TwoSums */
     const double r2 = r * r;
-    const double tail = r2 * ((1.0 / 3 * r + (-0.25 + 0.2 * r) * r2) + ((-1.0 / 6 + 1.0 / 7 * r) - 0.125 * r2) * (r2 * r2));
+    const double r4 = r2 * r2;
+    const double tail = r2 * ((1.0 / 3 * r + (-0.25 + 0.2 * r) * r2) +
+                              ((-1.0 / 6 + 1.0 / 7 * r) + (-0.125 + 1.0 / 9 * r) * r2) * r4 - 0.1 * (r4 * r4));
     const double rest = tail - (rh * rl + 0.5 * (rl * rl)); /* log(1 + r) - r + rh^2/2 */
     /* r_err enters as log(1 + r + r_err) - log(1 + r), r_err / (1 + r) to first order */
     *lo = (err1 + err2) + ((((nb__log_c[j][2] + e * ln2_lo) + low) + rest) + (r_err - r * r_err));
