@@ -8,10 +8,11 @@
  * softplus, sin, cos, log, x^1.7, the exact GELU, softmax and log_softmax over rows of 1024,
  * and new random tensors of the same shape (normal, uniform, and normal
  * truncated at 2 sd: torch.randn, torch.rand, torch.nn.init.trunc_normal_);
- * then exp, sigmoid, tanh, sin, log and x^1.7 (of values in (0, 16)) and
- * softplus of M MiB of f64 in [-8, 8).
+ * then exp, sigmoid, tanh, sin, log and x^1.7 (of values in (0, 16)),
+ * softplus and the exact GELU of M MiB of f64 in [-8, 8).
  * exp, log, log1p, tanh, erfc, sin, cos and pow (nb_expf and the rest,
- * lib/core/formulas.h), the double exp, expm1, tanh, sin, cos, log, log1p and pow, the ops
+ * lib/core/formulas.h), the double exp, expm1, tanh, sin, cos, log, log1p, pow, erf
+ * and erfc, the ops
  * made of them and the random generator run in vectorised loops, compiled
  * for the CPU's widest vectors (NB_CPU_SIMD caps them: "baseline", "avx2",
  * "avx512").
@@ -79,6 +80,7 @@ int main(int argc, char **argv)
         {"log, f64 (of values in (0, 16))", "log_f64", nb_log, IN_F64_POSITIVE},
         {"softplus, f64", "softplus_f64", nb_softplus, IN_F64},
         {"x^1.7, f64 (of values in (0, 16))", "pow_f64", pow_1_7, IN_F64_POSITIVE},
+        {"gelu (exact, erfc), f64", "gelu_f64", nb_gelu, IN_F64},
     };
     const int n_cases = (int)(sizeof cases / sizeof cases[0]);
     nb_scope *s = nb_scope_begin();

@@ -2,7 +2,7 @@
 x^1.7, the exact GELU, and softmax and log_softmax over the last dim, on an f32 CPU tensor of uniform
 values in [-8, 8) (log and pow: in (0, 16)), eager; then new random tensors of its shape (normal,
 uniform, and normal truncated at 2 sd); then exp, sigmoid, tanh, sin, log and x^1.7 (of values in
-(0, 16)) and softplus of as many bytes of f64. Arguments: rows, columns, timed repetitions. Prints
+(0, 16)), softplus and the exact GELU of as many bytes of f64. Arguments: rows, columns, timed repetitions. Prints
 "name milliseconds" lines."""
 from torch_peer import arg, median_wall, need_torch
 
@@ -41,3 +41,4 @@ print("sin_f64", median_wall(lambda: torch.sin(xd), R, 2, 1e6))
 print("log_f64", median_wall(lambda: torch.log(xdp), R, 2, 1e6))
 print("softplus_f64", median_wall(lambda: F.softplus(xd), R, 2, 1e6))
 print("pow_f64", median_wall(lambda: torch.pow(xdp, 1.7), R, 2, 1e6))
+print("gelu_f64", median_wall(lambda: F.gelu(xd), R, 2, 1e6))

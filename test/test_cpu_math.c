@@ -84,6 +84,8 @@ static double our_sin_d(double x) { return nb__sin_d(x); }
 static double our_cos_d(double x) { return nb__cos_d(x); }
 static double our_log_d(double x) { return nb__log_d(x); }
 static double our_log1p_d(double x) { return nb__log1p_d(x); }
+static double our_erf_d(double x) { return nb__erf_d(x); }
+static double our_erfc_d(double x) { return nb__erfc_d(x); }
 
 /* log's: the subnormals, around 1 (where the result cancels), the intervals
  * beside 1's (where -log c and r cancel, and r^2/2's rounding would show)
@@ -97,6 +99,12 @@ static const double log1p_ranges[][2] = {{-1, -0.5},   {-0.5, 0.5},         {-0.
                                          {-1e-10, 1e-10}, {0.9, 1.1},       {0, 10},         {1e5, 1e20},
                                          {9.0e15, 9.1e15}, {-0x1p-50, 0x1p-50}, {1e300, 1.7e308},
                                          {0x1p-8, 0x1p-7}, {-0x1p-8, -0x1p-10}};
+/* erf's and erfc's: the small form and each side of its end (0.25), the
+ * table's binades, where erfc turns subnormal and where it ends, tiny x. */
+static const double erf_ranges[][2] = {{-0.25, 0.25}, {0.25, 0.5},  {-0.5, -0.25},     {0.5, 1},
+                                       {-1, -0.5},    {1, 3},       {-3, -1},          {3, 6},
+                                       {-6, -3},      {6, 27.5},    {26, 27.3},        {-30, 30},
+                                       {-1e-5, 1e-5}, {-1e-300, 1e-300}, {0.2499, 0.2501}, {-0x1p-1060, 0x1p-1060}};
 #define RANGES(r) r, (int)(sizeof r / sizeof r[0])
 
 static const math_fn_d fns_d[] = {
@@ -107,6 +115,8 @@ static const math_fn_d fns_d[] = {
     {"cos", our_cos_d, cosl, 0.81, 0.81, NULL, 0},
     {"log", our_log_d, logl, 0.501, 0.501, RANGES(log_ranges)},
     {"log1p", our_log1p_d, log1pl, 0.501, 0.501, RANGES(log1p_ranges)},
+    {"erf", our_erf_d, erfl, 0.6, 0.77, RANGES(erf_ranges)},
+    {"erfc", our_erfc_d, erfcl, 0.72, 0.77, RANGES(erf_ranges)},
 };
 
 /* The error of y in units of the last place of the double nearest ref
@@ -175,8 +185,9 @@ static void test_double_functions(void)
  * with |y log x| from 500 to 745, where log's parts' own error is
  * multiplied most, random bits) within
  * 0.52 ulp of long double (0.76 where the result is subnormal), and on every
- * pair of special values the bits of libm's pow (C's Annex F; other finite
- * results there within the bound). */
+ * pair of special values the bits of libm's pow (C's Annex F; a NaN for a
+ * NaN, whatever its sign and payload; other finite results there within the
+ * bound). */
 static void test_double_pow(void)
 {
     const int per = NB_ASAN ? 20000 : 200000;
