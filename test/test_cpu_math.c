@@ -100,11 +100,13 @@ static const double log1p_ranges[][2] = {{-1, -0.5},   {-0.5, 0.5},         {-0.
                                          {9.0e15, 9.1e15}, {-0x1p-50, 0x1p-50}, {1e300, 1.7e308},
                                          {0x1p-8, 0x1p-7}, {-0x1p-8, -0x1p-10}};
 /* erf's and erfc's: the small form and each side of its end (0.25), the
- * table's binades, where erfc turns subnormal and where it ends, tiny x. */
+ * table's binades, the first intervals of 8's and 16's (where G's linear
+ * term weighs most), where erfc turns subnormal and where it ends, tiny x. */
 static const double erf_ranges[][2] = {{-0.25, 0.25}, {0.25, 0.5},  {-0.5, -0.25},     {0.5, 1},
                                        {-1, -0.5},    {1, 3},       {-3, -1},          {3, 6},
                                        {-6, -3},      {6, 27.5},    {26, 27.3},        {-30, 30},
-                                       {-1e-5, 1e-5}, {-1e-300, 1e-300}, {0.2499, 0.2501}, {-0x1p-1060, 0x1p-1060}};
+                                       {-1e-5, 1e-5}, {-1e-300, 1e-300}, {0.2499, 0.2501}, {-0x1p-1060, 0x1p-1060},
+                                       {8, 8.03},     {16, 16.06}};
 #define RANGES(r) r, (int)(sizeof r / sizeof r[0])
 
 static const math_fn_d fns_d[] = {
