@@ -465,7 +465,8 @@ static void test_unary_levels(void)
         for (int op = 0; op < NB_UN_COUNT; op++) {
             /* pow's exponents: a general one, besides the ones made cheap */
             const double alpha = op == NB_UN_POW_SCALAR ? 1.5 : op == NB_UN_STEP ? -1 : 0.25;
-            for (int strided = 0; strided < 2; strided++) {
+            for (int layout = 0; layout < 3; layout++) { /* contiguous, strided, in place */
+                const bool strided = layout == 1, in_place = layout == 2;
                 const int64_t st = strided ? STRIDE : 1;
                 for (int i = 0; i < N; i++) {
                     xf[i * st] = (float)in[i];
@@ -473,10 +474,12 @@ static void test_unary_levels(void)
                     of[i * st] = NAN;
                     od[i * st] = NAN;
                 }
-                nb_view vx = view_1d(NB_F32, xf, N, st), vo = view_1d(NB_F32, of, N, st);
+                float *rf = in_place ? xf : of;
+                double *rd = in_place ? xd : od;
+                nb_view vx = view_1d(NB_F32, xf, N, st), vo = view_1d(NB_F32, rf, N, st);
                 nb_status s1 = nb__cpu_backend.unary(NULL, (nb_unary_op)op, &vo, &vx, alpha);
                 vx = view_1d(NB_F64, xd, N, st);
-                vo = view_1d(NB_F64, od, N, st);
+                vo = view_1d(NB_F64, rd, N, st);
                 nb_status s2 = nb__cpu_backend.unary(NULL, (nb_unary_op)op, &vo, &vx, alpha);
                 EXPECT(s1 == NB_OK && s2 == NB_OK, "%s at %s: %s", nb__unary_name((nb_unary_op)op), levels[l],
                        nb_error_message());
@@ -485,10 +488,11 @@ static void test_unary_levels(void)
                 for (int i = 0; i < N && bad < 3; i++) {
                     float wf = scalar_f32((nb_unary_op)op, (float)in[i], (float)alpha);
                     double wd = scalar_f64((nb_unary_op)op, in[i], alpha);
-                    bool ok = same_f(of[i * st], wf) && same_d(od[i * st], wd);
+                    bool ok = same_f(rf[i * st], wf) && same_d(rd[i * st], wd);
                     EXPECT(ok, "%s at %s, %s, x = %a: f32 %a want %a, f64 %a want %a",
-                           nb__unary_name((nb_unary_op)op), levels[l], strided ? "strided" : "contiguous", in[i],
-                           (double)of[i * st], (double)wf, od[i * st], wd);
+                           nb__unary_name((nb_unary_op)op), levels[l],
+                           strided ? "strided" : in_place ? "in place" : "contiguous", in[i], (double)rf[i * st],
+                           (double)wf, rd[i * st], wd);
                     bad += !ok;
                 }
             }
@@ -503,7 +507,8 @@ static void test_unary_levels(void)
  * with b a broadcast scalar, with a one, and strided, against the op's
  * formula on one element (the comparisons write bool bytes). x and y come
  * from fill_inputs, y reversed, and a second pass takes y whole (pow's odd
- * and even exponents, x < 0 among them). */
+ * and even exponents, x < 0 among them); last, the arithmetic ops run in
+ * place, the result over a. */
 static float scalar_bin_f32(nb_binary_op op, float x, float y)
 {
     switch (op) {
@@ -539,27 +544,33 @@ static void test_binary_levels(void)
         for (int op = 0; op < NB_BIN_COUNT; op++) {
             const bool cmp = nb__binary_is_comparison((nb_binary_op)op);
             const nb_dtype of_dt = cmp ? NB_BOOL : NB_F32, od_dt = cmp ? NB_BOOL : NB_F64;
-            for (int mode = 0; mode < 8; mode++) { /* 0 same shape, 1 b scalar, 2 a scalar, 3 strided; +4: y whole */
-                const int shape = mode & 3;
+            /* 0 same shape, 1 b scalar, 2 a scalar, 3 strided; +4: y whole; 8, 9: same shape
+             * in place, over a (y whole in 9), for the ops whose result is a's dtype */
+            for (int mode = 0; mode < 10; mode++) {
+                const int shape = mode < 8 ? mode & 3 : 0;
+                const bool in_place = mode >= 8, whole = (mode >= 4 && mode < 8) || mode == 9;
+                if (in_place && cmp)
+                    continue;
                 const int64_t st = shape == 3 ? STRIDE : 1;
                 for (int i = 0; i < N; i++) {
                     const double y = in[N - 1 - i];
-                    in2[i] = mode >= 4 ? nearbyint(y) : y;
+                    in2[i] = whole ? nearbyint(y) : y;
                 }
                 for (int i = 0; i < N; i++) {
                     af[i * st] = (float)in[i], ad[i * st] = in[i];
                     bf[i * st] = (float)in2[i], bd[i * st] = in2[i];
                 }
                 memset(of, 0x7f, N * STRIDE * sizeof *of), memset(od, 0x7f, N * STRIDE * sizeof *od);
+                void *rf = in_place ? (void *)af : of, *rd = in_place ? (void *)ad : od;
                 nb_view va = view_1d(NB_F32, af, N, st), vb = view_1d(NB_F32, bf, N, st);
-                nb_view vo = view_1d(of_dt, of, N, st);
+                nb_view vo = view_1d(of_dt, rf, N, st);
                 if (shape == 1)
                     vb.strides[0] = 0, vb.contiguous = false;
                 if (shape == 2)
                     va.strides[0] = 0, va.contiguous = false;
                 nb_status s1 = nb__cpu_backend.binary(NULL, (nb_binary_op)op, &vo, &va, &vb);
                 va = view_1d(NB_F64, ad, N, st), vb = view_1d(NB_F64, bd, N, st);
-                vo = view_1d(od_dt, od, N, st);
+                vo = view_1d(od_dt, rd, N, st);
                 if (shape == 1)
                     vb.strides[0] = 0, vb.contiguous = false;
                 if (shape == 2)
@@ -576,11 +587,11 @@ static void test_binary_levels(void)
                     float gf;
                     double gd;
                     if (cmp) {
-                        gf = ((const uint8_t *)of)[i * st];
-                        gd = ((const uint8_t *)od)[i * st];
+                        gf = ((const uint8_t *)rf)[i * st];
+                        gd = ((const uint8_t *)rd)[i * st];
                     } else {
-                        gf = ((const float *)of)[i * st];
-                        gd = od[i * st];
+                        gf = ((const float *)rf)[i * st];
+                        gd = ((const double *)rd)[i * st];
                     }
                     const bool ok = same_f(gf, wf) && same_d(gd, wd);
                     EXPECT(ok, "%s at %s, mode %d, x = %a, y = %a: f32 %a want %a, f64 %a want %a",

@@ -11,7 +11,8 @@
  * the function, compiled for the build's baseline, BIN_ROW_SIMD the function
  * that runs the body as compiled for the CPU's vector level (NB_CPU_SIMD_LOOP:
  * pow's exp and log vectorise to its width, with the same bits at every
- * level). */
+ * level). No pointer is restrict, since an op may run in place (as
+ * cpu_unary.c's loops). */
 #define BIN_BODY(NAME, T, TO, EXPR)                                                          \
     __attribute__((always_inline)) static inline void NAME##_body(void *ctx, int64_t n,     \
                                                                   char *const *p,            \
@@ -21,23 +22,23 @@
         (void)flat;                                                                          \
         const int64_t es = (int64_t)sizeof(T);                                               \
         if (s[0] == (int64_t)sizeof(TO) && s[1] == es && s[2] == es) {                       \
-            TO *restrict o = (TO *)p[0];                                                     \
-            const T *restrict a = (const T *)p[1], *restrict b = (const T *)p[2];            \
+            TO *o = (TO *)p[0];                                                              \
+            const T *a = (const T *)p[1], *b = (const T *)p[2];                              \
             for (int64_t i = 0; i < n; i++) {                                                \
                 const T x = a[i], y = b[i];                                                  \
                 o[i] = (TO)(EXPR);                                                           \
             }                                                                                \
         } else if (s[0] == (int64_t)sizeof(TO) && s[1] == es && s[2] == 0) {                 \
-            TO *restrict o = (TO *)p[0];                                                     \
-            const T *restrict a = (const T *)p[1];                                           \
+            TO *o = (TO *)p[0];                                                              \
+            const T *a = (const T *)p[1];                                                    \
             const T y = *(const T *)p[2];                                                    \
             for (int64_t i = 0; i < n; i++) {                                                \
                 const T x = a[i];                                                            \
                 o[i] = (TO)(EXPR);                                                           \
             }                                                                                \
         } else if (s[0] == (int64_t)sizeof(TO) && s[1] == 0 && s[2] == es) {                 \
-            TO *restrict o = (TO *)p[0];                                                     \
-            const T *restrict b = (const T *)p[2];                                           \
+            TO *o = (TO *)p[0];                                                              \
+            const T *b = (const T *)p[2];                                                    \
             const T x = *(const T *)p[1];                                                    \
             for (int64_t i = 0; i < n; i++) {                                                \
                 const T y = b[i];                                                            \
@@ -131,16 +132,16 @@ nb_status nb__cpu_binary(nb_device *dev, nb_binary_op op, const nb_view *out, co
         (void)flat;                                                                          \
         const int64_t es = (int64_t)sizeof(T);                                               \
         if (s[0] == es && s[1] == 1 && s[2] == es && s[3] == es) {                           \
-            T *restrict o = (T *)p[0];                                                       \
-            const uint8_t *restrict c = (const uint8_t *)p[1];                               \
-            const T *restrict a = (const T *)p[2], *restrict b = (const T *)p[3];            \
+            T *o = (T *)p[0];                                                                \
+            const uint8_t *c = (const uint8_t *)p[1];                                        \
+            const T *a = (const T *)p[2], *b = (const T *)p[3];                              \
             for (int64_t i = 0; i < n; i++) {                                                \
                 const T x = a[i], y = b[i]; /* both read: a select, not a branch */          \
                 o[i] = c[i] ? x : y;                                                         \
             }                                                                                \
         } else if (s[0] == es && s[1] == 1 && s[2] == 0 && s[3] == 0) {                      \
-            T *restrict o = (T *)p[0];                                                       \
-            const uint8_t *restrict c = (const uint8_t *)p[1];                               \
+            T *o = (T *)p[0];                                                                \
+            const uint8_t *c = (const uint8_t *)p[1];                                        \
             const T a = *(const T *)p[2], b = *(const T *)p[3];                              \
             for (int64_t i = 0; i < n; i++)                                                  \
                 o[i] = c[i] ? a : b;                                                         \

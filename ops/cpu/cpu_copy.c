@@ -153,8 +153,8 @@ nb_status nb__cpu_arange(nb_device *dev, const nb_view *out, double start, doubl
         (void)ctx;                                                                           \
         (void)flat;                                                                          \
         if (s[0] == (int64_t)sizeof(TO) && s[1] == (int64_t)sizeof(TI)) {                    \
-            TO *restrict o = (TO *)p[0];                                                     \
-            const TI *restrict in = (const TI *)p[1];                                        \
+            TO *o = (TO *)p[0];                                                              \
+            const TI *in = (const TI *)p[1];                                                 \
             for (int64_t i = 0; i < n; i++)                                                  \
                 o[i] = CVT_##TOUT(K, in[i]);                                                 \
         } else if (s[1] == 0) {                                                              \
@@ -228,8 +228,8 @@ static inline void half_out(nb_dtype d, char *p, double v)
         (void)ctx;                                                                           \
         (void)flat;                                                                          \
         if (s[0] == (int64_t)sizeof(TO) && s[1] == (int64_t)sizeof(TI)) {                    \
-            TO *restrict o = (TO *)p[0];                                                     \
-            const TI *restrict in = (const TI *)p[1];                                        \
+            TO *o = (TO *)p[0];                                                              \
+            const TI *in = (const TI *)p[1];                                                 \
             for (int64_t i = 0; i < n; i++)                                                  \
                 o[i] = CVT(in[i]);                                                           \
         } else {                                                                             \

@@ -14,7 +14,10 @@ typedef nb_cpu_un_ctx un_ctx;
 
 /* One loop function per (op, dtype): x is the element, alpha the scalar (in T).
  * The contiguous loop vectorises (this file's flags: ops/cpu/meson.build), to
- * the CPU's width (NB_CPU_SIMD_LOOP), but where a formula calls libm. */
+ * the CPU's width (NB_CPU_SIMD_LOOP), but where a formula calls libm. Its
+ * pointers are not restrict: an op in place (nb_variable_assign_sub) passes
+ * one buffer as output and input, and the compiler's overlap check sends
+ * that, as well as separate buffers, to the vector loop. */
 #define UN_ROW(NAME, T, ALPHA, EXPR)                                                         \
     __attribute__((always_inline)) static inline void NAME##_body(void *vctx, int64_t n,    \
                                                                   char *const *p,            \
@@ -26,8 +29,8 @@ typedef nb_cpu_un_ctx un_ctx;
         (void)alpha;                                                                         \
         (void)flat;                                                                          \
         if (s[0] == (int64_t)sizeof(T) && s[1] == (int64_t)sizeof(T)) {                      \
-            T *restrict o = (T *)p[0];                                                       \
-            const T *restrict in = (const T *)p[1];                                          \
+            T *o = (T *)p[0];                                                                \
+            const T *in = (const T *)p[1];                                                   \
             for (int64_t i = 0; i < n; i++) {                                                \
                 const T x = in[i];                                                           \
                 o[i] = (T)(EXPR);                                                            \
