@@ -1,11 +1,78 @@
 /* Tapes: the per-thread stack, watching, and recording ops. */
 #include "tape_impl.h"
 
+#include <pthread.h>
 #include <string.h>
 
 
 static _Thread_local nb_tape *tl_stack[NB_TAPE_STACK_MAX];
 static _Thread_local int tl_depth;
+
+/* A tape's growing buffers. The last tapes a thread freed leave theirs for
+ * its next tapes (emptied, up to TAPE_SPARE_BYTES each), so that a training
+ * loop with a tape a step regrows none of them: before, recording copied
+ * every node again as the array doubled, and rehashed the watched set. */
+typedef struct tape_buffers {
+    nb_idmap watched;
+    nb_node *nodes;
+    size_t cap_nodes;
+    nb_arena_chunk *arena;
+    nb_tape_read *reads;
+    size_t cap_reads;
+} tape_buffers;
+enum { TAPE_SPARES = 2 };                    /* a tape and one nested in it */
+#define TAPE_SPARE_BYTES ((size_t)32 << 20) /* a bigger tape gives its buffers back */
+static _Thread_local tape_buffers tl_spares[TAPE_SPARES];
+static _Thread_local int tl_n_spares;
+
+static size_t buffers_bytes(const tape_buffers *b)
+{
+    size_t bytes = b->watched.cap * (sizeof *b->watched.keys + sizeof *b->watched.vals) +
+                   b->cap_nodes * sizeof *b->nodes + b->cap_reads * sizeof *b->reads;
+    for (const nb_arena_chunk *c = b->arena; c; c = c->next)
+        bytes += sizeof *c + c->size;
+    return bytes;
+}
+
+static void buffers_free(tape_buffers *b)
+{
+    nb__idmap_free(&b->watched);
+    free(b->nodes);
+    for (nb_arena_chunk *c = b->arena, *next; c; c = next) {
+        next = c->next;
+        free(c);
+    }
+    free(b->reads);
+    *b = (tape_buffers){0};
+}
+
+/* Frees the calling thread's spare buffers (at its exit: nb__thread_exit_hook). */
+static void spares_drain(void)
+{
+    while (tl_n_spares > 0)
+        buffers_free(&tl_spares[--tl_n_spares]);
+}
+
+static pthread_once_t g_spares_once = PTHREAD_ONCE_INIT;
+static bool g_spares_hooked;
+static void spares_hook(void) { g_spares_hooked = nb__thread_exit_hook(spares_drain); }
+
+/* Keeps b, emptied, for the thread's next tape, or frees it. */
+static void buffers_keep(tape_buffers *b)
+{
+    pthread_once(&g_spares_once, spares_hook);
+    if (!g_spares_hooked || tl_n_spares == TAPE_SPARES || buffers_bytes(b) > TAPE_SPARE_BYTES) {
+        buffers_free(b);
+        return;
+    }
+    if (b->watched.cap)
+        memset(b->watched.keys, 0, b->watched.cap * sizeof *b->watched.keys);
+    b->watched.n = 0;
+    for (nb_arena_chunk *c = b->arena; c; c = c->next)
+        c->used = 0;
+    nb__thread_track();
+    tl_spares[tl_n_spares++] = *b;
+}
 
 static void recount_active(void)
 {
@@ -45,6 +112,15 @@ static nb_tape *tape_begin(bool persistent, const char *who)
     nb_tape *t = calloc(1, sizeof *t);
     if (!t)
         return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
+    if (tl_n_spares > 0) {
+        const tape_buffers *b = &tl_spares[--tl_n_spares];
+        t->watched = b->watched;
+        t->nodes = b->nodes;
+        t->cap_nodes = b->cap_nodes;
+        t->arena = b->arena;
+        t->reads = b->reads;
+        t->cap_reads = b->cap_reads;
+    }
     nb__recorder_install(tape_record);
     t->persistent = persistent;
     t->on_stack = true;
@@ -118,15 +194,8 @@ static void tape_destroy(nb_tape *tape)
 {
     nb__tape_unlink(tape);
     nb__tape_clear_nodes(tape);
-    free(tape->nodes);
-    nb_arena_chunk *c = tape->arena;
-    while (c) {
-        nb_arena_chunk *next = c->next;
-        free(c);
-        c = next;
-    }
-    nb__idmap_free(&tape->watched);
-    free(tape->reads);
+    tape_buffers b = {tape->watched, tape->nodes, tape->cap_nodes, tape->arena, tape->reads, tape->cap_reads};
+    buffers_keep(&b);
     free(tape);
 }
 

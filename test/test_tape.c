@@ -1,6 +1,8 @@
 /* The tape: recording, gradients, persistence, nesting, custom gradients, checker. */
 #include "check.h"
 
+#include <pthread.h>
+
 static nb_tensor *randn(nb_shape s, uint64_t seed) { return nb_random_normal(NB_F64, s, 0, 1, seed); }
 
 static void test_used_twice_sums(void)
@@ -234,6 +236,57 @@ static void test_null_gradient_array(void)
     nb_variable_free(v);
 }
 
+/* A freed tape leaves its buffers to the thread's next tapes: those start
+ * empty (a tensor the old tape watched is not watched by the new one) and
+ * grow past what they were given; a thread that ends gives them back (the
+ * sanitizer build's leak check sees it). */
+static nb_tensor *record_chain(nb_tape *tape, nb_tensor *x, int n)
+{
+    nb_tape_watch(tape, x);
+    nb_tensor *y = x;
+    for (int i = 0; i < n; i++)
+        y = nb_add_scalar(nb_mul_scalar(y, -1.0), 1.0); /* d/dx = (-1)^n */
+    return nb_sum_all(y);
+}
+
+static void *tape_thread(void *arg)
+{
+    nb_tensor *x = arg;
+    for (int round = 0; round < 3; round++) {
+        nb_scope *s = nb_scope_begin();
+        nb_tape *tape = nb_tape_begin();
+        nb_tensor *y = record_chain(tape, x, 500 * (round + 1)), *g;
+        CHECK_OK(nb_tape_gradient(tape, y, NB_TENSORS(x), &g));
+        CHECK(nb_tensor_get(g, 0) == 1.0);
+        nb_scope_end(s);
+    }
+    return NULL;
+}
+
+static void test_reused_buffers(void)
+{
+    nb_tensor *x = randn(NB_SHAPE(4), 40), *z = randn(NB_SHAPE(4), 41);
+    nb_scope *s = nb_scope_begin();
+    nb_tape *a = nb_tape_begin();
+    nb_tensor *ya = record_chain(a, x, 3000); /* grows the nodes, the arena and the watched set */
+    CHECK(ya != NULL);
+    nb_tape_free(a);
+    nb_tape *b = nb_tape_begin_persistent(); /* takes a's buffers */
+    nb_tape_watch(b, z);
+    nb_tensor *y = nb_sum_all(nb_mul(x, x)), *g = (nb_tensor *)1;
+    CHECK_OK(nb_tape_gradient(b, y, NB_TENSORS(x), &g));
+    CHECK(g == NULL); /* x was a's, not b's */
+    nb_tensor *w = record_chain(b, z, 4000);
+    CHECK_OK(nb_tape_gradient(b, w, NB_TENSORS(z), &g));
+    CHECK(g && nb_tensor_get(g, 3) == 1.0);
+    nb_tape_free(b);
+    nb_scope_end(s);
+
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, tape_thread, x) == 0);
+    pthread_join(t, NULL);
+}
+
 int main(void)
 {
     RUN(test_used_twice_sums);
@@ -244,5 +297,6 @@ int main(void)
     RUN(test_custom_gradient_and_checker);
     RUN(test_one_shot_releases);
     RUN(test_null_gradient_array);
+    RUN(test_reused_buffers);
     return check_finish();
 }

@@ -313,6 +313,13 @@ void nb__thread_track(void);
 void nb__tensor_pool_drain(void);
 void nb__storage_pool_drain(void);
 void nb__scope_spares_drain(void);
+/* Adds fn to what a tracked thread runs as it exits, before the core's own
+ * drains: for the rooms above the core that keep per-thread caches (the
+ * tape's spare buffers). At most NB_THREAD_EXIT_HOOKS of them; registering one
+ * twice runs it once. Returns false when the list is full (fn then never
+ * runs, and the caller should not cache). Thread-safe. */
+enum { NB_THREAD_EXIT_HOOKS = 4 };
+bool nb__thread_exit_hook(void (*fn)(void));
 
 /* Runs fn(ctx, begin, end) over [0, n) in chunks of at least grain, on the pool's
  * threads and the caller; returns when all are done. Runs inline when n < 2*grain

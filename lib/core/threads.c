@@ -110,9 +110,36 @@ static pthread_key_t g_exit_key;
 static pthread_once_t g_exit_once = PTHREAD_ONCE_INIT;
 static _Thread_local bool tl_tracked;
 
+/* The upper rooms' drains (nb__thread_exit_hook): written under the lock, a
+ * slot before the count that publishes it. */
+static pthread_mutex_t g_hooks_lock = PTHREAD_MUTEX_INITIALIZER;
+static void (*g_hooks[NB_THREAD_EXIT_HOOKS])(void);
+static atomic_int g_n_hooks;
+
+bool nb__thread_exit_hook(void (*fn)(void))
+{
+    pthread_mutex_lock(&g_hooks_lock);
+    int n = atomic_load_explicit(&g_n_hooks, memory_order_relaxed);
+    bool ok = true;
+    for (int i = 0; i < n && fn; i++)
+        if (g_hooks[i] == fn)
+            fn = NULL;
+    if (fn && n == NB_THREAD_EXIT_HOOKS)
+        ok = false;
+    else if (fn) {
+        g_hooks[n] = fn;
+        atomic_store_explicit(&g_n_hooks, n + 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&g_hooks_lock);
+    return ok;
+}
+
 static void thread_exit(void *unused)
 {
     (void)unused;
+    int n = atomic_load_explicit(&g_n_hooks, memory_order_acquire);
+    for (int i = 0; i < n; i++)
+        g_hooks[i](); /* before the core's drains: they may release tensors into its pools */
     nb__scope_spares_drain();
     nb__tensor_pool_drain();
     nb__storage_pool_drain();
