@@ -116,10 +116,8 @@ nb_status nb__cpu_binary(nb_device *dev, nb_binary_op op, const nb_view *out, co
         return nb__fail(NB_ERR_DTYPE, "%s: dtypes %s, %s -> %s do not fit", name,
                         nb_dtype_name(a->dtype), nb_dtype_name(b->dtype),
                         nb_dtype_name(out->dtype));
-    nb_cpu_iter it;
     const nb_view *views[3] = {out, a, b};
-    nb__cpu_iter_init(&it, 3, views);
-    nb__cpu_iter_run(&it, fn, NULL, heavy ? NB_CPU_GRAIN_HEAVY : NB_CPU_GRAIN);
+    nb__cpu_iter_views(3, views, fn, NULL, heavy ? NB_CPU_GRAIN_HEAVY : NB_CPU_GRAIN);
     return NB_OK;
 }
 
@@ -181,9 +179,7 @@ nb_status nb__cpu_where(nb_device *dev, const nb_view *out, const nb_view *cond,
                         nb_dtype_name(a->dtype), nb_dtype_name(b->dtype),
                         nb_dtype_name(out->dtype));
     nb_cpu_loop_fn fn = nb__cpu_where_loop(out->dtype, cond->dtype, a->dtype, b->dtype);
-    nb_cpu_iter it;
     const nb_view *views[4] = {out, cond, a, b};
-    nb__cpu_iter_init(&it, 4, views);
-    nb__cpu_iter_run(&it, fn, NULL, NB_CPU_GRAIN);
+    nb__cpu_iter_views(4, views, fn, NULL, NB_CPU_GRAIN);
     return NB_OK;
 }

@@ -57,10 +57,8 @@ nb_status nb__cpu_fill(nb_device *dev, const nb_view *out, double value)
     nb_cpu_loop_fn fn = nb__cpu_fill_loop(out->dtype, value, &v);
     if (!fn)
         return nb__cpu_unsupported(dev, "fill", out->dtype);
-    nb_cpu_iter it;
     const nb_view *views[1] = {out};
-    nb__cpu_iter_init(&it, 1, views);
-    nb__cpu_iter_run(&it, fn, &v, NB_CPU_GRAIN * 4);
+    nb__cpu_iter_views(1, views, fn, &v, NB_CPU_GRAIN * 4);
     return NB_OK;
 }
 
@@ -112,10 +110,8 @@ nb_status nb__cpu_arange(nb_device *dev, const nb_view *out, double start, doubl
     }
     arange_ctx c = {start, step, nb_cast_to_i64(start), nb_cast_to_i64(step), false};
     c.integral = (double)c.istart == start && (double)c.istep == step;
-    nb_cpu_iter it;
     const nb_view *views[1] = {out};
-    nb__cpu_iter_init(&it, 1, views);
-    nb__cpu_iter_run(&it, fn, &c, NB_CPU_GRAIN);
+    nb__cpu_iter_views(1, views, fn, &c, NB_CPU_GRAIN);
     return NB_OK;
 }
 
@@ -312,9 +308,7 @@ nb_status nb__cpu_copy(nb_device *dev, const nb_view *out, const nb_view *in)
         nb__cpu_copy_from_host(dev, out->data, in->data, (size_t)(out->numel * nb__cpu_esize(out->dtype)));
         return NB_OK;
     }
-    nb_cpu_iter it;
     const nb_view *views[2] = {out, in};
-    nb__cpu_iter_init(&it, 2, views);
-    nb__cpu_iter_run(&it, fn, &ctx, NB_CPU_GRAIN);
+    nb__cpu_iter_views(2, views, fn, &ctx, NB_CPU_GRAIN);
     return NB_OK;
 }

@@ -276,10 +276,8 @@ nb_status nb__cpu_one_hot(nb_device *dev, const nb_view *out, const nb_view *ind
                         (long long)out->numel, (long long)(indices->numel * c.depth));
     if (out->numel == 0)
         return NB_OK;
-    nb_cpu_iter it;
-    const nb_view *views[1] = {indices};
-    nb__cpu_iter_init(&it, 1, views);
     nb_cpu_loop_fn fn = c.es == 1 ? onehot_1 : c.es == 4 ? onehot_4 : onehot_8;
-    nb__cpu_iter_run(&it, fn, &c, NB_CPU_GRAIN / c.depth + 1);
+    const nb_view *views[1] = {indices};
+    nb__cpu_iter_views(1, views, fn, &c, NB_CPU_GRAIN / c.depth + 1);
     return NB_OK;
 }

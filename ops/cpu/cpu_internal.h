@@ -92,6 +92,10 @@ typedef void (*nb_cpu_loop_fn)(void *ctx, int64_t n, char *const *p, const int64
 void nb__cpu_iter_init(nb_cpu_iter *it, int nops, const nb_view *const *views);
 /* Runs fn over every element; splits across the thread pool when numel >= 2*grain. */
 void nb__cpu_iter_run(const nb_cpu_iter *it, nb_cpu_loop_fn fn, void *ctx, int64_t grain);
+/* nb__cpu_iter_init, then nb__cpu_iter_run: but where every view is
+ * contiguous and the work too small to split, one call of fn over it all,
+ * with no iterator made (a small op's kernel). */
+void nb__cpu_iter_views(int nops, const nb_view *const *views, nb_cpu_loop_fn fn, void *ctx, int64_t grain);
 /* Runs fn over the flat elements [begin, end) only. */
 void nb__cpu_iter_range(const nb_cpu_iter *it, nb_cpu_loop_fn fn, void *ctx, int64_t begin,
                         int64_t end);

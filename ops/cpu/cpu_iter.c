@@ -87,6 +87,29 @@ void nb__cpu_iter_range(const nb_cpu_iter *it, nb_cpu_loop_fn fn, void *ctx, int
     }
 }
 
+void nb__cpu_iter_views(int nops, const nb_view *const *views, nb_cpu_loop_fn fn, void *ctx, int64_t grain)
+{
+    const int64_t n = views[0]->numel;
+    if (n < 2 * grain) {
+        char *p[NB_CPU_MAX_OPS];
+        int64_t s[NB_CPU_MAX_OPS];
+        bool contiguous = true;
+        for (int o = 0; o < nops; o++) {
+            contiguous = contiguous && views[o]->contiguous;
+            p[o] = (char *)views[o]->data;
+            s[o] = nb__cpu_esize(views[o]->dtype);
+        }
+        if (contiguous) {
+            if (n > 0)
+                fn(ctx, n, p, s, 0);
+            return;
+        }
+    }
+    nb_cpu_iter it;
+    nb__cpu_iter_init(&it, nops, views);
+    nb__cpu_iter_run(&it, fn, ctx, grain);
+}
+
 typedef struct iter_job {
     const nb_cpu_iter *it;
     nb_cpu_loop_fn fn;

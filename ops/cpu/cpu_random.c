@@ -296,9 +296,7 @@ nb_status nb__cpu_random(nb_device *dev, const nb_view *out, nb_random_dist dist
         seed += add;
     }
     rand_ctx c = {dist, a, b, keys_of(seed), nextafterf((float)b, (float)a), nextafter(b, a)};
-    nb_cpu_iter it;
     const nb_view *views[1] = {out};
-    nb__cpu_iter_init(&it, 1, views);
-    nb__cpu_iter_run(&it, fn, &c, NB_CPU_GRAIN_HEAVY);
+    nb__cpu_iter_views(1, views, fn, &c, NB_CPU_GRAIN_HEAVY);
     return NB_OK;
 }

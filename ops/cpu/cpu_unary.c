@@ -184,9 +184,7 @@ nb_status nb__cpu_unary(nb_device *dev, nb_unary_op op, const nb_view *out, cons
     nb_cpu_loop_fn fn = nb__cpu_unary_loop(op, out->dtype, x->dtype, alpha, &c, &heavy);
     if (!fn)
         return nb__cpu_unsupported(dev, name, x->dtype);
-    nb_cpu_iter it;
     const nb_view *views[2] = {out, x};
-    nb__cpu_iter_init(&it, 2, views);
-    nb__cpu_iter_run(&it, fn, &c, heavy ? NB_CPU_GRAIN_HEAVY : NB_CPU_GRAIN);
+    nb__cpu_iter_views(2, views, fn, &c, heavy ? NB_CPU_GRAIN_HEAVY : NB_CPU_GRAIN);
     return NB_OK;
 }
