@@ -26,6 +26,19 @@ typedef struct nb_backend nb_backend;
 
 /* ---- storage and tensors --------------------------------------------------- */
 
+/* Drops one reference from refs; true when it was the last, and the object
+ * is the caller's to free. A sole holder (refs 1) needs no locked
+ * instruction: no other thread holds a reference, so none can add one (a
+ * reference is only ever copied from one held), and the acquire load orders
+ * the free after the other holders' earlier drops. */
+#ifndef __CUDACC__ /* C alone: nvcc's C++ spells the atomics otherwise */
+static inline bool nb__drop_ref(atomic_int *refs)
+{
+    return atomic_load_explicit(refs, memory_order_acquire) == 1 ||
+           atomic_fetch_sub_explicit(refs, 1, memory_order_acq_rel) == 1;
+}
+#endif
+
 /* A reference-counted block of device memory; views share one. */
 typedef struct nb_storage {
     atomic_int refs;
@@ -309,7 +322,8 @@ uint64_t nb__replica_owner_new(void);
 /* Makes sure the calling thread's caches (pooled tensors and storage headers,
  * spare scopes) are freed when it exits. Cheap after the first call. */
 void nb__thread_track(void);
-/* Each frees its part of the calling thread's caches (called at thread exit). */
+/* Each frees its part of the calling thread's caches (called at thread exit;
+ * nb__tensor_pool_drain also hands its count of live tensors over). */
 void nb__tensor_pool_drain(void);
 void nb__storage_pool_drain(void);
 void nb__scope_spares_drain(void);

@@ -71,7 +71,7 @@ void nb__storage_pool_drain(void)
 
 void nb__storage_release(nb_storage *s)
 {
-    if (!s || atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) != 1)
+    if (!s || !nb__drop_ref(&s->refs))
         return;
     if (!s->external) {
         int phase = nb__phase_enter(NB_PHASE_FREE);

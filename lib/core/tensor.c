@@ -5,12 +5,31 @@
 #include "op_phases.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static atomic_int_fast64_t g_live;
 static atomic_uint_fast64_t g_next_id = 1;
+
+/* Making and freeing a tensor takes no locked instruction (each cost as much
+ * as the rest of a small op's bookkeeping): ids come from g_next_id in
+ * blocks of ID_BLOCK a thread (unique, but not in the order of making across
+ * threads: nothing compares them), and each thread counts the tensors it
+ * made less those it freed in a counter of its own, on a list that
+ * nb_live_tensors sums; a thread that exits adds its count to g_live_gone. */
+enum { ID_BLOCK = 1024 };
+static _Thread_local uint64_t tl_id_next, tl_id_end;
+
+typedef struct live_count {
+    atomic_int_fast64_t n; /* written by its thread alone; read by nb_live_tensors */
+    struct live_count *next;
+    bool listed, gone; /* gone: the thread is exiting, and counts into g_live_gone */
+} live_count;
+static _Thread_local live_count tl_live;
+static pthread_mutex_t g_live_lock = PTHREAD_MUTEX_INITIALIZER;
+static live_count *g_live_list;
+static atomic_int_fast64_t g_live_gone;
 
 /* A small per-thread free list keeps malloc off the hot path. Structs freed on
  * another thread simply join that thread's list. */
@@ -23,9 +42,43 @@ static atomic_uint_fast64_t g_next_id = 1;
 static _Thread_local nb_tensor *tl_pool;
 static _Thread_local int tl_pool_n;
 
-uint64_t nb__next_tensor_id(void) { return atomic_fetch_add_explicit(&g_next_id, 1, memory_order_relaxed); }
+uint64_t nb__next_tensor_id(void)
+{
+    if (tl_id_next == tl_id_end) {
+        tl_id_next = atomic_fetch_add_explicit(&g_next_id, ID_BLOCK, memory_order_relaxed);
+        tl_id_end = tl_id_next + ID_BLOCK;
+    }
+    return tl_id_next++;
+}
 
-int64_t nb_live_tensors(void) { return (int64_t)atomic_load(&g_live); }
+/* Adds d to the calling thread's count of live tensors. */
+static inline void live_add(int64_t d)
+{
+    if (__builtin_expect(!tl_live.listed, 0)) {
+        if (tl_live.gone) { /* a tensor let go after the thread's drain (another destructor's) */
+            atomic_fetch_add_explicit(&g_live_gone, d, memory_order_relaxed);
+            return;
+        }
+        nb__thread_track(); /* nb__tensor_pool_drain takes it off the list */
+        pthread_mutex_lock(&g_live_lock);
+        tl_live.next = g_live_list;
+        g_live_list = &tl_live;
+        tl_live.listed = true;
+        pthread_mutex_unlock(&g_live_lock);
+    }
+    atomic_store_explicit(&tl_live.n, atomic_load_explicit(&tl_live.n, memory_order_relaxed) + d,
+                          memory_order_relaxed);
+}
+
+int64_t nb_live_tensors(void)
+{
+    pthread_mutex_lock(&g_live_lock);
+    int64_t n = atomic_load_explicit(&g_live_gone, memory_order_relaxed);
+    for (const live_count *c = g_live_list; c; c = c->next)
+        n += atomic_load_explicit(&c->n, memory_order_relaxed);
+    pthread_mutex_unlock(&g_live_lock);
+    return n;
+}
 
 static nb_tensor *tensor_alloc(void)
 {
@@ -41,7 +94,7 @@ static nb_tensor *tensor_alloc(void)
     atomic_init(&t->refs, 1);
     t->id = nb__next_tensor_id();
     t->next_free = NULL;
-    atomic_fetch_add_explicit(&g_live, 1, memory_order_relaxed);
+    live_add(1);
     return t;
 }
 
@@ -53,13 +106,27 @@ void nb__tensor_pool_drain(void)
         free(t);
     }
     tl_pool_n = 0;
+    tl_live.gone = true; /* the thread exits: its count joins the gone threads' */
+    if (tl_live.listed) {
+        pthread_mutex_lock(&g_live_lock);
+        live_count **p = &g_live_list;
+        while (*p && *p != &tl_live)
+            p = &(*p)->next;
+        if (*p)
+            *p = tl_live.next;
+        atomic_fetch_add_explicit(&g_live_gone, atomic_load_explicit(&tl_live.n, memory_order_relaxed),
+                                  memory_order_relaxed);
+        atomic_store_explicit(&tl_live.n, 0, memory_order_relaxed);
+        tl_live.listed = false;
+        pthread_mutex_unlock(&g_live_lock);
+    }
 }
 
 static void tensor_free(nb_tensor *t)
 {
     int phase = nb__phase_enter(NB_PHASE_RELEASE);
     nb__storage_release(t->storage);
-    atomic_fetch_sub_explicit(&g_live, 1, memory_order_relaxed);
+    live_add(-1);
     if (tl_pool_n < NB_TENSOR_POOL_MAX) {
         if (tl_pool_n == 0)
             nb__thread_track();
@@ -80,7 +147,7 @@ void nb__retain(nb_tensor *t)
 
 void nb__release(nb_tensor *t)
 {
-    if (t && atomic_fetch_sub_explicit(&t->refs, 1, memory_order_acq_rel) == 1)
+    if (t && nb__drop_ref(&t->refs))
         tensor_free(t);
 }
 
