@@ -11,8 +11,12 @@
 #else
 #define NB_STORAGE_POOL_MAX 4096
 #endif
-static _Thread_local nb_storage *tl_pool;
-static _Thread_local int tl_pool_n;
+/* One thread-local for the pool, so that a function reaches all of it through
+ * one TLS access (in the shared library each is a call). */
+static _Thread_local struct {
+    nb_storage *head;
+    int n;
+} tl_pool;
 
 /* A header from this thread's pool, or from malloc when the pool is empty,
  * with one reference and every field set. Returns NULL (error recorded) when
@@ -20,10 +24,10 @@ static _Thread_local int tl_pool_n;
 static nb_storage *header_take(nb_device *dev, void *data, size_t nbytes, bool external,
                                void (*release)(void *ctx), void *ctx)
 {
-    nb_storage *s = tl_pool;
+    nb_storage *s = tl_pool.head;
     if (s) {
-        tl_pool = s->next_free;
-        tl_pool_n--;
+        tl_pool.head = s->next_free;
+        tl_pool.n--;
     } else if (!(s = malloc(sizeof *s))) {
         return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "storage: out of host memory");
     }
@@ -61,12 +65,12 @@ nb_storage *nb__storage_wrap(nb_device *dev, void *data, size_t nbytes, void (*r
 
 void nb__storage_pool_drain(void)
 {
-    while (tl_pool) {
-        nb_storage *s = tl_pool;
-        tl_pool = s->next_free;
+    while (tl_pool.head) {
+        nb_storage *s = tl_pool.head;
+        tl_pool.head = s->next_free;
         free(s);
     }
-    tl_pool_n = 0;
+    tl_pool.n = 0;
 }
 
 void nb__storage_release(nb_storage *s)
@@ -80,12 +84,12 @@ void nb__storage_release(nb_storage *s)
     }
     else if (s->release)
         s->release(s->release_ctx);
-    if (tl_pool_n < NB_STORAGE_POOL_MAX) {
-        if (tl_pool_n == 0)
+    if (tl_pool.n < NB_STORAGE_POOL_MAX) {
+        if (tl_pool.n == 0)
             nb__thread_track();
-        s->next_free = tl_pool;
-        tl_pool = s;
-        tl_pool_n++;
+        s->next_free = tl_pool.head;
+        tl_pool.head = s;
+        tl_pool.n++;
     } else {
         free(s);
     }

@@ -19,14 +19,21 @@ static atomic_uint_fast64_t g_next_id = 1;
  * made less those it freed in a counter of its own, on a list that
  * nb_live_tensors sums; a thread that exits adds its count to g_live_gone. */
 enum { ID_BLOCK = 1024 };
-static _Thread_local uint64_t tl_id_next, tl_id_end;
 
 typedef struct live_count {
     atomic_int_fast64_t n; /* written by its thread alone; read by nb_live_tensors */
     struct live_count *next;
     bool listed, gone; /* gone: the thread is exiting, and counts into g_live_gone */
 } live_count;
-static _Thread_local live_count tl_live;
+/* The thread's pool of tensor structs (NB_TENSOR_POOL_MAX), id block and live count:
+ * one thread-local, so that a function reaches all of it through one TLS
+ * access (in the shared library each is a call). */
+static _Thread_local struct {
+    nb_tensor *head;
+    int n;
+    uint64_t id_next, id_end;
+    live_count live;
+} tl_tensors;
 static pthread_mutex_t g_live_lock = PTHREAD_MUTEX_INITIALIZER;
 static live_count *g_live_list;
 static atomic_int_fast64_t g_live_gone;
@@ -39,34 +46,32 @@ static atomic_int_fast64_t g_live_gone;
 #else
 #define NB_TENSOR_POOL_MAX 4096
 #endif
-static _Thread_local nb_tensor *tl_pool;
-static _Thread_local int tl_pool_n;
 
 uint64_t nb__next_tensor_id(void)
 {
-    if (tl_id_next == tl_id_end) {
-        tl_id_next = atomic_fetch_add_explicit(&g_next_id, ID_BLOCK, memory_order_relaxed);
-        tl_id_end = tl_id_next + ID_BLOCK;
+    if (tl_tensors.id_next == tl_tensors.id_end) {
+        tl_tensors.id_next = atomic_fetch_add_explicit(&g_next_id, ID_BLOCK, memory_order_relaxed);
+        tl_tensors.id_end = tl_tensors.id_next + ID_BLOCK;
     }
-    return tl_id_next++;
+    return tl_tensors.id_next++;
 }
 
 /* Adds d to the calling thread's count of live tensors. */
 static inline void live_add(int64_t d)
 {
-    if (__builtin_expect(!tl_live.listed, 0)) {
-        if (tl_live.gone) { /* a tensor let go after the thread's drain (another destructor's) */
+    if (__builtin_expect(!tl_tensors.live.listed, 0)) {
+        if (tl_tensors.live.gone) { /* a tensor let go after the thread's drain (another destructor's) */
             atomic_fetch_add_explicit(&g_live_gone, d, memory_order_relaxed);
             return;
         }
         nb__thread_track(); /* nb__tensor_pool_drain takes it off the list */
         pthread_mutex_lock(&g_live_lock);
-        tl_live.next = g_live_list;
-        g_live_list = &tl_live;
-        tl_live.listed = true;
+        tl_tensors.live.next = g_live_list;
+        g_live_list = &tl_tensors.live;
+        tl_tensors.live.listed = true;
         pthread_mutex_unlock(&g_live_lock);
     }
-    atomic_store_explicit(&tl_live.n, atomic_load_explicit(&tl_live.n, memory_order_relaxed) + d,
+    atomic_store_explicit(&tl_tensors.live.n, atomic_load_explicit(&tl_tensors.live.n, memory_order_relaxed) + d,
                           memory_order_relaxed);
 }
 
@@ -82,10 +87,10 @@ int64_t nb_live_tensors(void)
 
 static nb_tensor *tensor_alloc(void)
 {
-    nb_tensor *t = tl_pool;
+    nb_tensor *t = tl_tensors.head;
     if (t) {
-        tl_pool = t->next_free;
-        tl_pool_n--;
+        tl_tensors.head = t->next_free;
+        tl_tensors.n--;
     } else {
         t = malloc(sizeof *t);
         if (!t)
@@ -100,24 +105,24 @@ static nb_tensor *tensor_alloc(void)
 
 void nb__tensor_pool_drain(void)
 {
-    while (tl_pool) {
-        nb_tensor *t = tl_pool;
-        tl_pool = t->next_free;
+    while (tl_tensors.head) {
+        nb_tensor *t = tl_tensors.head;
+        tl_tensors.head = t->next_free;
         free(t);
     }
-    tl_pool_n = 0;
-    tl_live.gone = true; /* the thread exits: its count joins the gone threads' */
-    if (tl_live.listed) {
+    tl_tensors.n = 0;
+    tl_tensors.live.gone = true; /* the thread exits: its count joins the gone threads' */
+    if (tl_tensors.live.listed) {
         pthread_mutex_lock(&g_live_lock);
         live_count **p = &g_live_list;
-        while (*p && *p != &tl_live)
+        while (*p && *p != &tl_tensors.live)
             p = &(*p)->next;
         if (*p)
-            *p = tl_live.next;
-        atomic_fetch_add_explicit(&g_live_gone, atomic_load_explicit(&tl_live.n, memory_order_relaxed),
+            *p = tl_tensors.live.next;
+        atomic_fetch_add_explicit(&g_live_gone, atomic_load_explicit(&tl_tensors.live.n, memory_order_relaxed),
                                   memory_order_relaxed);
-        atomic_store_explicit(&tl_live.n, 0, memory_order_relaxed);
-        tl_live.listed = false;
+        atomic_store_explicit(&tl_tensors.live.n, 0, memory_order_relaxed);
+        tl_tensors.live.listed = false;
         pthread_mutex_unlock(&g_live_lock);
     }
 }
@@ -127,12 +132,12 @@ static void tensor_free(nb_tensor *t)
     int phase = nb__phase_enter(NB_PHASE_RELEASE);
     nb__storage_release(t->storage);
     live_add(-1);
-    if (tl_pool_n < NB_TENSOR_POOL_MAX) {
-        if (tl_pool_n == 0)
+    if (tl_tensors.n < NB_TENSOR_POOL_MAX) {
+        if (tl_tensors.n == 0)
             nb__thread_track();
-        t->next_free = tl_pool;
-        tl_pool = t;
-        tl_pool_n++;
+        t->next_free = tl_tensors.head;
+        tl_tensors.head = t;
+        tl_tensors.n++;
     } else {
         free(t);
     }
