@@ -48,7 +48,7 @@ static nb_status backward_node(nb_tape *tape, nb_node *node, nb_idmap *grads)
     bool wanted = false;
     node->needs = 0;
     for (int k = 0; k < node->n_in; k++) {
-        bool w = node->in_ids[k] && nb__idmap_has(&tape->watched, node->in_ids[k]);
+        bool w = node->in_ids[k] && nb__idmap_has(&tape->buf.watched, node->in_ids[k]);
         wanted |= w;
         if (w && k < 32)
             node->needs |= 1u << k;
@@ -72,7 +72,7 @@ static nb_status backward_node(nb_tape *tape, nb_node *node, nb_idmap *grads)
     if (st)
         goto done;
     for (int k = 0; k < node->n_in && !st; k++) {
-        if (!in_grads[k] || !nb__idmap_has(&tape->watched, node->in_ids[k]))
+        if (!in_grads[k] || !nb__idmap_has(&tape->buf.watched, node->in_ids[k]))
             continue;
         st = check_grad(node, k, in_grads[k]);
         if (!st)
@@ -125,14 +125,14 @@ nb_status nb__tape_gradient_ids(nb_tape *tape, const nb_tensor *target, const nb
     nb_scope *scope = nb_scope_begin();
     nb_idmap grads = {0};
     nb_status st = scope ? NB_OK : nb_error();
-    if (!st && nb__idmap_has(&tape->watched, target->id)) {
+    if (!st && nb__idmap_has(&tape->buf.watched, target->id)) {
         nb_tensor *g = seed ? nb_retain((nb_tensor *)seed) : nb_ones_like(target);
         st = g ? accumulate(&grads, target->id, g) : nb_error();
         for (size_t i = tape->n_nodes; i-- > 0 && !st;) {
-            st = backward_node(tape, &tape->nodes[i], &grads);
+            st = backward_node(tape, &tape->buf.nodes[i], &grads);
             /* A one-shot tape lets go of what it saved as soon as it can. */
             if (!tape->persistent)
-                nb__tape_node_release(&tape->nodes[i]);
+                nb__tape_node_release(&tape->buf.nodes[i]);
         }
     }
     for (int i = 0; i < n && !st; i++) {

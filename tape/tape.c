@@ -8,24 +8,16 @@
 static _Thread_local nb_tape *tl_stack[NB_TAPE_STACK_MAX];
 static _Thread_local int tl_depth;
 
-/* A tape's growing buffers. The last tapes a thread freed leave theirs for
- * its next tapes (emptied, up to TAPE_SPARE_BYTES each), so that a training
- * loop with a tape a step regrows none of them: before, recording copied
- * every node again as the array doubled, and rehashed the watched set. */
-typedef struct tape_buffers {
-    nb_idmap watched;
-    nb_node *nodes;
-    size_t cap_nodes;
-    nb_arena_chunk *arena;
-    nb_tape_read *reads;
-    size_t cap_reads;
-} tape_buffers;
+/* The last tapes a thread freed leave their buffers for its next tapes
+ * (emptied, up to TAPE_SPARE_BYTES each), so that a training loop with a
+ * tape a step regrows none of them: before, recording copied every node
+ * again as the array doubled, and rehashed the watched set. */
 enum { TAPE_SPARES = 2 };                    /* a tape and one nested in it */
 #define TAPE_SPARE_BYTES ((size_t)32 << 20) /* a bigger tape gives its buffers back */
-static _Thread_local tape_buffers tl_spares[TAPE_SPARES];
+static _Thread_local nb_tape_buffers tl_spares[TAPE_SPARES];
 static _Thread_local int tl_n_spares;
 
-static size_t buffers_bytes(const tape_buffers *b)
+static size_t buffers_bytes(const nb_tape_buffers *b)
 {
     size_t bytes = b->watched.cap * (sizeof *b->watched.keys + sizeof *b->watched.vals) +
                    b->cap_nodes * sizeof *b->nodes + b->cap_reads * sizeof *b->reads;
@@ -34,7 +26,7 @@ static size_t buffers_bytes(const tape_buffers *b)
     return bytes;
 }
 
-static void buffers_free(tape_buffers *b)
+static void buffers_free(nb_tape_buffers *b)
 {
     nb__idmap_free(&b->watched);
     free(b->nodes);
@@ -43,7 +35,7 @@ static void buffers_free(tape_buffers *b)
         free(c);
     }
     free(b->reads);
-    *b = (tape_buffers){0};
+    *b = (nb_tape_buffers){0};
 }
 
 /* Frees the calling thread's spare buffers (at its exit: nb__thread_exit_hook). */
@@ -58,7 +50,7 @@ static bool g_spares_hooked;
 static void spares_hook(void) { g_spares_hooked = nb__thread_exit_hook(spares_drain); }
 
 /* Keeps b, emptied, for the thread's next tape, or frees it. */
-static void buffers_keep(tape_buffers *b)
+static void buffers_keep(nb_tape_buffers *b)
 {
     pthread_once(&g_spares_once, spares_hook);
     if (!g_spares_hooked || tl_n_spares == TAPE_SPARES || buffers_bytes(b) > TAPE_SPARE_BYTES) {
@@ -112,15 +104,8 @@ static nb_tape *tape_begin(bool persistent, const char *who)
     nb_tape *t = calloc(1, sizeof *t);
     if (!t)
         return nb__fail_null(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
-    if (tl_n_spares > 0) {
-        const tape_buffers *b = &tl_spares[--tl_n_spares];
-        t->watched = b->watched;
-        t->nodes = b->nodes;
-        t->cap_nodes = b->cap_nodes;
-        t->arena = b->arena;
-        t->reads = b->reads;
-        t->cap_reads = b->cap_reads;
-    }
+    if (tl_n_spares > 0)
+        t->buf = tl_spares[--tl_n_spares];
     nb__recorder_install(tape_record);
     t->persistent = persistent;
     t->on_stack = true;
@@ -184,9 +169,9 @@ void nb__tape_node_release(nb_node *n)
 void nb__tape_clear_nodes(nb_tape *tape)
 {
     for (size_t i = 0; i < tape->n_nodes; i++)
-        nb__tape_node_release(&tape->nodes[i]);
+        nb__tape_node_release(&tape->buf.nodes[i]);
     tape->n_nodes = 0;
-    for (nb_arena_chunk *c = tape->arena; c; c = c->next)
+    for (nb_arena_chunk *c = tape->buf.arena; c; c = c->next)
         c->used = 0;
 }
 
@@ -194,8 +179,7 @@ static void tape_destroy(nb_tape *tape)
 {
     nb__tape_unlink(tape);
     nb__tape_clear_nodes(tape);
-    tape_buffers b = {tape->watched, tape->nodes, tape->cap_nodes, tape->arena, tape->reads, tape->cap_reads};
-    buffers_keep(&b);
+    buffers_keep(&tape->buf);
     free(tape);
 }
 
@@ -212,7 +196,7 @@ void nb_tape_free(nb_tape *tape)
 
 static nb_status watch_id(nb_tape *tape, uint64_t id, const char *who)
 {
-    if (!nb__idmap_put(&tape->watched, id, tape))
+    if (!nb__idmap_put(&tape->buf.watched, id, tape))
         return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory", who);
     return NB_OK;
 }
@@ -231,15 +215,15 @@ nb_status nb_tape_watch(nb_tape *tape, const nb_tensor *t)
 
 nb_status nb__tape_note_read(nb_tape *tape, const void *key, const nb_tensor *t)
 {
-    if (tape->n_reads == tape->cap_reads) {
-        size_t cap = tape->cap_reads ? tape->cap_reads * 2 : 16;
-        nb_tape_read *r = realloc(tape->reads, sizeof *r * cap);
+    if (tape->n_reads == tape->buf.cap_reads) {
+        size_t cap = tape->buf.cap_reads ? tape->buf.cap_reads * 2 : 16;
+        nb_tape_read *r = realloc(tape->buf.reads, sizeof *r * cap);
         if (!r)
             return nb__fail(NB_ERR_OUT_OF_MEMORY, "nb_read: out of host memory");
-        tape->reads = r;
-        tape->cap_reads = cap;
+        tape->buf.reads = r;
+        tape->buf.cap_reads = cap;
     }
-    tape->reads[tape->n_reads++] = (nb_tape_read){key, t->id};
+    tape->buf.reads[tape->n_reads++] = (nb_tape_read){key, t->id};
     return watch_id(tape, t->id, "nb_read");
 }
 
@@ -256,15 +240,15 @@ uint64_t nb__tape_read_id(const nb_tape *tape, const void *key)
 {
     if (tape)
         for (size_t r = tape->n_reads; r-- > 0;)
-            if (tape->reads[r].key == key)
-                return tape->reads[r].id;
+            if (tape->buf.reads[r].key == key)
+                return tape->buf.reads[r].id;
     return 0;
 }
 
 static void *arena_alloc(nb_tape *tape, size_t bytes)
 {
     bytes = (bytes + 15) & ~(size_t)15;
-    nb_arena_chunk *c = tape->arena;
+    nb_arena_chunk *c = tape->buf.arena;
     for (; c; c = c->next)
         if (c->size - c->used >= bytes)
             break;
@@ -275,8 +259,8 @@ static void *arena_alloc(nb_tape *tape, size_t bytes)
             return NULL;
         c->size = size;
         c->used = 0;
-        c->next = tape->arena;
-        tape->arena = c;
+        c->next = tape->buf.arena;
+        tape->buf.arena = c;
     }
     void *p = c->data + c->used;
     c->used += bytes;
@@ -286,20 +270,20 @@ static void *arena_alloc(nb_tape *tape, size_t bytes)
 static nb_status record_on(nb_tape *tape, const nb_op_def *op, int n_in, const nb_tensor *const *inputs,
                            int n_out, nb_tensor *const *outputs, const nb_op_attrs *attrs)
 {
-    if (tape->n_nodes == tape->cap_nodes) {
-        size_t cap = tape->cap_nodes ? tape->cap_nodes * 2 : 64;
-        nb_node *nodes = realloc(tape->nodes, sizeof *nodes * cap);
+    if (tape->n_nodes == tape->buf.cap_nodes) {
+        size_t cap = tape->buf.cap_nodes ? tape->buf.cap_nodes * 2 : 64;
+        nb_node *nodes = realloc(tape->buf.nodes, sizeof *nodes * cap);
         if (!nodes)
             return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory while recording", op->name);
-        tape->nodes = nodes;
-        tape->cap_nodes = cap;
+        tape->buf.nodes = nodes;
+        tape->buf.cap_nodes = cap;
     }
     size_t k = (size_t)(n_in + n_out);
     nb_tensor **ptrs = arena_alloc(tape, k * sizeof(nb_tensor *));
     uint64_t *ids = arena_alloc(tape, k * sizeof(uint64_t));
     if (!ptrs || !ids)
         return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory while recording", op->name);
-    nb_node *n = &tape->nodes[tape->n_nodes];
+    nb_node *n = &tape->buf.nodes[tape->n_nodes];
     n->op = op;
     n->n_in = n_in;
     n->n_out = n_out;
@@ -318,7 +302,7 @@ static nb_status record_on(nb_tape *tape, const nb_op_def *op, int n_in, const n
         n->out[i] = outputs[i];
         nb__retain(outputs[i]);
         n->out_ids[i] = outputs[i]->id;
-        if (nb__is_floating(outputs[i]->dtype) && !nb__idmap_put(&tape->watched, outputs[i]->id, tape))
+        if (nb__is_floating(outputs[i]->dtype) && !nb__idmap_put(&tape->buf.watched, outputs[i]->id, tape))
             return nb__fail(NB_ERR_OUT_OF_MEMORY, "%s: out of host memory while recording", op->name);
     }
     tape->n_nodes++;
@@ -340,7 +324,7 @@ static nb_status tape_record(const nb_op_def *op, int n_in, const nb_tensor *con
             continue;
         bool watched = false;
         for (int i = 0; i < n_in && !watched; i++)
-            watched = inputs[i] && nb__idmap_has(&tape->watched, inputs[i]->id);
+            watched = inputs[i] && nb__idmap_has(&tape->buf.watched, inputs[i]->id);
         if (watched) {
             nb_status st = record_on(tape, op, n_in, inputs, n_out, outputs, attrs);
             if (st)

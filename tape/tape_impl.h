@@ -19,18 +19,25 @@ typedef struct nb_tape_read {
     uint64_t id;
 } nb_tape_read;
 
+/* A tape's growing buffers: a freed tape leaves them, emptied, to its
+ * thread's next tape (tape.c). */
+typedef struct nb_tape_buffers {
+    nb_idmap watched;
+    nb_node *nodes;
+    size_t cap_nodes;
+    nb_arena_chunk *arena;
+    nb_tape_read *reads;
+    size_t cap_reads;
+} nb_tape_buffers;
+
 struct nb_tape {
     bool persistent;
     bool on_stack;   /* recording unless paused */
     bool paused;
     bool used;       /* a one-shot tape whose gradient was taken */
     nb__scope_frame *owner; /* the scope that frees it, or NULL */
-    nb_idmap watched;
-    nb_node *nodes;
-    size_t n_nodes, cap_nodes;
-    nb_arena_chunk *arena;
-    nb_tape_read *reads;
-    size_t n_reads, cap_reads;
+    nb_tape_buffers buf;
+    size_t n_nodes, n_reads;
 };
 
 /* Releases the tensors one node holds (its inputs and outputs), leaving NULLs. */

@@ -25,6 +25,15 @@ typedef struct live_count {
     struct live_count *next;
     bool listed, gone; /* gone: the thread is exiting, and counts into g_live_gone */
 } live_count;
+
+/* A small per-thread free list keeps malloc off the hot path. Structs freed on
+ * another thread simply join that thread's list. */
+/* Under AddressSanitizer nothing is pooled, so a use after release is caught. */
+#if NB_ASAN
+#define NB_TENSOR_POOL_MAX 0
+#else
+#define NB_TENSOR_POOL_MAX 4096
+#endif
 /* The thread's pool of tensor structs (NB_TENSOR_POOL_MAX), id block and live count:
  * one thread-local, so that a function reaches all of it through one TLS
  * access (in the shared library each is a call). */
@@ -37,15 +46,6 @@ static _Thread_local struct {
 static pthread_mutex_t g_live_lock = PTHREAD_MUTEX_INITIALIZER;
 static live_count *g_live_list;
 static atomic_int_fast64_t g_live_gone;
-
-/* A small per-thread free list keeps malloc off the hot path. Structs freed on
- * another thread simply join that thread's list. */
-/* Under AddressSanitizer nothing is pooled, so a use after release is caught. */
-#if NB_ASAN
-#define NB_TENSOR_POOL_MAX 0
-#else
-#define NB_TENSOR_POOL_MAX 4096
-#endif
 
 uint64_t nb__next_tensor_id(void)
 {
